@@ -1,0 +1,82 @@
+"""What attribution answers about one GPU process, and where each answer came from.
+
+Pure data. The resolver (exporter.attribution.resolver) fills it; the renderer, the audit
+record builder and the allocation view read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.model import ProcessSample
+
+# Identity fields in the order they appear as labels and in audit records.
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "user",
+    "project",
+    "job",
+    "container_id",
+    "container_runtime",
+    "k8s_namespace",
+    "k8s_pod",
+    "k8s_container",
+    "k8s_pod_uid",
+    "slurm_job_id",
+    "slurm_user",
+    "slurm_account",
+)
+
+# Source names, as they appear in `sources` values, labels and records.
+SOURCE_JOBMAP = "jobmap"
+SOURCE_ENVIRON = "environ"
+SOURCE_CGROUP = "cgroup"
+SOURCE_OWNER = "owner"
+SOURCE_KUBELET = "kubelet"
+ALL_SOURCES: tuple[str, ...] = (
+    SOURCE_JOBMAP,
+    SOURCE_ENVIRON,
+    SOURCE_CGROUP,
+    SOURCE_OWNER,
+    SOURCE_KUBELET,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Who a process belongs to. Empty string means unknown."""
+
+    user: str = ""
+    project: str = ""
+    job: str = ""
+    container_id: str = ""
+    container_runtime: str = ""
+    k8s_namespace: str = ""
+    k8s_pod: str = ""
+    k8s_container: str = ""
+    k8s_pod_uid: str = ""
+    slurm_job_id: str = ""
+    slurm_user: str = ""
+    slurm_account: str = ""
+    # identity field -> source name that supplied it
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def attributed(self) -> bool:
+        """True when anything beyond nothing is known (any identity field is set)."""
+        return any(getattr(self, f) for f in IDENTITY_FIELDS)
+
+    def as_dict(self) -> dict[str, str]:
+        return {f: getattr(self, f) for f in IDENTITY_FIELDS}
+
+
+UNKNOWN = Attribution()
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedProcess:
+    """One GPU process with its owner."""
+
+    gpu_uuid: str
+    process: ProcessSample
+    attribution: Attribution

@@ -1,0 +1,71 @@
+"""Configuration of the exporter: sampling, the HTTP endpoint and the metric profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gpu_audit.model_base import Section
+
+DEFAULT_LISTEN = "0.0.0.0:9945"  # noqa: S104 - an exporter listens on all interfaces by default
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split HOST:PORT (IPv6 as [::1]:PORT). Raises ValueError naming the problem."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"listen address {value!r} is not HOST:PORT")
+    port_no = int(port)
+    if not 0 <= port_no <= 65535:
+        raise ValueError(f"port {port_no} is out of range 0..65535")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104
+    return host, port_no
+
+
+class CompatConfig(Section):
+    dcgm_exporter: bool = Field(
+        False,
+        description="Also emit dcgm-exporter's names and labels for its default fields "
+        "(DCGM_FI_DEV_GPU_UTIL, ...) so existing dashboards and alerts keep working.",
+    )
+
+
+class ExporterConfig(Section):
+    listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of the HTTP endpoint.")
+    backend: Literal["nvml", "dcgm", "sim"] = Field(
+        "nvml", description="Where samples come from. 'sim' needs a scenario."
+    )
+    scenario: str | None = Field(
+        None, description="Simulator scenario: a shipped name (busy, idle, ...) or a file."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, description="Simulator only: scenario seconds per wall second."
+    )
+    interval_seconds: float = Field(5.0, gt=0, le=3600, description="Fast sampling tier.")
+    slow_interval_seconds: float = Field(
+        60.0, gt=0, le=86400, description="Slow tier: inventory, ECC, retired pages, NVLink."
+    )
+    stale_after_seconds: float | None = Field(
+        None, gt=0, description="/readyz fails when the snapshot is older (default 3 x interval)."
+    )
+    web_config_file: Path | None = Field(
+        None, description="TLS and basic auth, in the Prometheus exporter-toolkit format."
+    )
+    compat: CompatConfig = CompatConfig()
+    process_pid_label: bool = Field(
+        False, description="Add a pid label to per-process series (unbounded cardinality)."
+    )
+    max_process_series_per_gpu: int = Field(
+        256, ge=1, description="Cap on per-process series per GPU; the rest are counted."
+    )
+    dcgm_host: str | None = Field(
+        None, description="DCGM host engine address; default starts an embedded engine."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_ok(cls, v: str) -> str:
+        parse_listen(v)
+        return v

@@ -1,0 +1,27 @@
+"""Configuration of the durable spool between producers and the shipper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from gpu_audit.model_base import Section
+
+
+class SpoolConfig(Section):
+    directory: Path = Field(Path("/var/lib/gpu-audit/spool"), description="Spool directory.")
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="Segment roll size.")
+    max_bytes: int = Field(2 * 1024**3, ge=4096, description="Largest the spool may grow.")
+    min_free_bytes: int = Field(
+        512 * 1024 * 1024, ge=0, description="Stop accepting records below this free space."
+    )
+    fsync_window_ms: float = Field(
+        50.0, ge=0, description="Group-commit window: records are acked after one fsync."
+    )
+    when_full: Literal["block", "drop_newest"] = Field(
+        "block",
+        description="block: refuse new records (counted, alerted) until space returns; "
+        "drop_newest: the same, named for what happens to the refused record.",
+    )
