@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from exporter.attribution.model import ALL_SOURCES
+from exporter.attribution.model import ALL_SOURCES, IDENTITY_FIELDS
 from gpu_audit.model_base import Section
 
 DEFAULT_ENVIRON_KEYS: tuple[str, ...] = (
@@ -22,28 +22,51 @@ DEFAULT_ENVIRON_KEYS: tuple[str, ...] = (
 class KubeletConfig(Section):
     enabled: bool = False
     socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    refresh_seconds: float = Field(30.0, gt=0)
-    timeout_seconds: float = Field(5.0, gt=0)
+    refresh_seconds: float = Field(default=30.0, gt=0)
+    timeout_seconds: float = Field(default=5.0, gt=0)
+    resource_prefixes: tuple[str, ...] = Field(
+        default=("nvidia.com/gpu", "nvidia.com/mig-"),
+        description="Extended-resource names (prefixes) whose device ids are GPU UUIDs.",
+    )
 
 
 class AttributionConfig(Section):
     procfs_root: Path = Field(
-        Path("/proc"),
+        default=Path("/proc"),
         description="The host's /proc. NVML reports host pids, so in a container mount the "
         "host's /proc here (or run with hostPID).",
     )
     sources: tuple[str, ...] = Field(
-        ("jobmap", "environ", "cgroup", "owner", "kubelet"),
+        default=("jobmap", "environ", "cgroup", "owner", "kubelet"),
         description="Sources in order of precedence: the first that knows a field wins.",
     )
     jobmap_dir: Path = Field(
-        Path("/run/gpu-audit/jobs"),
+        default=Path("/run/gpu-audit/jobs"),
         description="Job-mapping directory written by the launcher and Slurm prologs.",
     )
     environ_keys: tuple[str, ...] = Field(
-        DEFAULT_ENVIRON_KEYS, description="The only environment keys read from other processes."
+        default=DEFAULT_ENVIRON_KEYS,
+        description="The only environment keys read from other processes.",
     )
-    environ_value_max_length: int = Field(128, ge=1, le=4096)
+    environ_value_max_length: int = Field(default=128, ge=1, le=4096)
+    environ_fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra meanings for allow-listed keys: environment key -> identity "
+        "field (e.g. {TEAM: project}). Overrides the built-in meaning of a key.",
+    )
+    environ_max_bytes: int = Field(
+        default=256 * 1024,
+        ge=4096,
+        description="Read at most this much of a process's environ; the rest is ignored.",
+    )
+    jobmap_max_file_bytes: int = Field(
+        default=64 * 1024, ge=256, description="Job-mapping files larger than this are skipped."
+    )
+    passwd_file: Path | None = Field(
+        default=None,
+        description="Map uids to names from this passwd-format file instead of the "
+        "system's user database (for simulated runs and fake /proc trees).",
+    )
     kubelet: KubeletConfig = KubeletConfig()
 
     @field_validator("sources")
@@ -55,3 +78,18 @@ class AttributionConfig(Section):
         if len(set(v)) != len(v):
             raise ValueError("a source is listed twice")
         return v
+
+    @model_validator(mode="after")
+    def _environ_fields_allowed(self) -> AttributionConfig:
+        problems = []
+        for key, name in self.environ_fields.items():
+            if key not in self.environ_keys:
+                problems.append(f"environ_fields key {key!r} is not in environ_keys")
+            if name not in IDENTITY_FIELDS:
+                problems.append(
+                    f"environ_fields[{key!r}] = {name!r} is not an identity field "
+                    f"({', '.join(IDENTITY_FIELDS)})"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

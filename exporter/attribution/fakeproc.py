@@ -1,0 +1,108 @@
+"""Build a realistic fake procfs tree from simulated processes.
+
+For `--backend sim` runs and tests: the simulator gives each ProcessSample a
+ProcessIdentity (uid, start time, environment, cgroup path), and this module writes what
+the kernel would show for it under <root>/<pid>/ (stat, status, environ, cgroup, comm,
+cmdline) plus <root>/stat with the boot time, so the Resolver reads simulated processes
+through exactly the code path it uses on a real host. It must never be pointed at a real
+/proc (it refuses a root that holds a live kernel's self/ link) and never writes outside
+`root`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from exporter.model import ProcessSample
+
+DEFAULT_BOOT_TIME = 1_700_000_000.0
+CLOCK_TICKS = 100  # USER_HZ on every mainstream Linux architecture
+
+
+def _comm(name: str, pid: int) -> str:
+    # The kernel keeps 15 characters of the executable's base name (TASK_COMM_LEN 16).
+    base = os.path.basename(name.rstrip("/")) or f"proc{pid}"
+    return base.replace("\n", " ")[:15]
+
+
+def _stat_line(pid: int, comm: str, start_ticks: int) -> str:
+    # Fields 1..24 of proc(5) stat; field 22 is starttime. The rest are plausible zeros.
+    fields = [
+        str(pid), f"({comm})", "S", "1", str(pid), str(pid), "0", "-1", "4194560",
+        "0", "0", "0", "0", "0", "0", "0", "0", "20", "0", "1", "0",
+        str(start_ticks), "0", "0",
+    ]  # fmt: skip
+    return " ".join(fields) + "\n"
+
+
+def _status(comm: str, pid: int, uid: int | None) -> str:
+    lines = [f"Name:\t{comm}", "Umask:\t0022", "State:\tS (sleeping)", f"Tgid:\t{pid}",
+             f"Pid:\t{pid}", "PPid:\t1"]  # fmt: skip
+    if uid is not None:
+        lines.append(f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}")
+        lines.append(f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}")
+    lines.append("Threads:\t1")
+    return "\n".join(lines) + "\n"
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_fake_proc(
+    root: Path,
+    processes: Iterable[ProcessSample],
+    *,
+    boot_time: float = DEFAULT_BOOT_TIME,
+    prune: bool = False,
+) -> set[int]:
+    """Write (or update) <root>/<pid>/... for each process; return the pids written.
+
+    A process without an identity gets only what its ProcessSample says (name, uid), a
+    cgroup at the v2 root and an empty environment. With `prune`, pid directories of
+    processes not given are removed, as the kernel does when a process exits.
+    """
+    if (root / "self").is_symlink():
+        raise ValueError(f"{root} looks like a real procfs; refusing to write to it")
+    root.mkdir(parents=True, exist_ok=True)
+    _write_if_changed(root / "stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {int(boot_time)}\n".encode())
+    written: set[int] = set()
+    for proc in processes:
+        pid = proc.pid
+        if pid in written:
+            continue  # the same process on several GPUs
+        ident = proc.identity
+        uid = ident.uid if ident is not None and ident.uid is not None else proc.uid
+        start = ident.start_time_ticks if ident and ident.start_time_ticks is not None else None
+        if start is None:
+            start = 1000 + pid  # stable across calls, so the resolver's cache holds
+        comm = _comm(proc.name, pid)
+        environ = b"".join(
+            f"{k}={v}".encode("utf-8", errors="surrogateescape") + b"\0"
+            for k, v in (ident.environ.items() if ident else ())
+        )
+        cgroup = ident.cgroup if ident and ident.cgroup else "0::/"
+        pid_dir = root / str(pid)
+        pid_dir.mkdir(exist_ok=True)
+        _write_if_changed(pid_dir / "stat", _stat_line(pid, comm, start).encode())
+        _write_if_changed(pid_dir / "status", _status(comm, pid, uid).encode())
+        _write_if_changed(pid_dir / "comm", (comm + "\n").encode())
+        _write_if_changed(pid_dir / "cmdline", (proc.name or comm).encode() + b"\0")
+        _write_if_changed(pid_dir / "environ", environ)
+        _write_if_changed(pid_dir / "cgroup", (cgroup.rstrip("\n") + "\n").encode())
+        written.add(pid)
+    if prune:
+        for child in root.iterdir():
+            if child.name.isdigit() and int(child.name) not in written and child.is_dir():
+                shutil.rmtree(child)
+    return written
