@@ -20,6 +20,14 @@ class SpoolConfig(Section):
     fsync_window_ms: float = Field(
         50.0, ge=0, description="Group-commit window: records are acked after one fsync."
     )
+    statvfs_interval_s: float = Field(
+        1.0, gt=0, description="Free-space checks (statvfs) are cached for this long."
+    )
+    recovery_scan: Literal["tail", "full"] = Field(
+        "tail",
+        description="On open, CRC-check the last segment only (tail) or every segment (full). "
+        "Corruption in older segments is always caught by readers and `spool verify`.",
+    )
     when_full: Literal["block", "drop_newest"] = Field(
         "block",
         description="block: refuse new records (counted, alerted) until space returns; "

@@ -1,0 +1,480 @@
+"""The spool's single writer: append frames, group-commit fsync, roll, bound, and gc segments.
+
+A producer's record is acknowledged (``commit`` returns) only after an fsync covers it;
+concurrent committers share one fsync. Disk bounds are checked before a byte is written,
+and a failed write is truncated away, so the log never holds a torn frame written by a
+live writer. This module must never drop an appended record silently: every refusal,
+disk error and discarded unsynced record is counted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+
+from gpu_audit.spool.config import SpoolConfig
+from gpu_audit.spool.errors import SpoolFull, SpoolLocked, SpoolWriteError
+from gpu_audit.spool.format import HEADER_SIZE, MAX_PAYLOAD, encode_frames, encode_header
+from gpu_audit.spool.format import segment_name as _segment_name
+from gpu_audit.spool.recovery import LiveSegment, read_last_payload, recover
+
+log = logging.getLogger("gpu_audit.spool")
+
+LOCK_FILE = "LOCK"
+
+FsyncFn = Callable[[int], None]
+WriteFn = Callable[[int, memoryview], int]
+StatvfsFn = Callable[[Path], os.statvfs_result]
+
+
+@dataclass
+class SpoolCounters:
+    """Everything the writer did that a self-metric should show."""
+
+    records_appended: int = 0
+    fsyncs: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # records, by "max_bytes"/"min_free"
+    write_errors: dict[str, int] = field(default_factory=dict)  # by errno name
+    records_discarded_unsynced: int = 0  # appended, then lost with a failed fsync
+    torn_tails_truncated: int = 0
+    torn_bytes_truncated: int = 0
+    segments_quarantined: int = 0
+    segments_deleted: int = 0
+
+
+def _statvfs(path: Path) -> os.statvfs_result:
+    return os.statvfs(path)
+
+
+class SpoolWriter:
+    """Append-only writer of one spool directory (exclusive: see `SpoolLocked`)."""
+
+    def __init__(
+        self,
+        config: SpoolConfig,
+        *,
+        fsync: FsyncFn = os.fsync,
+        write: WriteFn = os.write,
+        statvfs: StatvfsFn = _statvfs,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._dir = Path(config.directory)
+        self._fsync = fsync
+        self._write = write
+        self._statvfs = statvfs
+        self._clock = clock
+        self._wlock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self.counters = SpoolCounters()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._acquire_lock()
+        try:
+            self._open_segments()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._closed = False
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if config.fsync_window_ms > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="spool-flusher", daemon=True
+            )
+            self._flusher.start()
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _acquire_lock(self) -> int:
+        fd = os.open(self._dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise SpoolLocked(self._dir, holder) from exc
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _release_lock(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def _open_segments(self) -> None:
+        found = recover(self._dir, full_scan=self._config.recovery_scan == "full")
+        for finding in found.findings:
+            log.warning("spool recovery: %s", finding)
+        self.counters.torn_tails_truncated = found.torn_tails
+        self.counters.torn_bytes_truncated = found.torn_bytes
+        self.counters.segments_quarantined = len(found.quarantined)
+        self.recovery_findings = list(found.findings)
+        self._segments: list[LiveSegment] = found.segments
+        self._next = found.next_offset
+        self._last_payload = read_last_payload(self._dir, self._segments)
+        if found.last_appendable:
+            active = self._segments[-1]
+            self._fd = os.open(self._dir / _segment_name(active.base), os.O_WRONLY | os.O_APPEND)
+            # Whatever a crashed predecessor left in the page cache becomes durable now,
+            # so everything recovered counts as durable.
+            os.fsync(self._fd)
+            self._active_records = self._next - active.base
+        else:
+            self._fd = self._create_segment(self._next)
+            self._segments.append(LiveSegment(self._next, HEADER_SIZE))
+            self._active_records = 0
+        self._size = sum(segment.size for segment in self._segments)
+        self._durable = self._next
+        self._durable_pos = self._segments[-1].size
+        self._epoch = 0
+        self._epoch_end: dict[int, tuple[int, SpoolWriteError]] = {}
+        self._syncing = False
+        self._dirty_tail: int | None = None
+        self._free: int | None = None
+        self._free_at = 0.0
+
+    def _create_segment(self, base: int) -> int:
+        path = self._dir / _segment_name(base)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o640)
+        try:
+            self._write_all(fd, encode_header(base))
+            self._fsync_dir()
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return fd
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- public state ---------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record will get."""
+        return self._next
+
+    @property
+    def durable_offset(self) -> int:
+        """One past the last record an fsync has covered."""
+        return self._durable
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in live segments (what `max_bytes` bounds)."""
+        return self._size
+
+    def last_payload(self) -> bytes | None:
+        """The newest record, or None for an empty spool."""
+        return self._last_payload
+
+    # -- appending -----------------------------------------------------------------------
+
+    def append(self, payloads: Sequence[bytes]) -> int:
+        """Write records with one write(); not yet durable. Returns the first offset."""
+        with self._wlock:
+            first, _epoch = self._append_locked(payloads)
+        if payloads:
+            self._dirty.set()
+        return first
+
+    def commit(self, payloads: Sequence[bytes]) -> int:
+        """Append and return only once an fsync covers the records (shared with others)."""
+        with self._wlock:
+            first, epoch = self._append_locked(payloads)
+            target = self._next
+        self._sync_until(target, epoch)
+        return first
+
+    def sync(self) -> int:
+        """Make everything appended so far durable; returns `durable_offset`."""
+        with self._wlock:
+            self._check_open()
+            target, epoch = self._next, self._epoch
+        self._sync_until(target, epoch)
+        return self._durable
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"spool writer for {self._dir} is closed")
+
+    def _append_locked(self, payloads: Sequence[bytes]) -> tuple[int, int]:
+        self._check_open()
+        first = self._next
+        if not payloads:
+            return first, self._epoch
+        for payload in payloads:
+            if len(payload) > MAX_PAYLOAD:
+                raise ValueError(f"record of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+        data = encode_frames(first, payloads)
+        active = self._segments[-1]
+        roll = self._active_records > 0 and active.size + len(data) > self._config.segment_bytes
+        self._check_space(len(data) + (HEADER_SIZE if roll else 0), len(payloads))
+        if roll:
+            self._roll()
+            active = self._segments[-1]
+        path = self._dir / _segment_name(active.base)
+        if self._dirty_tail is not None:
+            self._truncate_to(self._dirty_tail, path)
+        try:
+            self._write_all(self._fd, data)
+        except OSError as exc:
+            self._truncate_after_failed_write(active.size, path)
+            raise self._write_error(exc, path, "write") from exc
+        active.size += len(data)
+        self._size += len(data)
+        if self._free is not None:
+            self._free -= len(data)
+        self._next += len(payloads)
+        self._active_records += len(payloads)
+        self._last_payload = bytes(payloads[-1])
+        self.counters.records_appended += len(payloads)
+        return first, self._epoch
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._write(fd, view) :]
+
+    def _truncate_after_failed_write(self, good_size: int, path: Path) -> None:
+        try:
+            os.ftruncate(self._fd, good_size)
+        except OSError:
+            # Retried before the next write, which refuses to go ahead until it succeeds.
+            self._dirty_tail = good_size
+            log.exception("spool: cannot truncate %s after a failed write", path)
+
+    def _truncate_to(self, size: int, path: Path) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as exc:
+            raise self._write_error(exc, path, "truncate a failed write") from exc
+        self._dirty_tail = None
+
+    def _write_error(self, exc: OSError, path: Path, action: str) -> SpoolWriteError:
+        error = SpoolWriteError.from_oserror(exc, path, action)
+        errors = self.counters.write_errors
+        errors[error.reason] = errors.get(error.reason, 0) + 1
+        return error
+
+    def _check_space(self, nbytes: int, records: int) -> None:
+        cfg = self._config
+        if self._size + nbytes > cfg.max_bytes:
+            self._refuse("max_bytes", records)
+            raise SpoolFull(
+                "max_bytes",
+                f"{self._dir} holds {self._size} bytes; {nbytes} more would pass "
+                f"max_bytes={cfg.max_bytes}",
+            )
+        now = self._clock()
+        if self._free is None or now - self._free_at >= cfg.statvfs_interval_s:
+            try:
+                stat = self._statvfs(self._dir)
+            except OSError as exc:
+                raise self._write_error(exc, self._dir, "statvfs") from exc
+            self._free = stat.f_bavail * stat.f_frsize
+            self._free_at = now
+        if self._free - nbytes < cfg.min_free_bytes:
+            self._refuse("min_free", records)
+            raise SpoolFull(
+                "min_free",
+                f"{self._free} bytes free on the filesystem of {self._dir}; "
+                f"min_free_bytes={cfg.min_free_bytes}",
+            )
+
+    def _refuse(self, reason: str, records: int) -> None:
+        self.counters.refused[reason] = self.counters.refused.get(reason, 0) + records
+
+    def _roll(self) -> None:
+        old = self._segments[-1]
+        old_path = self._dir / _segment_name(old.base)
+        try:
+            self._fsync(self._fd)
+        except OSError as exc:
+            error = self._write_error(exc, old_path, "fsync before roll")
+            self._discard_unsynced(error)
+            raise error from exc
+        with self._cond:
+            self._durable = self._next
+            self._cond.notify_all()
+        base = self._next
+        try:
+            fd = self._create_segment(base)
+        except OSError as exc:
+            raise self._write_error(exc, self._dir / _segment_name(base), "create") from exc
+        os.close(self._fd)
+        self._fd = fd
+        self._segments.append(LiveSegment(base, HEADER_SIZE))
+        self._size += HEADER_SIZE
+        self._active_records = 0
+        with self._cond:
+            self._durable_pos = HEADER_SIZE
+
+    # -- group commit --------------------------------------------------------------------
+
+    def _sync_until(self, target: int, epoch: int) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    ended = self._epoch_end.get(epoch)
+                    if ended is not None:
+                        # A failed fsync ended this writer epoch: records past what was
+                        # durable then were cut off and must be reported as not written.
+                        if target > ended[0]:
+                            raise ended[1]
+                        return
+                    if self._durable >= target:
+                        return
+                    if not self._syncing:
+                        self._syncing = True
+                        break
+                    self._cond.wait()
+            try:
+                self._lead_sync()
+            finally:
+                with self._cond:
+                    self._syncing = False
+                    self._cond.notify_all()
+
+    def _lead_sync(self) -> None:
+        """One fsync covering everything appended so far (this thread is the leader)."""
+        with self._wlock:
+            self._check_open()
+            target, epoch = self._next, self._epoch
+            base, pos = self._segments[-1].base, self._segments[-1].size
+            fd = os.dup(self._fd)
+        try:
+            self._fsync(fd)
+        except OSError as exc:
+            with self._wlock:
+                if epoch == self._epoch and base == self._segments[-1].base:
+                    path = self._dir / _segment_name(base)
+                    error = self._write_error(exc, path, "fsync")
+                    self._discard_unsynced(error)
+                # Otherwise a roll fsynced the whole segment since: the records are durable.
+            return
+        finally:
+            os.close(fd)
+        with self._cond:
+            self.counters.fsyncs += 1
+            if epoch == self._epoch and target > self._durable:
+                self._durable = target
+                if base == self._segments[-1].base:
+                    self._durable_pos = max(self._durable_pos, pos)
+
+    def _discard_unsynced(self, error: SpoolWriteError) -> None:
+        """After a failed fsync the unsynced bytes may or may not be on disk: cut them off
+        so nothing is ever read back that was never acknowledged (caller holds _wlock)."""
+        with self._cond:
+            active = self._segments[-1]
+            keep = self._durable_pos
+            lost = self._next - self._durable
+            try:
+                os.ftruncate(self._fd, keep)
+            except OSError:
+                self._dirty_tail = keep
+            self._size -= active.size - keep
+            active.size = keep
+            self._active_records -= lost
+            self._next = self._durable
+            self.counters.records_discarded_unsynced += lost
+            self._epoch_end[self._epoch] = (self._durable, error)
+            self._epoch += 1
+            self._cond.notify_all()
+        if lost:
+            self._last_payload = read_last_payload(self._dir, self._segments)
+
+    def _flush_loop(self) -> None:
+        window = self._config.fsync_window_ms / 1000.0
+        while True:
+            self._dirty.wait()
+            if self._stop.wait(window):
+                return
+            self._dirty.clear()
+            try:
+                self.sync()
+            except SpoolWriteError as exc:
+                log.error("spool: background fsync failed: %s", exc)
+            except ValueError:
+                return
+
+    # -- garbage collection ------------------------------------------------------------
+
+    def gc(self, min_offset: int) -> int:
+        """Delete whole segments whose records are all below `min_offset`, oldest first.
+
+        Never the active segment, nor the one holding the newest record. Returns bytes freed.
+        """
+        freed = 0
+        with self._wlock:
+            self._check_open()
+            keep_from = len(self._segments) - (1 if self._active_records else 2)
+            while len(self._segments) > 1 and keep_from > 0:
+                oldest, following = self._segments[0], self._segments[1]
+                if following.base > min_offset:
+                    break
+                (self._dir / _segment_name(oldest.base)).unlink()
+                self._segments.pop(0)
+                keep_from -= 1
+                self._size -= oldest.size
+                freed += oldest.size
+                self.counters.segments_deleted += 1
+            if freed:
+                self._fsync_dir()
+        return freed
+
+    # -- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync, stop the flusher and release the lock. Safe to call twice."""
+        if self._closed:
+            return
+        self._stop.set()
+        self._dirty.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self.sync()
+        finally:
+            with self._wlock:
+                self._closed = True
+                os.close(self._fd)
+                self._release_lock()
+
+    def counters_snapshot(self) -> SpoolCounters:
+        return replace(
+            self.counters,
+            refused=dict(self.counters.refused),
+            write_errors=dict(self.counters.write_errors),
+        )
+
+    def __enter__(self) -> SpoolWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
