@@ -1,0 +1,300 @@
+"""The exporter's HTTP endpoint: /metrics, /, /healthz, /readyz, /status.
+
+`/metrics` sends the bytes rendered by the sampler thread (gzipped once per snapshot when
+asked) followed by the live registry rendered at scrape time, so the hot path is a
+reference read, an optional auth check and a socket write. TLS, basic auth, extra headers
+and a rate limit come from an exporter-toolkit web-config (exporter.webconfig).
+
+This module must never touch NVML, /proc or the network beyond its own socket, never send
+a traceback to a client (errors are logged, the client gets a plain 500), and never log
+credentials.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import logging
+import socket
+import ssl
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter.catalogue import CATALOGUE
+from exporter.render import RenderedSnapshot
+from exporter.serving import ServingCollector, StateProvider, readiness, snapshot_age
+from exporter.webconfig import BasicAuth, RateLimiter, WebConfig, allowed_san, build_ssl_context
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+_TLS_HANDSHAKE_TIMEOUT = 10.0
+
+
+class _GzipCache:
+    """The gzip stream of the latest snapshot's body, compressed once per snapshot.
+
+    The compressor is kept open after the cached body; each scrape copies it, feeds the
+    live tail and finishes, so the client gets one ordinary gzip member (some clients do
+    not read concatenated members) while the big part is compressed only once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._for: RenderedSnapshot | None = None
+        self._prefix = b""
+        self._comp: Any = None
+
+    def compress(self, rendered: RenderedSnapshot | None, live: bytes) -> bytes:
+        if rendered is None:
+            return gzip.compress(live, compresslevel=1, mtime=0)
+        with self._lock:
+            if self._for is not rendered:
+                comp = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip framing
+                self._prefix = comp.compress(rendered.body)
+                self._comp = comp
+                self._for = rendered
+            prefix, comp = self._prefix, self._comp.copy()
+        tail: bytes = comp.compress(live) + comp.flush()
+        return prefix + tail
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr: tuple[str, int], app: MetricsServer,
+                 ssl_ctx: ssl.SSLContext | None) -> None:
+        self.app = app
+        self.ssl_ctx = ssl_ctx
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs here, in the per-connection thread, so a slow or broken
+        # client cannot stall accept() for everyone else.
+        if self.ssl_ctx is not None:
+            request.settimeout(_TLS_HANDSHAKE_TIMEOUT)
+            try:
+                request = self.ssl_ctx.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                return
+            request.settimeout(None)
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("error serving %s", client_address[0] if client_address else "?")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses connections
+    # Headers and body go out in two writes; with Nagle on, delayed ACKs add ~40 ms.
+    disable_nagle_algorithm = True
+    server: _Server
+    server_version = "gpu-audit"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def _dispatch(self, head: bool) -> None:
+        app = self.server.app
+        try:
+            if not app.rate_limiter.allow():
+                self._send(429, b"too many requests\n", "text/plain; charset=utf-8", head)
+                return
+            if not self._client_allowed():
+                self._send(403, b"client certificate not allowed\n",
+                           "text/plain; charset=utf-8", head)
+                return
+            if not app.auth.check(self.headers.get("Authorization")):
+                self._send(401, b"unauthorized\n", "text/plain; charset=utf-8", head,
+                           extra={"WWW-Authenticate": 'Basic realm="gpu-audit"'})
+                return
+            path = self.path.split("?", 1)[0]
+            route = _ROUTES.get(path)
+            if route is None:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
+                return
+            route(self, head)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception:  # a handler bug must not kill the server or leak a traceback
+            log.exception("error handling %s", self.path)
+            try:
+                self._send(500, b"internal error\n", "text/plain; charset=utf-8", head)
+            except OSError:
+                self.close_connection = True
+
+    def _client_allowed(self) -> bool:
+        tls = self.server.app.web.tls_server_config
+        if tls is None or not tls.client_allowed_sans:
+            return True
+        conn = self.connection
+        peer: dict[str, Any] | None = (conn.getpeercert() if isinstance(conn, ssl.SSLSocket)
+                                       else None)
+        return allowed_san(peer, tls.client_allowed_sans)
+
+    def _send(self, code: int, body: bytes, ctype: str, head: bool, *,
+              extra: dict[str, str] | None = None, encoding: str | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        for k, v in self.server.app.web.http_server_config.headers.items():
+            self.send_header(k, v)
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    # --- routes ------------------------------------------------------------------------
+    def metrics(self, head: bool) -> None:
+        app = self.server.app
+        app.collector.count_scrape()
+        state = app.provider.state()
+        live = generate_latest(app.registry)
+        rendered = state.rendered
+        gz = "gzip" in self.headers.get("Accept-Encoding", "")
+        if gz:
+            body = app.gzip_cache.compress(rendered, live)
+            self._send(200, body, CONTENT_TYPE_METRICS, head,
+                       extra={"Vary": "Accept-Encoding"}, encoding="gzip")
+        else:
+            body = (rendered.body if rendered is not None else b"") + live
+            self._send(200, body, CONTENT_TYPE_METRICS, head, extra={"Vary": "Accept-Encoding"})
+
+    def healthz(self, head: bool) -> None:
+        self._send(200, b"ok\n", "text/plain; charset=utf-8", head)
+
+    def readyz(self, head: bool) -> None:
+        ok, reason = readiness(self.server.app.provider.state())
+        self._send(200 if ok else 503, f"{reason}\n".encode(), "text/plain; charset=utf-8",
+                   head)
+
+    def status(self, head: bool) -> None:
+        body = orjson.dumps(status_document(self.server.app.provider),
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        self._send(200, body, "application/json", head)
+
+    def landing(self, head: bool) -> None:
+        self._send(200, landing_page(self.server.app.provider).encode(),
+                   "text/html; charset=utf-8", head)
+
+
+_ROUTES = {
+    "/metrics": _Handler.metrics,
+    "/healthz": _Handler.healthz,
+    "/readyz": _Handler.readyz,
+    "/status": _Handler.status,
+    "/": _Handler.landing,
+}
+
+
+def status_document(provider: StateProvider) -> dict[str, Any]:
+    """The /status JSON: backend, per-GPU state and supported fields, cycle timings."""
+    state = provider.state()
+    ok, reason = readiness(state)
+    snap = state.snapshot
+    doc: dict[str, Any] = {
+        "ready": ok,
+        "reason": reason,
+        "snapshot_age_seconds": snapshot_age(state),
+        "stale_after_seconds": state.stale_after_seconds,
+        "recent_cycle_seconds": list(state.recent_cycle_seconds),
+        "series": state.rendered.series if state.rendered else None,
+        "dropped_process_series_total": dict(state.dropped_process_series_total),
+        "backend": None,
+        "gpus": [],
+    }
+    if snap is not None:
+        b = snap.backend
+        doc["backend"] = {"name": b.name, "driver_version": b.driver_version,
+                          "cuda_version": b.cuda_version, "library_version": b.library_version,
+                          "simulated": b.simulated, "detail": b.detail}
+        doc["host"] = snap.host
+        doc["cycle"] = snap.cycle
+        doc["snapshot_timestamp"] = snap.timestamp
+        doc["error_counts"] = dict(snap.error_counts)
+        for g in snap.gpus:
+            doc["gpus"].append({
+                "index": g.info.index, "uuid": g.uuid, "name": g.info.name, "up": g.up,
+                "error": g.error,
+                "supported_fields": [m.name for m in CATALOGUE if m.key in g.values],
+                "unsupported_fields": [m.name for m in CATALOGUE if m.key in g.unsupported],
+                "processes": len(snap.processes.get(g.uuid, ())),
+            })
+    return doc
+
+
+def landing_page(provider: StateProvider) -> str:
+    state = provider.state()
+    snap = state.snapshot
+    backend = html.escape(snap.backend.name) if snap else "(not started)"
+    banner = ""
+    if snap is not None and snap.backend.simulated:
+        banner = ('<p style="background:#fc3;padding:.5em"><b>SIMULATED DATA</b>: this'
+                  " exporter runs the scenario simulator; no real GPU is measured.</p>")
+    ok, reason = readiness(state)
+    return (
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>gpu-audit exporter"
+        f"</title></head><body><h1>gpu-audit exporter</h1>{banner}"
+        f"<p>Backend: {backend}. Ready: {'yes' if ok else 'no'} ({html.escape(reason)}).</p>"
+        '<ul><li><a href="/metrics">/metrics</a></li><li><a href="/status">/status</a></li>'
+        '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
+        "</body></html>\n"
+    )
+
+
+class MetricsServer:
+    """The HTTP endpoint, on daemon threads; `start()` binds and serves, `stop()` ends."""
+
+    def __init__(self, host: str, port: int, provider: StateProvider,
+                 web: WebConfig | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.provider = provider
+        self.web = web or WebConfig()
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.collector = ServingCollector(provider)
+        self.registry.register(self.collector)
+        self.auth = BasicAuth(self.web.basic_auth_users)
+        self.rate_limiter = RateLimiter(self.web.rate_limit)
+        self.gzip_cache = _GzipCache()
+        ctx = build_ssl_context(self.web.tls_server_config) if self.web.tls_server_config else None
+        self._server = _Server((host, port), self, ctx)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def tls(self) -> bool:
+        return self._server.ssl_ctx is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.2},
+                                        name="gpu-audit-http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,373 @@
+"""Render one `Snapshot` into Prometheus text exposition bytes, once per sampling cycle.
+
+The sampler thread calls `Renderer.render` (or the pure `render_snapshot`) after each
+cycle and hands the bytes to the HTTP layer, so a scrape only sends cached bytes. New
+families are built on every render: a process that is gone simply is not rendered.
+
+This module must never do I/O, read the clock on its own (except to stamp
+`generated_at`), keep cumulative counters (the HTTP layer owns those), or emit NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from exporter import families as fam
+from exporter.attribution.model import AttributedProcess
+from exporter.catalogue import CATALOGUE
+from exporter.compat import XidTracker, render_compat
+from exporter.model import GpuSample
+from exporter.snapshot import Snapshot
+from exporter.textformat import escape_label_value, fmt_value, header
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """What to put in the exposition besides the canonical families."""
+
+    dcgm_compat: bool = False
+    pid_label: bool = False
+    max_process_series_per_gpu: int = 256
+    # Also emit the two dcgm-exporter artefacts promtool's linter rejects (the modelName
+    # label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER); see exporter.compat.
+    dcgm_exact: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedSnapshot:
+    """The cached exposition of one cycle."""
+
+    body: bytes
+    series: int
+    dropped_process_series: Mapping[str, int]
+    generated_at: float  # wall-clock unix seconds of the render (snapshot age counts from it)
+    snapshot_timestamp: float = 0.0
+    families: int = 0
+
+
+class _Family:
+    """Samples of one family, emitted with its header only when non-empty."""
+
+    __slots__ = ("head", "lines", "name")
+
+    def __init__(self, name: str, type_: str, help_: str) -> None:
+        self.name = name
+        self.head = header(name, type_, help_)
+        self.lines: list[str] = []
+
+    def add(self, labels: str, value: float | None) -> None:
+        if value is None:
+            return
+        text = fmt_value(value)
+        if text is None:
+            return
+        if labels:
+            self.lines.append(f"{self.name}{{{labels}}} {text}\n")
+        else:
+            self.lines.append(f"{self.name} {text}\n")
+
+
+def _fixed(f: fam.FamilyDef) -> _Family:
+    return _Family(f.name, f.type, f.full_help)
+
+
+def _lv(value: str) -> str:
+    return escape_label_value(value)
+
+
+def _gpu_prefix(g: GpuSample) -> str:
+    return f'gpu="{g.info.index}",uuid="{_lv(g.info.uuid)}"'
+
+
+class _Agg:
+    """Sums over the processes sharing one identity label set."""
+
+    __slots__ = ("count", "dec", "enc", "mem", "memu", "sm")
+
+    def __init__(self) -> None:
+        self.mem: float | None = None
+        self.sm: float | None = None
+        self.memu: float | None = None
+        self.enc: float | None = None
+        self.dec: float | None = None
+        self.count = 0
+
+
+def _plus(total: float | None, value: float | None) -> float | None:
+    # NaN/Inf from a backend means "not measured": it neither sums nor poisons the sum.
+    if value is None or not math.isfinite(value):
+        return total
+    return value if total is None else total + value
+
+
+def _cap1(value: float | None) -> float | None:
+    return None if value is None else min(value, 1.0)
+
+
+def _identity(ap: AttributedProcess, pid_label: bool) -> tuple[str, ...]:
+    a = ap.attribution
+    key = (a.user, a.project, a.job, a.k8s_namespace, a.k8s_pod, a.k8s_container,
+           a.slurm_job_id, ap.process.name)
+    return (*key, str(ap.process.pid)) if pid_label else key
+
+
+def _process_rows(procs: Iterable[AttributedProcess], pid_label: bool) -> dict[tuple[str, ...],
+                                                                              _Agg]:
+    groups: dict[tuple[str, ...], _Agg] = {}
+    for ap in procs:
+        key = _identity(ap, pid_label)
+        agg = groups.get(key)
+        if agg is None:
+            agg = groups[key] = _Agg()
+        p = ap.process
+        agg.count += 1
+        agg.mem = _plus(agg.mem, p.used_memory_bytes)
+        agg.sm = _plus(agg.sm, p.sm_util_ratio)
+        agg.memu = _plus(agg.memu, p.memory_util_ratio)
+        agg.enc = _plus(agg.enc, p.encoder_util_ratio)
+        agg.dec = _plus(agg.dec, p.decoder_util_ratio)
+    return groups
+
+
+_PROC_LABELS = (*(label for label, _ in fam.PROCESS_IDENTITY_LABELS), "process_name")
+
+
+def _allocation_source(ap: AttributedProcess) -> str:
+    srcs = ap.attribution.sources
+    if ap.attribution.job and "job" in srcs:
+        return srcs["job"]
+    if ap.attribution.user and "user" in srcs:
+        return srcs["user"]
+    for name in ("slurm_job_id", "k8s_pod", "project", "container_id"):
+        if getattr(ap.attribution, name) and name in srcs:
+            return srcs[name]
+    return "unknown"
+
+
+def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
+                    last_xid_codes: Mapping[str, int] | None = None,
+                    now: float | None = None) -> RenderedSnapshot:
+    """Render every family of one snapshot. Pure apart from stamping `generated_at`.
+
+    `last_xid_codes` (gpu uuid -> last XID code, kept across snapshots by `Renderer`)
+    feeds the compat profile's DCGM_FI_DEV_XID_ERRORS; without it only this snapshot's
+    new XID events are known.
+    """
+    catalogue_out: list[str] = []
+    series = 0
+    up_gpus = [g for g in snap.gpus if g.up]
+    prefixes = {g.info.uuid: _gpu_prefix(g) for g in snap.gpus}
+
+    for m in CATALOGUE:
+        f = _Family(m.name, m.type, m.full_help)
+        names = m.labels
+        for g in up_gpus:
+            if m.key in g.unsupported:
+                continue
+            values = g.values.get(m.key)
+            if not values:
+                continue
+            prefix = prefixes[g.info.uuid]
+            for label_values, v in values.items():
+                if len(label_values) != len(names):
+                    continue  # a backend bug must not produce a malformed exposition
+                extra = "".join(f',{n}="{_lv(lv)}"' for n, lv in zip(names, label_values,
+                                                                     strict=True))
+                f.add(prefix + extra, v)
+        if f.lines:
+            catalogue_out.append(f.head)
+            catalogue_out.extend(f.lines)
+            series += len(f.lines)
+
+    up, info, supported = _fixed(fam.GPU_UP), _fixed(fam.GPU_INFO), _fixed(fam.GPU_FIELD_SUPPORTED)
+    xid_total, xid_last = _fixed(fam.GPU_XID_ERRORS), _fixed(fam.GPU_XID_LAST)
+    mig_info = _fixed(fam.GPU_MIG_INFO)
+    mig_total, mig_used = _fixed(fam.GPU_MIG_MEMORY_TOTAL), _fixed(fam.GPU_MIG_MEMORY_USED)
+    backend = snap.backend
+    simulated = "true" if backend.simulated else "false"
+    for g in snap.gpus:
+        i, prefix = g.info, prefixes[g.info.uuid]
+        up.add(prefix, 1 if g.up else 0)
+        info.add(
+            f'{prefix},name="{_lv(i.name)}",serial="{_lv(i.serial)}",'
+            f'pci_bus_id="{_lv(i.pci_bus_id)}",'
+            f'driver_version="{_lv(i.driver_version or backend.driver_version)}",'
+            f'cuda_version="{_lv(i.cuda_version or backend.cuda_version)}",'
+            f'vbios_version="{_lv(i.vbios_version)}",'
+            f'mig_mode="{"true" if i.mig_mode else "false"}",'
+            f'backend="{_lv(backend.name)}",simulated="{simulated}"', 1)
+        # XID totals come from the event stream, not from reading the device, so they
+        # stay visible while the GPU is down (XID 79 is exactly when it falls off).
+        for code in sorted(g.xid_totals):
+            xid_total.add(f'{prefix},xid="{code}"', g.xid_totals[code])
+        xid_last.add(prefix, g.xid_last_timestamp)
+        if not g.up:
+            continue
+        for m in CATALOGUE:
+            supported.add(f'{prefix},field="{m.name}"', 1 if m.key in g.values else 0)
+        for mi in g.mig:
+            mprefix = (f'{prefix},mig_uuid="{_lv(mi.uuid)}",'
+                       f'gpu_instance_id="{mi.gpu_instance_id}"')
+            mig_info.add(f'{mprefix},compute_instance_id="{mi.compute_instance_id}",'
+                         f'profile="{_lv(mi.profile)}"', 1)
+            mig_total.add(mprefix, mi.memory_total_bytes)
+            mig_used.add(mprefix, mi.memory_used_bytes)
+    gpu_fams = [up, info, supported, xid_total, xid_last, mig_info, mig_total, mig_used]
+
+    proc_fams, dropped = _render_processes(snap, up_gpus, prefixes, opts)
+    unattributed = _render_unattributed(snap, up_gpus, prefixes)
+    allocation = _render_allocation(snap, up_gpus, prefixes)
+
+    out = catalogue_out
+    nfam = sum(1 for s in catalogue_out if s.startswith("# TYPE"))
+    for f in (*gpu_fams, *proc_fams, *unattributed, allocation):
+        if f.lines:
+            out.append(f.head)
+            out.extend(f.lines)
+            series += len(f.lines)
+            nfam += 1
+
+    if opts.dcgm_compat:
+        codes = last_xid_codes if last_xid_codes is not None else XidTracker().update(snap)
+        n, nf = render_compat(snap, out, codes, exact=opts.dcgm_exact)
+        series += n
+        nfam += nf
+
+    self_fams = _render_self(snap)
+    for f in self_fams:
+        if f.lines:
+            out.append(f.head)
+            out.extend(f.lines)
+            series += len(f.lines)
+            nfam += 1
+    series += 1  # gpu_audit_series itself
+    count = _fixed(fam.SERIES)
+    count.add("", series)
+    out.append(count.head)
+    out.extend(count.lines)
+    nfam += 1
+
+    # errors="replace": a label value that is not valid Unicode (a surrogate escape from
+    # /proc bytes) must still give a valid UTF-8 exposition.
+    body = "".join(out).encode("utf-8", errors="replace")
+    return RenderedSnapshot(
+        body=body,
+        series=series,
+        dropped_process_series=dropped,
+        generated_at=time.time() if now is None else now,
+        snapshot_timestamp=snap.timestamp,
+        families=nfam,
+    )
+
+
+def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mapping[str, str],
+                      opts: RenderOptions) -> tuple[list[_Family], dict[str, int]]:
+    mem, sm = _fixed(fam.PROCESS_MEMORY), _fixed(fam.PROCESS_SM)
+    memu, enc = _fixed(fam.PROCESS_MEM_UTIL), _fixed(fam.PROCESS_ENC)
+    dec, count = _fixed(fam.PROCESS_DEC), _fixed(fam.PROCESS_COUNT)
+    names = (*_PROC_LABELS, "pid") if opts.pid_label else _PROC_LABELS
+    dropped: dict[str, int] = {}
+    cap = max(0, opts.max_process_series_per_gpu)
+    for g in up_gpus:
+        procs = snap.processes.get(g.info.uuid, ())
+        if not procs:
+            continue
+        groups = _process_rows(procs, opts.pid_label)
+        items = list(groups.items())
+        if len(items) > cap:
+            # Keep the biggest by memory; ties broken by label set so the choice is stable.
+            items.sort(key=lambda kv: (-(kv[1].mem or 0.0), kv[0]))
+            dropped[g.info.uuid] = len(items) - cap
+            items = items[:cap]
+        prefix = prefixes[g.info.uuid]
+        for key, agg in items:
+            labels = prefix + "".join(f',{n}="{_lv(v)}"' for n, v in zip(names, key,
+                                                                         strict=True))
+            mem.add(labels, agg.mem)
+            sm.add(labels, _cap1(agg.sm))
+            memu.add(labels, _cap1(agg.memu))
+            enc.add(labels, _cap1(agg.enc))
+            dec.add(labels, _cap1(agg.dec))
+            count.add(labels, agg.count)
+    return [mem, sm, memu, enc, dec, count], dropped
+
+
+def _render_unattributed(snap: Snapshot, up_gpus: list[GpuSample],
+                         prefixes: Mapping[str, str]) -> list[_Family]:
+    mem_f, util_f = _fixed(fam.UNATTRIBUTED_MEMORY), _fixed(fam.UNATTRIBUTED_UTIL)
+    for g in up_gpus:
+        attributed = [ap.process for ap in snap.processes.get(g.info.uuid, ())
+                      if ap.attribution.attributed]
+        prefix = prefixes[g.info.uuid]
+        used = g.scalar("memory_used")
+        if used is not None:
+            explained: float | None = 0.0
+            for p in attributed:
+                explained = _plus(explained, p.used_memory_bytes)
+            mem_f.add(prefix, _floor0(used, explained))
+        util = g.scalar("utilization_gpu")
+        if util is not None:
+            utils = [p.sm_util_ratio for p in attributed if p.sm_util_ratio is not None]
+            # With attributed processes but no utilisation sample for any of them, the
+            # split is unknown: say nothing rather than call all of it unattributed.
+            if attributed and not utils:
+                continue
+            explained_u: float | None = 0.0
+            for u in utils:
+                explained_u = _plus(explained_u, u)
+            util_f.add(prefix, _floor0(util, explained_u))
+    return [mem_f, util_f]
+
+
+def _floor0(total: float, explained: float | None) -> float | None:
+    if not math.isfinite(total):
+        return None
+    return max(0.0, total - (explained or 0.0))
+
+
+def _render_allocation(snap: Snapshot, up_gpus: list[GpuSample],
+                       prefixes: Mapping[str, str]) -> _Family:
+    alloc = _fixed(fam.ALLOCATION_INFO)
+    for g in up_gpus:
+        seen: set[tuple[str, ...]] = set()
+        for ap in snap.processes.get(g.info.uuid, ()):
+            a = ap.attribution
+            if not a.attributed:
+                continue
+            key = (a.job, a.user, a.project, a.k8s_namespace, a.k8s_pod, a.k8s_container,
+                   a.slurm_job_id)
+            if key in seen:
+                continue
+            seen.add(key)
+            alloc.add(
+                f'{prefixes[g.info.uuid]},job="{_lv(a.job)}",user="{_lv(a.user)}",'
+                f'project="{_lv(a.project)}",namespace="{_lv(a.k8s_namespace)}",'
+                f'pod="{_lv(a.k8s_pod)}",container="{_lv(a.k8s_container)}",'
+                f'slurm_job="{_lv(a.slurm_job_id)}",source="{_lv(_allocation_source(ap))}"', 1)
+    return alloc
+
+
+def _render_self(snap: Snapshot) -> list[_Family]:
+    duration, stamp = _fixed(fam.SAMPLE_DURATION), _fixed(fam.SNAPSHOT_TIMESTAMP)
+    errors = _fixed(fam.SAMPLE_ERRORS)
+    duration.add("", snap.sample_duration_seconds)
+    stamp.add("", snap.timestamp)
+    for kind in sorted(snap.error_counts):
+        errors.add(f'kind="{_lv(kind)}"', snap.error_counts[kind])
+    return [duration, stamp, errors]
+
+
+@dataclass
+class Renderer:
+    """The sampler thread's renderer: `render_snapshot` plus the little state the compat
+    profile needs across cycles (the last XID code per GPU)."""
+
+    opts: RenderOptions
+    _xids: XidTracker = field(default_factory=XidTracker)
+
+    def render(self, snap: Snapshot, now: float | None = None) -> RenderedSnapshot:
+        codes = self._xids.update(snap)
+        return render_snapshot(snap, self.opts, last_xid_codes=codes, now=now)
