@@ -30,6 +30,12 @@ class CompatConfig(Section):
         description="Also emit dcgm-exporter's names and labels for its default fields "
         "(DCGM_FI_DEV_GPU_UTIL, ...) so existing dashboards and alerts keep working.",
     )
+    dcgm_exact: bool = Field(
+        False,
+        description="Also emit the two dcgm-exporter items promtool's lint rejects: the "
+        "camelCase modelName label and DCGM_FI_DEV_PCIE_REPLAY_COUNTER (off by default; "
+        "dashboard 12239 uses neither).",
+    )
 
 
 class ExporterConfig(Section):

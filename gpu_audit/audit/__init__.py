@@ -1,0 +1,43 @@
+"""The audit trail: records built from snapshots, hash-chained, spooled and verified.
+
+- builder: Snapshot -> record dicts (pure); accounting: GPU-seconds and energy;
+- canonical: the bytes, ids and hash chain; schema: the published JSON Schema;
+- producer: AuditProducer (chain + group commit to the spool); metrics: AuditCollector;
+- verify: `audit verify` over JSON Lines, spool directories and sink read-backs.
+
+The format is documented in docs/AUDIT.md.
+"""
+
+from gpu_audit.audit.builder import PartsCache, build_records, exporter_event
+from gpu_audit.audit.canonical import SCHEMA_ID, ZERO_HASH, load_hmac_key
+from gpu_audit.audit.config import AuditConfig
+from gpu_audit.audit.metrics import AuditCollector
+from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.audit.verify import (
+    Problem,
+    VerifyReport,
+    verify_jsonl,
+    verify_readback,
+    verify_records,
+    verify_spool,
+    verify_spool_dir,
+)
+
+__all__ = [
+    "SCHEMA_ID",
+    "ZERO_HASH",
+    "AuditCollector",
+    "AuditConfig",
+    "AuditProducer",
+    "PartsCache",
+    "Problem",
+    "VerifyReport",
+    "build_records",
+    "exporter_event",
+    "load_hmac_key",
+    "verify_jsonl",
+    "verify_readback",
+    "verify_records",
+    "verify_spool",
+    "verify_spool_dir",
+]

@@ -11,7 +11,25 @@ from gpu_audit.model_base import Section
 
 class AuditConfig(Section):
     enabled: bool = Field(True, description="Write audit records to the spool.")
-    stream: str = Field("exporter", description="Name of this producer's hash-chained stream.")
+    stream: str = Field(
+        "exporter",
+        min_length=1,
+        max_length=128,
+        description="Name of this producer's hash-chained stream.",
+    )
     hmac_key_file: Path | None = Field(
         None, description="Key the hash chain with HMAC-SHA256 using the secret in this file."
+    )
+    max_elapsed_intervals: float = Field(
+        3.0,
+        gt=0,
+        description="Cap on the time one record accounts for, in sample intervals, so a "
+        "long pause (suspend, stopped exporter) never bills hours to one sample.",
+    )
+    state_directory: Path | None = Field(
+        None,
+        description="Where the producer keeps a small per-stream checkpoint (last seq, hash "
+        "and spool offset) so the chain resumes after a restart even when the spool's last "
+        "record belongs to another stream or its segments were already shipped and deleted. "
+        "Unset: resume from the spool alone.",
     )

@@ -1,0 +1,20 @@
+# The two commands of the README's quick start.
+.PHONY: run test lint
+
+# The main job: exporter + shipper in one process, archive sink by default.
+# On a machine without an NVIDIA GPU it stops with a clear message and the simulator
+# command to use instead (it never fakes data by itself). Extra options: ARGS="...".
+run:
+	@scripts/setup
+	.venv/bin/gpu-audit run $(ARGS)
+
+# Everything the tests need (apt servers, venv, project), then lint, types and tests.
+test:
+	@scripts/setup --test
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/mypy

@@ -1,0 +1,295 @@
+"""Wiring of one exporter process: backend -> sampler -> (renderer, audit producer) ->
+HTTP endpoint, optionally with the shipper in the same process (`gpu-audit run`).
+
+Start-up order matters: configuration and web-config are validated first (exit 2 before
+anything starts), then the backend is opened (a missing driver ends here with a hint,
+never a fallback to the simulator), then the endpoint binds, then sampling begins.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from exporter.attribution.fakeproc import write_fake_proc
+from exporter.attribution.resolver import Resolver
+from exporter.backends import BackendUnavailable, create_backend
+from exporter.config import parse_listen
+from exporter.http import MetricsServer
+from exporter.model import GpuSample
+from exporter.render import RenderOptions
+from exporter.sampler import Sampler
+from exporter.serving import LatestState
+from exporter.webconfig import WebConfig, load_web_config
+from gpu_audit import __version__
+from gpu_audit.audit.metrics import AuditCollector
+from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.config import Config
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
+from gpu_audit.spool import SpoolReader, SpoolWriteError, SpoolWriter
+
+log = logging.getLogger("gpu_audit.exporter")
+
+NO_GPU_HINT = (
+    "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
+    "  gpu-audit run --backend sim --scenario busy\n"
+    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
+    'carries simulated="true").'
+)
+
+
+class ReopeningSpool:
+    """The spool writer, opened lazily and re-opened after failures.
+
+    A spool that cannot be opened (permission, read-only or full disk, another writer)
+    must not stop the exporter: commits fail with SpoolWriteError, the audit producer
+    counts the records it could not write, /metrics keeps serving, and every cycle tries
+    to open the spool again.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._config = config.spool
+        self._writer: SpoolWriter | None = None
+        self._lock = threading.Lock()
+        self.last_error = ""
+
+    def _get(self) -> SpoolWriter:
+        if self._writer is None:
+            try:
+                self._writer = SpoolWriter(self._config)
+                if self.last_error:
+                    log.info("spool %s is writable again", self._config.directory)
+                self.last_error = ""
+            except SpoolWriteError:
+                raise
+            except OSError as exc:
+                self.last_error = str(exc)
+                raise SpoolWriteError.from_oserror(exc, self._config.directory, "open") from None
+            except Exception as exc:  # SpoolLocked and friends: same outcome, other reason
+                self.last_error = str(exc)
+                raise SpoolWriteError("unavailable", self._config.directory, str(exc)) from None
+        return self._writer
+
+    @property
+    def writer(self) -> SpoolWriter | None:
+        return self._writer
+
+    def commit(self, payloads: Sequence[bytes]) -> int:
+        with self._lock:
+            return self._get().commit(payloads)
+
+    def last_payload(self) -> bytes | None:
+        with self._lock:
+            try:
+                return self._get().last_payload()
+            except SpoolWriteError:
+                return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+
+class SimProcfs:
+    """A fake /proc mirroring the simulated processes, so attribution runs for real on
+    simulated data (the demo shows users, projects and jobs). Lives in a temp dir that is
+    removed at exit; used only with `--backend sim` and the default procfs root."""
+
+    def __init__(self) -> None:
+        self._base = Path(tempfile.mkdtemp(prefix="gpu-audit-simproc-"))
+        self.root = self._base / "proc"
+        self.root.mkdir()
+        # An empty user database: simulated uids must not borrow this host's user names,
+        # so the owner source answers "uid:<n>" unless the scenario's environ says more.
+        self.passwd = self._base / "passwd"
+        self.passwd.write_text("")
+
+    def update(self, gpus: Sequence[GpuSample]) -> None:
+        write_fake_proc(self.root, (p for g in gpus for p in g.processes), prune=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self._base, ignore_errors=True)
+
+
+class SamplerCollector(Collector):
+    """Cumulative counters of the sampling loop and attribution, for the live registry."""
+
+    def __init__(self, sampler: Sampler, resolver: Resolver) -> None:
+        self._sampler = sampler
+        self._resolver = resolver
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._sampler.stats
+        yield CounterMetricFamily("gpu_audit_sample_cycles", "Sampling cycles completed.",
+                                  value=s.cycles)
+        yield CounterMetricFamily("gpu_audit_sample_failed_cycles",
+                                  "Sampling cycles that raised (logged; sampling went on).",
+                                  value=s.failed_cycles)
+        yield CounterMetricFamily("gpu_audit_sample_cpu_seconds",
+                                  "CPU time the sampling thread spent in cycles "
+                                  "(sampling, attribution, rendering, audit records).",
+                                  value=s.cpu_seconds)
+        yield CounterMetricFamily("gpu_audit_snapshot_listener_errors",
+                                  "Snapshot consumers (audit producer) that raised.",
+                                  value=s.listener_errors)
+        attr = CounterMetricFamily("gpu_audit_attribution_events",
+                                   "Attribution counters by kind (cache hits and misses, "
+                                   "vanished processes, unreadable files, ...).",
+                                   labels=["kind"])
+        for kind, n in sorted(self._resolver.stats().items()):
+            attr.add_metric([kind], n)
+        yield attr
+
+
+class ExporterApp:
+    """One exporter process. `start()` raises BackendUnavailable or ConfigError."""
+
+    def __init__(self, config: Config, *, with_shipper: bool) -> None:
+        self.config = config
+        self.with_shipper = with_shipper and config.shipper.enabled
+        self.server: MetricsServer | None = None
+        self.sampler: Sampler | None = None
+        self.producer: AuditProducer | None = None
+        self.spool: ReopeningSpool | None = None
+        self.shipper: Any = None
+        self._simproc: SimProcfs | None = None
+        self._resolver: Resolver | None = None
+        self._backend: Any = None
+
+    def start(self) -> None:
+        cfg = self.config
+        ex = cfg.exporter
+        host, port = parse_listen(ex.listen)
+        web = load_web_config(ex.web_config_file) if ex.web_config_file else WebConfig()
+        backend = create_backend(ex)
+        info = backend.open()
+        self._backend = backend
+        if info.simulated:
+            log.warning("SIMULATED DATA: backend 'sim' (%s); every series carries "
+                        'simulated="true"', info.detail)
+
+        attribution = cfg.attribution
+        before = None
+        if info.simulated and attribution.procfs_root == Path("/proc"):
+            self._simproc = SimProcfs()
+            attribution = attribution.model_copy(update={
+                "procfs_root": self._simproc.root,
+                "passwd_file": attribution.passwd_file or self._simproc.passwd,
+            })
+            before = self._simproc.update
+        resolver = Resolver(attribution)
+        self._resolver = resolver
+
+        stale = ex.stale_after_seconds or max(3 * ex.interval_seconds, 2.0)
+        state = LatestState(stale)
+        registry = CollectorRegistry(auto_describe=True)
+
+        listeners = []
+        if cfg.audit.enabled or self.with_shipper:
+            self.spool = ReopeningSpool(cfg)
+            reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
+            self.producer = AuditProducer(cfg.audit, self.spool, host=cfg.host,
+                                          exporter_version=__version__,
+                                          simulated=info.simulated, reader=reader)
+            self.producer.start()
+            listeners.append(self.producer.on_snapshot)
+            registry.register(AuditCollector(self.producer))
+
+        scenario_clock = getattr(backend, "scenario_time", None) if info.simulated else None
+        self.sampler = Sampler(
+            backend, info, resolver,
+            host=cfg.host,
+            interval_seconds=ex.interval_seconds,
+            slow_interval_seconds=ex.slow_interval_seconds,
+            render_options=RenderOptions(
+                dcgm_compat=ex.compat.dcgm_exporter,
+                dcgm_exact=ex.compat.dcgm_exact,
+                pid_label=ex.process_pid_label,
+                max_process_series_per_gpu=ex.max_process_series_per_gpu,
+            ),
+            listeners=listeners,
+            publish=state.publish,
+            scenario_clock=scenario_clock,
+            before_attribution=before,
+        )
+        registry.register(SamplerCollector(self.sampler, resolver))
+
+        if self.with_shipper:
+            from shipper.engine import Shipper
+
+            writer = self.spool.writer if self.spool else None
+            self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer)
+            registry.register(self.shipper.collector())
+
+        self.server = MetricsServer(host, port, state, web, registry)
+        self.server.start()
+        state.set_backend(True)
+        log.info("serving %s://%s:%d/metrics (backend %s)",
+                 "https" if self.server.tls else "http", host, self.server.port, info.name)
+        self.sampler.start()
+        if self.shipper is not None:
+            self.shipper.start()
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.producer is not None:
+            self.producer.stop()
+        if self.shipper is not None:
+            self.shipper.stop()
+        if self.server is not None:
+            self.server.stop()
+        if self.spool is not None:
+            self.spool.close()
+        if self._backend is not None:
+            self._backend.close()
+        if self._resolver is not None:
+            self._resolver.close()
+        if self._simproc is not None:
+            self._simproc.remove()
+
+
+def run_exporter(config: Config, *, with_shipper: bool) -> int:
+    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+    app = ExporterApp(config, with_shipper=with_shipper)
+    done = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        app.start()
+    except BackendUnavailable as exc:
+        app.stop()
+        print(f"gpu-audit: cannot start the {config.exporter.backend} backend: {exc}",
+              file=sys.stderr)
+        if config.exporter.backend != "sim":
+            print(NO_GPU_HINT, file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        app.stop()
+        print(f"gpu-audit: cannot listen on {config.exporter.listen}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    except BaseException:
+        app.stop()
+        raise
+    done.wait()
+    app.stop()
+    return EXIT_OK

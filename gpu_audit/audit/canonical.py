@@ -1,0 +1,142 @@
+"""The exact bytes of an audit record: canonical JSON, record ids and the hash chain.
+
+Everything that makes the trail tamper-evident and replay-safe is defined here once, so
+the producer and `audit verify` can never disagree:
+
+- canonical bytes: `orjson.dumps(record, option=OPT_SORT_KEYS)` (keys sorted at every
+  level, no whitespace, UTF-8); the bytes that are hashed are those of the record
+  *without* its `hash` member, and the bytes stored are those of the record *with* it;
+- `hash` = hex SHA-256 (or HMAC-SHA256 with the configured key) over the ASCII
+  `prev_hash` followed by the canonical bytes; the first record of a stream has
+  `prev_hash` = 64 zeros;
+- `id` = a hash over the sample's identity (host, stream, kind, event, time, GPU, process,
+  XID), never over `seq` or the chain, so the same sample gets the same id on every
+  retry and replay.
+
+This module must never log or return an HMAC key, and never do I/O except reading the
+key file in `load_hmac_key`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SCHEMA_ID = "gpu-audit.record/1"
+ZERO_HASH = "0" * 64
+
+_SORT = orjson.OPT_SORT_KEYS
+_SEP = b"\x1f"  # unit separator: cannot occur in any of the id's fields unescaped
+
+
+def canonical_bytes(record: Mapping[str, Any]) -> bytes:
+    """The canonical serialisation of `record` (sorted keys, compact, UTF-8)."""
+    return orjson.dumps(record, option=_SORT)
+
+
+def chain_hash(prev_hash: str, body: bytes, hmac_key: bytes | None) -> str:
+    """The hash of a record whose canonical bytes without `hash` are `body`."""
+    if hmac_key is None:
+        h = hashlib.sha256(prev_hash.encode("ascii"))
+        h.update(body)
+        return h.hexdigest()
+    m = hmac.new(hmac_key, prev_hash.encode("ascii"), hashlib.sha256)
+    m.update(body)
+    return m.hexdigest()
+
+
+def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | None) -> bytes:
+    """Set `seq`, `prev_hash` and `hash` on `record`; return its stored bytes.
+
+    The stored bytes equal `canonical_bytes(record)` with the hash in. To serialise only
+    once, the hash member is spliced into the hashed bytes just before the top-level
+    `"host"` key, which always directly follows `"hash"` in sorted order (no record key
+    sorts between them, and `,"host":` cannot occur inside a JSON string, whose quotes
+    are all escaped). When the first `,"host":` is not at nesting depth 1 (a nested
+    object with such a key, or braces inside strings that make the count unsure), the
+    record is simply serialised again.
+    """
+    record["seq"] = seq
+    record["prev_hash"] = prev_hash
+    record.pop("hash", None)
+    body = orjson.dumps(record, option=_SORT)
+    digest = chain_hash(prev_hash, body, hmac_key)
+    record["hash"] = digest
+    at = body.find(b',"host":')
+    if at < 0 or body.count(b"{", 0, at) - body.count(b"}", 0, at) != 1:
+        return orjson.dumps(record, option=_SORT)
+    return b"".join((body[:at], b',"hash":"', digest.encode("ascii"), b'"', body[at:]))
+
+
+def expected_hash(record: Mapping[str, Any], hmac_key: bytes | None) -> str:
+    """Recompute the hash a stored record should carry (used by verify)."""
+    body = {k: v for k, v in record.items() if k != "hash"}
+    prev = record.get("prev_hash")
+    return chain_hash(prev if isinstance(prev, str) else "", canonical_bytes(body), hmac_key)
+
+
+def id_prefix(host: str, stream: str, time_ns: int) -> Any:
+    """The hash state over the parts of a record id shared by a whole cycle."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_SEP.join((host.encode(), stream.encode(), str(time_ns).encode(), b"")))
+    return h
+
+
+def id_from_prefix(  # noqa: PLR0917 - hot path: one call per record
+    prefix: Any, kind: str, event: str, gpu_uuid: str, process_key: str, xid_key: str
+) -> str:
+    """Finish a record id from a cycle's `id_prefix` (the prefix state is not changed)."""
+    h = prefix.copy()
+    # One encode of the joined text: the same bytes as joining each part's UTF-8.
+    h.update(f"{kind}\x1f{event}\x1f{gpu_uuid}\x1f{process_key}\x1f{xid_key}".encode())
+    return str(h.hexdigest())
+
+
+def record_id(
+    host: str,
+    stream: str,
+    kind: str,
+    *,
+    event: str,
+    time_ns: int,
+    gpu_uuid: str,
+    process_key: str,
+    xid_key: str,
+) -> str:
+    """Deterministic 128-bit record id (32 hex digits): blake2b over host, stream,
+    time_ns, kind, event, GPU uuid, process key and XID key, joined with 0x1f."""
+    return id_from_prefix(
+        id_prefix(host, stream, time_ns), kind, event, gpu_uuid, process_key, xid_key
+    )
+
+
+def to_time_ns(unix_seconds: float) -> int:
+    """Unix seconds (as the sampler stamps them) to integer nanoseconds, deterministically."""
+    return round(unix_seconds * 1e9)
+
+
+def format_time_ns(time_ns: int) -> str:
+    """RFC 3339 UTC with nanosecond digits and `Z`, e.g. 2026-11-30T06:20:47.123456789Z."""
+    secs, frac = divmod(time_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{frac:09d}Z"
+
+
+def load_hmac_key(path: Path) -> bytes:
+    """The HMAC secret: the file's bytes without one trailing newline (LF or CRLF).
+
+    Raises ValueError (naming the file, never its content) when the key is empty.
+    """
+    data = path.read_bytes()
+    if data.endswith(b"\r\n"):
+        data = data[:-2]
+    elif data.endswith(b"\n"):
+        data = data[:-1]
+    if not data:
+        raise ValueError(f"{path}: HMAC key file is empty")
+    return data

@@ -1,0 +1,197 @@
+"""The `gpu-audit` command: one entry point, a subcommand per component.
+
+Exit codes: 0 success; 1 runtime failure (backend unavailable, verify found problems);
+2 bad configuration, scenario or arguments (nothing was started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpu_audit import __version__
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+
+log = logging.getLogger("gpu_audit")
+
+NO_GPU_HINT = (
+    "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
+    "  gpu-audit run --backend sim --scenario busy\n"
+    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
+    'carries simulated="true").'
+)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="YAML configuration file (every key has a default; see README).")
+
+
+def _add_exporter_args(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--listen", metavar="HOST:PORT", help="HTTP endpoint (exporter.listen).")
+    p.add_argument("--backend", choices=("nvml", "dcgm", "sim"),
+                   help="Sample source (exporter.backend). 'sim' needs --scenario.")
+    p.add_argument("--scenario", metavar="NAME|FILE",
+                   help="Simulator scenario: busy, idle, leak, hot, xid, mig, large or a file.")
+    p.add_argument("--time-scale", type=float, metavar="X",
+                   help="Simulator: scenario seconds per wall second (exporter.time_scale).")
+    p.add_argument("--interval", type=float, metavar="SECONDS",
+                   help="Fast sampling interval (exporter.interval_seconds).")
+    p.add_argument("--spool-dir", type=Path, metavar="DIR", help="Spool directory (spool.directory).")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-audit",
+        description="Know who used which GPU, when, how well and at what cost: an NVML/DCGM "
+        "Prometheus exporter with per-process attribution, a tamper-evident audit trail and "
+        "a shipper that loses nothing.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-audit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="Exporter + shipper in one process (the main job).",
+                       description="Sample every GPU, serve /metrics, write audit records to the "
+                       "spool and ship them to the configured sinks (a local archive by default).")
+    _add_exporter_args(p)
+
+    p = sub.add_parser("exporter", help="Sample GPUs, serve /metrics, write audit records.",
+                       description="The exporter alone: sampling loop, Prometheus endpoint and "
+                       "audit records written to the spool (shipped by `gpu-audit shipper`).")
+    _add_exporter_args(p)
+
+    p = sub.add_parser("shipper", help="Ship spooled audit records to the configured sinks.",
+                       description="Deliver the spool written by an exporter in another process.")
+    _add_config_args(p)
+    p.add_argument("--spool-dir", type=Path, metavar="DIR")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+    p = sub.add_parser("check-config", help="Validate the configuration and say what is wrong.",
+                       description="Validate the configuration (exporter, attribution, audit, "
+                       "spool, shipper sinks, web-config and scenario files) and list every "
+                       "problem at once. Exit 0 when valid, 2 otherwise.")
+    _add_exporter_args(p)
+
+    p = sub.add_parser("audit", help="Audit trail tools.")
+    asub = p.add_subparsers(dest="audit_command", metavar="ACTION")
+    v = asub.add_parser("verify", help="Check records for gaps, duplicates, reordering, edits.",
+                        description="Verify the hash chain and sequence of audit records in a "
+                        "spool directory, a JSON Lines file (.jsonl/.jsonl.gz) or an archive "
+                        "directory, or read back from a configured sink with --sink.")
+    v.add_argument("path", nargs="?", type=Path, help="Spool dir, archive dir or JSONL file.")
+    v.add_argument("--hmac-key-file", type=Path, help="Secret the chain was keyed with.")
+    v.add_argument("--sink", metavar="NAME", help="Read back from this configured sink.")
+    v.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start of range (--sink).")
+    v.add_argument("--to", dest="time_to", metavar="RFC3339", help="End of range (--sink).")
+    _add_config_args(v)
+
+    p = sub.add_parser("spool", help="Spool tools (fsck and statistics).")
+    ssub = p.add_subparsers(dest="spool_command", metavar="ACTION")
+    sv = ssub.add_parser("verify", help="Check every segment, frame and cursor (an fsck).")
+    sv.add_argument("directory", type=Path)
+    ss = ssub.add_parser("stats", help="Segments, bytes, offsets and per-sink lag.")
+    ss.add_argument("directory", type=Path)
+    ss.add_argument("--json", action="store_true", help="Machine-readable output.")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
+    mapping = {
+        "listen": ("exporter", "listen"),
+        "backend": ("exporter", "backend"),
+        "scenario": ("exporter", "scenario"),
+        "time_scale": ("exporter", "time_scale"),
+        "interval": ("exporter", "interval_seconds"),
+        "spool_dir": ("spool", "directory"),
+        "log_level": ("log_level",),
+    }
+    out: dict[tuple[str, ...], Any] = {}
+    for attr, path in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out[path] = str(value) if isinstance(value, Path) else value
+    return out
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return _dispatch(parser, args)
+    except ConfigError as exc:
+        print(f"gpu-audit: configuration error in {exc.render()}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from gpu_audit.settings import load_settings
+
+    cmd = args.command
+    if cmd in ("run", "exporter", "check-config", "shipper"):
+        config = load_settings(getattr(args, "config", None), _overrides(args))
+        _setup_logging(config.log_level)
+        if cmd == "check-config":
+            from gpu_audit.checks import check_all
+
+            check_all(config)
+            print(f"configuration OK ({args.config or 'defaults'})")
+            return EXIT_OK
+        if cmd == "shipper":
+            from shipper.standalone import run_shipper
+
+            return run_shipper(config)
+        from exporter.app import run_exporter
+
+        return run_exporter(config, with_shipper=(cmd == "run"))
+    if cmd == "audit":
+        if args.audit_command != "verify":
+            parser.parse_args(["audit", "--help"])
+            return EXIT_USAGE
+        _setup_logging("warning")
+        from gpu_audit.verify_cli import verify_command
+
+        return verify_command(args)
+    if cmd == "spool":
+        _setup_logging("warning")
+        from gpu_audit.spool import spool_stats, verify_spool
+
+        if args.spool_command == "verify":
+            report = verify_spool(args.directory)
+            print(report.render())
+            return EXIT_OK if report.ok else EXIT_FAILURE
+        if args.spool_command == "stats":
+            stats = spool_stats(args.directory)
+            if args.json:
+                print(json.dumps(stats, indent=2, sort_keys=True, default=str))
+            else:
+                for key, value in sorted(stats.items()):
+                    print(f"{key}: {value}")
+            return EXIT_OK
+        parser.parse_args(["spool", "--help"])
+        return EXIT_USAGE
+    parser.print_help()
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
