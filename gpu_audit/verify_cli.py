@@ -17,7 +17,7 @@ from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import (
     VerifyReport,
     Verifier,
-    _jsonl_lines,
+    jsonl_lines,
     verify_jsonl,
     verify_readback,
     verify_spool_dir,
@@ -45,7 +45,7 @@ def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
                    if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith("."))
     v = Verifier(hmac_key=key, complete=True, source=str(path))
     for f in files:
-        for n, line in _jsonl_lines(f):
+        for n, line in jsonl_lines(f):
             v.feed(line, f"{f.name} line {n}")
     return v.report()
 

@@ -46,18 +46,22 @@ def energy_units(
     counter_prev: float | None,
     power_watts: float | None,
     elapsed: float,
+    *,
+    counter_share: float = 1.0,
 ) -> tuple[int, EnergySource] | None:
     """Energy of one GPU over the interval, in grid units, with where it came from.
 
     Counter delta when both readings exist; a negative delta means the counter restarted
     (driver reload, reset), and then the new reading is the energy since the restart.
-    Without both readings: power x elapsed. None when neither is known.
+    `counter_share` (<= 1) scales a counter delta down to the accounted part of a capped
+    interval. Without both readings: power x elapsed. None when neither is known.
     """
     if counter_now is not None and counter_prev is not None:
         delta = counter_now - counter_prev
-        if delta >= 0:
-            return round(delta * ENERGY_GRID), "counter"
-        return round(max(counter_now, 0.0) * ENERGY_GRID), "counter_reset"
+        source: EnergySource = "counter"
+        if delta < 0:
+            delta, source = max(counter_now, 0.0), "counter_reset"
+        return round(delta * counter_share * ENERGY_GRID), source
     if power_watts is not None and power_watts >= 0:
         return round(power_watts * elapsed * ENERGY_GRID), "power"
     return None

@@ -247,16 +247,17 @@ class _Cycle:
 
 
 def _energy_of(
-    gpu: GpuSample, prev_gpu: GpuSample | None, elapsed: float
+    gpu: GpuSample, prev_gpu: GpuSample | None, elapsed: float, counter_share: float
 ) -> tuple[int, str] | None:
-    prev_counter = None
-    if prev_gpu is not None and prev_gpu.up:
-        prev_counter = prev_gpu.scalar("energy")
+    counter, power = gpu.scalar("energy"), gpu.scalar("power_usage")
     if elapsed <= 0:
-        # First snapshot or no time passed: nothing to account, and a counter delta over
-        # a zero interval would only carry noise.
-        return (0, "counter") if gpu.scalar("energy") is not None else None
-    return energy_units(gpu.scalar("energy"), prev_counter, gpu.scalar("power_usage"), elapsed)
+        # First snapshot or no time passed: nothing to account. Still say 0 (not
+        # "unknown") when the GPU can measure energy at all.
+        if counter is not None:
+            return 0, "counter"
+        return (0, "power") if power is not None else None
+    prev_counter = prev_gpu.scalar("energy") if prev_gpu is not None and prev_gpu.up else None
+    return energy_units(counter, prev_counter, power, elapsed, counter_share=counter_share)
 
 
 def _usage_records(
@@ -266,6 +267,7 @@ def _usage_records(
     *,
     prev_gpu: GpuSample | None,
     elapsed: float,
+    counter_share: float,
     gpu_part: Any,
 ) -> list[Record]:
     uuid = gpu.info.uuid
@@ -277,7 +279,7 @@ def _usage_records(
         return [grec]
     grec["values"] = gpu_values(gpu)
     grec["gpu_seconds"] = elapsed
-    energy = _energy_of(gpu, prev_gpu, elapsed)
+    energy = _energy_of(gpu, prev_gpu, elapsed, counter_share)
     if energy is not None:
         grec["energy_joules"] = joules(energy[0])
         grec["energy_source"] = energy[1]
@@ -421,6 +423,10 @@ def build_records(
         snap.interval_seconds,
         max_elapsed_intervals,
     )
+    # After a capped pause only the accounted part of the counter delta is billed; the
+    # raw counter stays in values.energy_joules_total for fleet totals.
+    real = snap.timestamp - prev.timestamp if prev is not None else 0.0
+    counter_share = elapsed / real if 0 < elapsed < real else 1.0
     cyc = _Cycle(
         snap,
         host=host if host is not None else snap.host,
@@ -439,7 +445,10 @@ def build_records(
         prev_gpu = prev_gpus.get(gpu.info.uuid)
         part = cyc.parts.shared(_gpu_part(gpu))
         out.extend(
-            _usage_records(cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed, gpu_part=part)
+            _usage_records(
+                cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,
+                counter_share=counter_share, gpu_part=part,
+            )
         )
         events.extend(
             _event_records(cyc, snap, prev, gpu=gpu, prev_gpu=prev_gpu, gpu_part=part)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from gpu_audit.audit.canonical import SCHEMA_ID, ZERO_HASH, expected_hash
 from gpu_audit.audit.ports import SpoolReaderPort
 
 MAX_LISTED = 1000
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 ID_WINDOW = 1_000_000
 
 
@@ -224,10 +226,14 @@ class Verifier:
             and not isinstance(seq, bool)
             and isinstance(h, str)
             and isinstance(prev, str)
+            and _HEX64.match(h) is not None
+            and _HEX64.match(prev) is not None
             and rid_s is not None
         ):
             self._problem(
-                "bad_schema", where, "stream, seq, id, hash or prev_hash missing or mistyped",
+                "bad_schema", where,
+                "stream, seq, id, hash or prev_hash missing or mistyped "
+                "(hashes are 64 lowercase hex digits)",
                 stream=stream if isinstance(stream, str) else None, rid=rid_s,
             )
             return
@@ -339,7 +345,7 @@ def verify_records(
     return v.report()
 
 
-def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as raw:
         magic = raw.read(2)
     opener: Any = gzip.open if magic == b"\x1f\x8b" else open
@@ -359,7 +365,7 @@ def verify_jsonl(
     OSError only when the file itself cannot be read.
     """
     v = Verifier(hmac_key=hmac_key, complete=complete, source=str(path))
-    for n, line in _jsonl_lines(path):
+    for n, line in jsonl_lines(path):
         v.feed(line, f"line {n}")
     return v.report()
 
