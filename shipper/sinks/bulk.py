@@ -1,0 +1,182 @@
+"""The Elasticsearch/OpenSearch `_bulk` logic both clients share: the NDJSON body, the
+index chosen from the record's own time, per-item outcome classification, and the index
+template. Pure functions; no I/O.
+
+Per item: 2xx delivered; 409 on `create` delivered (the id is already stored); 429, 5xx
+and a `cluster_block_exception` (flood stage; 429 since ES 7.x, 403 before) retried for
+that item only; 404 `index_not_found_exception` (auto-create off) held; any other 4xx
+dead-lettered with the item's error type and reason. An item missing from the response
+is retried (the server did not say it stored it).
+
+This module must never decide to drop a record: every record gets an outcome.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from shipper.sinks.base import ItemResult, Outcome, SinkRecord
+from shipper.sinks.config import ElasticsearchSinkConfig, OpenSearchSinkConfig
+
+SearchConfig = ElasticsearchSinkConfig | OpenSearchSinkConfig
+
+_RETRY_TYPES = frozenset(
+    {"cluster_block_exception", "es_rejected_execution_exception",
+     "circuit_breaking_exception", "unavailable_shards_exception"}
+)
+
+
+def index_for(doc: Mapping[str, Any], cfg: SearchConfig) -> str:
+    """The index (or data stream) for a record, from the record's own event time."""
+    if cfg.index_mode == "data_stream":
+        return cfg.data_stream
+    time_ns = doc["time_ns"]
+    day = dt.datetime.fromtimestamp(time_ns // 1_000_000_000, tz=dt.UTC)
+    return f"{cfg.index_prefix}-{day.strftime(cfg.date_format)}"
+
+
+def index_pattern(cfg: SearchConfig) -> str:
+    return cfg.data_stream if cfg.index_mode == "data_stream" else f"{cfg.index_prefix}-*"
+
+
+def _timestamp(doc: Mapping[str, Any]) -> str:
+    text = doc.get("time")
+    if isinstance(text, str) and text:
+        return text
+    sec, nsec = divmod(int(doc["time_ns"]), 1_000_000_000)
+    stamp = dt.datetime.fromtimestamp(sec, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{nsec:09d}Z"
+
+
+def source_bytes(rec: SinkRecord, cfg: SearchConfig) -> bytes:
+    """The document as sent: the raw record, plus `@timestamp` for data streams."""
+    raw = rec.raw.strip()
+    if cfg.index_mode != "data_stream" or "@timestamp" in rec.doc:
+        return raw
+    if not raw.endswith(b"}"):
+        raise ValueError("raw record is not a JSON object")
+    sep = b"," if raw[:-1].strip() != b"{" else b""
+    return raw[:-1] + sep + b'"@timestamp":' + orjson.dumps(_timestamp(rec.doc)) + b"}"
+
+
+def strip_added(doc: dict[str, Any], cfg: SearchConfig) -> dict[str, Any]:
+    """Undo what source_bytes added, so read_back returns the record as spooled."""
+    if cfg.index_mode == "data_stream":
+        doc.pop("@timestamp", None)
+    return doc
+
+
+def build_body(
+    batch: Sequence[SinkRecord], cfg: SearchConfig, results: list[ItemResult | None]
+) -> tuple[bytes, list[int]]:
+    """NDJSON `create` pairs for the records that can be sent; the others get a result.
+
+    Returns the body and the batch positions it carries, in order.
+    """
+    parts: list[bytes] = []
+    sent: list[int] = []
+    for i, rec in enumerate(batch):
+        try:
+            index = index_for(rec.doc, cfg)
+            source = source_bytes(rec, cfg)
+        except (KeyError, TypeError, ValueError, OverflowError, OSError) as exc:
+            results[i] = ItemResult(Outcome.DEAD_LETTER, f"cannot index record: {exc!r}")
+            continue
+        action = {"create": {"_index": index, "_id": rec.record_id}}
+        parts.append(orjson.dumps(action))
+        parts.append(source)
+        sent.append(i)
+    return b"\n".join(parts) + b"\n", sent
+
+
+def classify_item(item: Mapping[str, Any]) -> ItemResult:
+    """One `items[]` entry of a bulk response."""
+    body = next(iter(item.values()), None) if item else None
+    if not isinstance(body, Mapping):
+        return ItemResult(Outcome.RETRY, "malformed bulk item in response")
+    status = int(body.get("status", 0))
+    error = body.get("error")
+    etype, ereason = "", ""
+    if isinstance(error, Mapping):
+        etype = str(error.get("type", ""))
+        ereason = str(error.get("reason", ""))
+    elif error is not None:
+        ereason = str(error)
+    reason = f"{status} {etype}: {ereason}".strip()
+    if 200 <= status < 300 or status == 409:
+        return ItemResult(Outcome.DELIVERED)
+    if status == 429 or status >= 500 or etype in _RETRY_TYPES:
+        return ItemResult(Outcome.RETRY, reason)
+    if status == 404 and etype == "index_not_found_exception":
+        return ItemResult(Outcome.HOLD, f"index missing and not auto-created: {reason}")
+    if status in (401, 403):
+        return ItemResult(Outcome.HOLD, f"not authorised: {reason}")
+    return ItemResult(Outcome.DEAD_LETTER, reason)
+
+
+def classify_response(body: Mapping[str, Any], count: int) -> list[ItemResult]:
+    items = body.get("items")
+    if not isinstance(items, list):
+        return [ItemResult(Outcome.RETRY, "bulk response without items")] * count
+    out = [classify_item(item) for item in items[:count]]
+    out += [ItemResult(Outcome.RETRY, "no result for this item in the bulk response")] * (
+        count - len(out)
+    )
+    return out
+
+
+def template_body(cfg: SearchConfig) -> dict[str, Any]:
+    """The composable index template: keyword ids, date_nanos time, numeric values."""
+    keyword = {"type": "keyword"}
+    properties: dict[str, Any] = {
+        "id": keyword, "schema": keyword, "kind": keyword, "stream": keyword,
+        "seq": {"type": "long"}, "prev_hash": keyword, "hash": keyword,
+        "time": {"type": "date_nanos"}, "time_ns": {"type": "long"}, "host": keyword,
+        "gpu": {"properties": {"uuid": keyword, "index": {"type": "integer"}, "name": keyword}},
+        "process": {"properties": {"pid": {"type": "long"}, "name": keyword,
+                                   "uid": {"type": "long"}}},
+        "attribution": {"properties": {"user": keyword, "project": keyword, "job": keyword,
+                                       "department": keyword, "pod": keyword,
+                                       "namespace": keyword}},
+        "gpu_seconds": {"type": "double"}, "energy_joules": {"type": "double"},
+        "xid": {"type": "integer"}, "simulated": {"type": "boolean"},
+    }
+    if cfg.index_mode == "data_stream":
+        properties["@timestamp"] = {"type": "date_nanos"}
+    body: dict[str, Any] = {
+        "index_patterns": [index_pattern(cfg)],
+        "priority": 200,
+        "template": {
+            "settings": {"number_of_shards": cfg.number_of_shards,
+                         "number_of_replicas": cfg.number_of_replicas},
+            "mappings": {
+                "dynamic_templates": [
+                    {"values_as_double": {"path_match": "values.*",
+                                          "mapping": {"type": "double"}}},
+                    {"strings_as_keyword": {"match_mapping_type": "string",
+                                            "mapping": {"type": "keyword",
+                                                        "ignore_above": 1024}}},
+                ],
+                "properties": properties,
+            },
+        },
+        "_meta": {"managed_by": "gpu-audit"},
+    }
+    if cfg.index_mode == "data_stream":
+        body["data_stream"] = {}
+    return body
+
+
+def search_body(start_ns: int, end_ns: int, size: int, after: list[Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "query": {"range": {"time_ns": {"gte": start_ns, "lt": end_ns}}},
+        "sort": [{"stream": "asc"}, {"seq": "asc"}, {"id": "asc"}],
+        "size": size,
+    }
+    if after is not None:
+        body["search_after"] = after
+    return body

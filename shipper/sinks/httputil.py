@@ -1,0 +1,78 @@
+"""Small HTTP helpers shared by the sinks that speak HTTP through urllib3.
+
+What it is for: one place that builds a TLS-aware urllib3 pool with no retries of its
+own (the shipper engine owns retries), parses Retry-After, and turns exceptions into
+reasons that can be logged. It must never put a secret into a reason: URLs may carry
+`p=` / `token=` parameters, so every reason passes through `redact`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+
+import urllib3
+
+from shipper.sinks.config import TlsConfig
+
+_SECRET_PARAMS = re.compile(r"(?i)\b(p|password|token|api_key|u)=[^&\s'\")]*")
+
+
+def redact(text: str) -> str:
+    """Replace secret-bearing URL parameters in a message by `***`."""
+    return _SECRET_PARAMS.sub(lambda m: f"{m.group(1)}=***", text)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if headers is None:
+        return None
+    for key, value in headers.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def make_pool(tls: TlsConfig, timeout_s: float, *, https: bool) -> urllib3.PoolManager:
+    """A pool with urllib3's own retries off and the configured TLS settings."""
+    kwargs: dict[str, object] = {
+        "num_pools": 4,
+        "maxsize": 2,
+        "retries": False,
+        "timeout": urllib3.Timeout(connect=timeout_s, read=timeout_s),
+    }
+    if https or tls.enabled:
+        kwargs["cert_reqs"] = "CERT_REQUIRED" if tls.verify else "CERT_NONE"
+        if not tls.verify:
+            kwargs["assert_hostname"] = False
+        if tls.ca_file is not None:
+            kwargs["ca_certs"] = str(tls.ca_file)
+        if tls.client_cert is not None:
+            kwargs["cert_file"] = str(tls.client_cert)
+            kwargs["key_file"] = str(tls.client_key)
+    return urllib3.PoolManager(**kwargs)  # type: ignore[arg-type]
+
+
+def exception_reason(exc: BaseException) -> str:
+    """A loggable one-line reason for a transport exception."""
+    return redact(f"{type(exc).__name__}: {exc}")[:500]

@@ -1,0 +1,392 @@
+"""InfluxDB sinks: the v1 write API (`/write`) and the v2 API (`/api/v2/write`, which
+InfluxDB 3 and VictoriaMetrics accept too), one point per audit record.
+
+Why urllib3 and not influxdb-client: classifying a write needs the exact status code and
+error body of every request (partial writes name the rejected lines, 413 means split,
+401/404 mean hold), and the batching WriteApi loses its buffer on exit, drops NaN fields
+silently and retries on its own. urllib3 gives us the raw answer with nothing in between.
+
+Outcomes:
+- 2xx: every line delivered.
+- partial writes (v1 400 "partial write", v2 422): the valid lines were kept; the lines the
+  body names (`unable to parse '<line>'`) are dead letters. When the body does not say
+  which lines were rejected (field type conflict, points beyond retention), the batch is
+  bisected and resent until each rejected line stands alone; a v1 400 that is not a
+  partial write and a v2 400 mean nothing was kept, so the unnamed lines are resent.
+- 413: the batch is split in halves and resent; a single line too large is a dead letter.
+- 401/403 and 404 (database / bucket not found): SinkError(HOLD).
+- 429, 5xx, timeouts and connection errors: SinkError(RETRY, Retry-After).
+Replays are harmless: a point's series key and time are the record's own, so a resent
+line overwrites itself.
+
+This module must never drop a record without a per-record outcome, and never log a
+password or token (the URL may carry `p=`; reasons are redacted).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import gzip
+import io
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+import urllib3
+from pydantic import SecretStr
+
+from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
+from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.errors import ReadBackUnsupported
+from shipper.sinks.httputil import exception_reason, header, make_pool, parse_retry_after
+from shipper.sinks.lineprotocol import EncodeError, encode_record
+
+_UNABLE = re.compile(r"unable to parse '((?:[^'\\]|\\.|'(?! *:))*)'")
+_DROPPED = re.compile(r"dropped=(\d+)")
+
+_Line = tuple[int, bytes]  # (index in the batch, encoded line)
+
+
+class _InfluxSink:
+    kind = ""
+
+    def __init__(
+        self,
+        cfg: InfluxV1SinkConfig | InfluxV2SinkConfig,
+        name: str,
+        *,
+        pool: urllib3.PoolManager | None = None,
+    ) -> None:
+        self.name = name
+        self._cfg = cfg
+        self._base = cfg.url.rstrip("/")
+        self._pool = pool or make_pool(cfg.tls, cfg.timeout_s, https=cfg.url.startswith("https"))
+
+    # -- per protocol -------------------------------------------------------------
+    def _write_request(self) -> tuple[str, dict[str, str], dict[str, str]]:
+        raise NotImplementedError
+
+    def _partial_kept(self, status: int, body: str) -> bool:
+        """Did the server keep the lines it did not reject?"""
+        raise NotImplementedError
+
+    # -- the shape every sink has -------------------------------------------------
+    def start(self) -> None:
+        """Nothing to install; connectivity and auth show on the first write."""
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    def send(self, batch: Sequence[SinkRecord]) -> Sequence[ItemResult]:
+        results: list[ItemResult | None] = [None] * len(batch)
+        lines: list[_Line] = []
+        for i, rec in enumerate(batch):
+            try:
+                line = encode_record(
+                    rec.doc,
+                    rec.raw,
+                    rec.record_id,
+                    prefix=self._cfg.measurement_prefix,
+                    identity_tags=self._cfg.identity_tags,
+                )
+            except (EncodeError, UnicodeDecodeError) as exc:
+                results[i] = ItemResult(Outcome.DEAD_LETTER, f"line protocol: {exc}")
+                continue
+            lines.append((i, line))
+        self._write_group(lines, results)
+        out: list[ItemResult] = []
+        for r in results:
+            # every line ends in a result or a raised SinkError; a gap is a bug, not a drop
+            assert r is not None, "influx sink left a record without an outcome"
+            out.append(r)
+        return out
+
+    def _post(self, body: bytes) -> tuple[int, str, Mapping[str, str]]:
+        path, params, headers = self._write_request()
+        headers = {**headers, "Content-Type": "text/plain; charset=utf-8"}
+        if self._cfg.gzip:
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        url = self._base + path + "?" + urlencode(params)
+        try:
+            resp = self._pool.request("POST", url, body=body, headers=headers, retries=False)
+        except urllib3.exceptions.HTTPError as exc:
+            raise SinkError(Outcome.RETRY, exception_reason(exc)) from None
+        return resp.status, resp.data.decode("utf-8", "replace"), resp.headers
+
+    def _write_group(self, group: list[_Line], results: list[ItemResult | None]) -> None:
+        if not group:
+            return
+        status, body, headers = self._post(b"\n".join(line for _, line in group) + b"\n")
+        if 200 <= status < 300:
+            for i, _ in group:
+                results[i] = ItemResult(Outcome.DELIVERED)
+            return
+        reason = f"HTTP {status}: {_error_text(body)}"
+        if status in (401, 403):
+            raise SinkError(Outcome.HOLD, f"not authorised: {reason}")
+        if status == 404 or (status == 400 and "retention policy not found" in body):
+            raise SinkError(Outcome.HOLD, f"database/bucket missing: {reason}")
+        if status == 429 or status >= 500 or status == 408:
+            raise SinkError(
+                Outcome.RETRY, reason, parse_retry_after(header(headers, "Retry-After"))
+            )
+        if status == 413:
+            if len(group) == 1:
+                results[group[0][0]] = ItemResult(
+                    Outcome.DEAD_LETTER, f"line larger than the server accepts: {reason}"
+                )
+                return
+            half = len(group) // 2
+            self._write_group(group[:half], results)
+            self._write_group(group[half:], results)
+            return
+        if status in (400, 422):
+            self._partial(group, results, status, body, reason)
+            return
+        # any other 4xx is a property of these lines: isolate and quarantine them
+        self._bisect_or_dead(group, results, reason, kept=False)
+
+    def _partial(
+        self,
+        group: list[_Line],
+        results: list[ItemResult | None],
+        status: int,
+        body: str,
+        reason: str,
+    ) -> None:
+        kept = self._partial_kept(status, body)
+        text = _error_text(body)
+        named = {m.group(1) for m in _UNABLE.finditer(text)}
+        dropped_match = _DROPPED.search(text)
+        dropped = int(dropped_match.group(1)) if dropped_match else None
+        rejected = [
+            (i, line) for i, line in group if line.decode("utf-8", "replace") in named
+        ]
+        if rejected and (dropped is None or dropped == len(rejected)):
+            rejected_idx = {i for i, _ in rejected}
+            for i, line in rejected:
+                results[i] = ItemResult(Outcome.DEAD_LETTER, _line_reason(text, line))
+            rest = [(i, line) for i, line in group if i not in rejected_idx]
+            if kept:
+                for i, _ in rest:
+                    results[i] = ItemResult(Outcome.DELIVERED)
+            else:
+                self._write_group(rest, results)
+            return
+        self._bisect_or_dead(group, results, reason, kept=kept)
+
+    def _bisect_or_dead(
+        self, group: list[_Line], results: list[ItemResult | None], reason: str, *, kept: bool
+    ) -> None:
+        if len(group) == 1:
+            results[group[0][0]] = ItemResult(Outcome.DEAD_LETTER, reason)
+            return
+        # Cannot tell which lines were refused: resend halves until each refused line is
+        # alone. Lines the server already kept are rewritten onto themselves (same key).
+        half = len(group) // 2
+        self._write_group(group[:half], results)
+        self._write_group(group[half:], results)
+
+    def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
+        raise NotImplementedError
+
+
+def _error_text(body: str) -> str:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip()[:2000]
+    if isinstance(data, dict):
+        for key in ("error", "message"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return body.strip()[:2000]
+
+
+def _line_reason(text: str, line: bytes) -> str:
+    decoded = line.decode("utf-8", "replace")
+    for part in re.split(r"\n|; ", text):
+        if decoded in part:
+            tail = part.split(decoded, 1)[1].lstrip("': ")
+            return f"rejected by InfluxDB: {tail[:300] or part[:300]}"
+    return f"rejected by InfluxDB: {text[:300]}"
+
+
+class InfluxV1Sink(_InfluxSink):
+    kind = "influxdb_v1"
+
+    def __init__(
+        self,
+        cfg: InfluxV1SinkConfig,
+        name: str,
+        *,
+        password: SecretStr | None = None,
+        pool: urllib3.PoolManager | None = None,
+    ) -> None:
+        super().__init__(cfg, name, pool=pool)
+        self._v1 = cfg
+        self._password = password
+
+    def _auth(self) -> tuple[dict[str, str], dict[str, str]]:
+        cfg = self._v1
+        if cfg.username is None:
+            return {}, {}
+        secret = self._password.get_secret_value() if self._password else ""
+        if cfg.auth == "query":
+            return {"u": cfg.username, "p": secret}, {}
+        token = base64.b64encode(f"{cfg.username}:{secret}".encode()).decode()
+        return {}, {"Authorization": f"Basic {token}"}
+
+    def _write_request(self) -> tuple[str, dict[str, str], dict[str, str]]:
+        params, headers = self._auth()
+        params = {"db": self._v1.database, "precision": "ns", **params}
+        if self._v1.retention_policy:
+            params["rp"] = self._v1.retention_policy
+        return "/write", params, headers
+
+    def _partial_kept(self, status: int, body: str) -> bool:
+        return "partial write" in body
+
+    def start(self) -> None:
+        """An empty write proves the server answers, the credentials and the database."""
+        status, body, headers = self._post(b"")
+        if 200 <= status < 300:
+            return
+        if status in (401, 403):
+            raise SinkError(Outcome.HOLD, f"not authorised: HTTP {status}: {_error_text(body)}")
+        if status == 404:
+            raise SinkError(Outcome.HOLD, f"database missing: HTTP {status}: {_error_text(body)}")
+        raise SinkError(
+            Outcome.RETRY,
+            f"HTTP {status}: {_error_text(body)}",
+            parse_retry_after(header(headers, "Retry-After")),
+        )
+
+    def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
+        """InfluxQL over `/query` (epoch=ns, chunked) for the `record` field in range."""
+        cfg = self._v1
+        source = f"/^{cfg.measurement_prefix}_/"
+        if cfg.retention_policy:
+            source = f'"{cfg.retention_policy}".{source}'
+        # only integers and the validated prefix/rp go into the query text
+        query = (
+            f'SELECT "record" FROM {source} '  # noqa: S608
+            f"WHERE time >= {int(start_ns)} AND time < {int(end_ns)}"
+        )
+        params, headers = self._auth()
+        params = {
+            "db": cfg.database, "q": query, "epoch": "ns", "chunked": "true",
+            "chunk_size": "10000", **params,
+        }
+        url = self._base + "/query?" + urlencode(params)
+        try:
+            resp = self._pool.request(
+                "GET", url, headers=headers, preload_content=False, retries=False
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise SinkError(Outcome.RETRY, exception_reason(exc)) from None
+        try:
+            if resp.status != 200:
+                raise SinkError(
+                    Outcome.RETRY, f"query HTTP {resp.status}: {_error_text(resp.data.decode())}"
+                )
+            buffer = b""
+            for chunk in resp.stream(65536):
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    yield from _influxql_records(line)
+            yield from _influxql_records(buffer)
+        finally:
+            resp.release_conn()
+
+
+def _influxql_records(line: bytes) -> Iterator[Mapping[str, Any]]:
+    if not line.strip():
+        return
+    data = orjson.loads(line)
+    for result in data.get("results", []):
+        if "error" in result:
+            raise SinkError(Outcome.RETRY, f"query error: {result['error']}")
+        for series in result.get("series", []):
+            col = series["columns"].index("record")
+            for row in series.get("values", []):
+                if row[col] is not None:
+                    yield orjson.loads(row[col])
+
+
+class InfluxV2Sink(_InfluxSink):
+    kind = "influxdb_v2"
+
+    def __init__(
+        self,
+        cfg: InfluxV2SinkConfig,
+        name: str,
+        *,
+        token: SecretStr | None = None,
+        pool: urllib3.PoolManager | None = None,
+    ) -> None:
+        super().__init__(cfg, name, pool=pool)
+        self._v2 = cfg
+        self._token = token
+
+    def _headers(self) -> dict[str, str]:
+        if self._token is None:
+            return {}
+        return {"Authorization": f"Token {self._token.get_secret_value()}"}
+
+    def _write_request(self) -> tuple[str, dict[str, str], dict[str, str]]:
+        params = {"bucket": self._v2.bucket, "precision": "ns"}
+        if self._v2.org:
+            params["org"] = self._v2.org
+        return "/api/v2/write", params, self._headers()
+
+    def _partial_kept(self, status: int, body: str) -> bool:
+        # v2: 422 = some points rejected, the others stored; 400 = the whole batch refused
+        return status == 422
+
+    def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
+        """Flux over `/api/v2/query` (real InfluxDB 2); not possible on VictoriaMetrics."""
+        if self._v2.flavour == "victoriametrics":
+            raise ReadBackUnsupported(
+                f"sink {self.name}: VictoriaMetrics keeps only numeric fields, not the "
+                "`record` string field, so records cannot be read back from it; verify "
+                "against another sink (archive, Elasticsearch, InfluxDB)"
+            )
+        flux = (
+            f'from(bucket: {orjson.dumps(self._v2.bucket).decode()})'
+            f" |> range(start: time(v: {int(start_ns)}), stop: time(v: {int(end_ns)}))"
+            f' |> filter(fn: (r) => r._measurement =~ /^{self._v2.measurement_prefix}_/'
+            ' and r._field == "record")'
+            ' |> keep(columns: ["_time", "_value"])'
+        )
+        params = {"org": self._v2.org} if self._v2.org else {}
+        url = self._base + "/api/v2/query?" + urlencode(params)
+        body = orjson.dumps(
+            {"query": flux, "type": "flux",
+             "dialect": {"header": True, "annotations": [], "delimiter": ","}}
+        )
+        headers = {**self._headers(), "Content-Type": "application/json",
+                   "Accept": "application/csv"}
+        try:
+            resp = self._pool.request("POST", url, body=body, headers=headers, retries=False)
+        except urllib3.exceptions.HTTPError as exc:
+            raise SinkError(Outcome.RETRY, exception_reason(exc)) from None
+        if resp.status != 200:
+            raise SinkError(
+                Outcome.RETRY, f"query HTTP {resp.status}: {_error_text(resp.data.decode())}"
+            )
+        value_col: int | None = None
+        for row in csv.reader(io.StringIO(resp.data.decode("utf-8"))):
+            if not row:
+                value_col = None
+                continue
+            if "_value" in row:
+                value_col = row.index("_value")
+                continue
+            if value_col is not None and value_col < len(row) and row[value_col]:
+                yield orjson.loads(row[value_col])

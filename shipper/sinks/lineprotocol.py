@@ -1,0 +1,220 @@
+"""InfluxDB line protocol: turning one audit record into one point, with exact escaping.
+
+Point shape (one line per record):
+    <prefix>_<kind>,event=..,gpu_uuid=..,host=..,job=..,pid=..,project=..,stream=..,user=..
+        <value fields>,gpu_index=3i,record="<raw JSON>",record_id="..",seq=17i <time_ns>
+
+- The series key (measurement + tag set + time) holds host, GPU uuid, pid and event, so a
+  replayed record overwrites its own point instead of adding one.
+- Tags are an index for queries, not evidence: the evidence is the `record` string field,
+  which carries the exact spooled JSON so `audit verify` can re-check the hash chain.
+  user/project/job tags are optional (`identity_tags`): their cardinality is that of the
+  cluster's users/projects/jobs, which is fine for most clusters and not for some.
+- Numeric samples (`values`, gpu_seconds, energy_joules) are always written as floats, so
+  a sample that happens to be whole in one record never conflicts with the same field's
+  float type in another (a "field type conflict" would dead-letter good records).
+  Counters that are integers by nature (seq, gpu_index, xid) are written as `i`.
+- NaN and +-inf cannot be written. Records should not contain them; if one does, the
+  field is omitted and a string field `nonfinite_fields="name,..."` names what was
+  omitted: never a silent drop, and the raw record still holds the original text.
+  Likewise two value names that sanitise to the same field key: the second is named in
+  `unwritable_fields`.
+- Tag values that line protocol cannot carry are sanitised (each control character, and
+  each backslash that would escape a delimiter or end the value, becomes `_`); empty
+  tag values are omitted, as line protocol forbids them.
+
+This module must never drop a field silently and never do I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit on one string field value (bytes)
+
+_MEAS_SPECIAL = frozenset(", ")
+_KEY_SPECIAL = frozenset(",= ")
+_FIXED_FIELDS = frozenset(
+    {"seq", "record_id", "record", "nonfinite_fields", "unwritable_fields", "gpu_index", "xid"}
+)
+_TOP_LEVEL_FLOATS = ("gpu_seconds", "energy_joules")
+
+
+class EncodeError(ValueError):
+    """The record cannot become a point (missing time, too large): a dead letter."""
+
+
+_NEEDS_WORK = re.compile(r"[\x00-\x1f\x7f\\, =]")
+_SLOW_PATH = re.compile(r"[\x00-\x1f\x7f\\]")
+_MEAS_TABLE = str.maketrans({",": "\\,", " ": "\\ "})
+_KEY_TABLE = str.maketrans({",": "\\,", " ": "\\ ", "=": "\\="})
+
+
+def _escape(text: str, special: frozenset[str]) -> str:
+    """Escape a measurement, tag key/value or field key.
+
+    InfluxDB 1.x/2.x scan `\\x` as a pair and unescape only `\\,`, `\\=` and `\\ `, so a
+    backslash right before a delimiter or at the very end cannot be represented: it
+    becomes `_`. Control characters (a newline would end the line) become `_` too.
+    """
+    if not _NEEDS_WORK.search(text):
+        return text
+    if not _SLOW_PATH.search(text):
+        return text.translate(_MEAS_TABLE if special is _MEAS_SPECIAL else _KEY_TABLE)
+    out: list[str] = []
+    last = len(text) - 1
+    for i, ch in enumerate(text):
+        if ch < " " or ch == "\x7f":
+            out.append("_")
+        elif ch == "\\":
+            nxt = text[i + 1] if i < last else ""
+            out.append("_" if nxt == "" or nxt in _KEY_SPECIAL else "\\")
+        elif ch in special:
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def escape_measurement(name: str) -> str:
+    return _escape(name, _MEAS_SPECIAL)
+
+
+@functools.lru_cache(maxsize=65536)
+def escape_key(key: str) -> str:
+    """Tag keys, tag values and field keys."""
+    return _escape(key, _KEY_SPECIAL)
+
+
+def escape_string_field(value: str) -> str:
+    """A double-quoted string field value: `"` and `\\` escaped; newlines are legal inside."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _float(value: float) -> str:
+    text = repr(float(value))
+    return text
+
+
+def _tag_value(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    text = str(value)
+    return text if text != "" else None
+
+
+def _event_name(doc: Mapping[str, Any]) -> Any:
+    event = doc.get("event")
+    if isinstance(event, Mapping):
+        return event.get("type") or event.get("name")
+    return event
+
+
+def measurement_for(doc: Mapping[str, Any], prefix: str) -> str:
+    kind = str(doc.get("kind") or "record")
+    return f"{prefix}_{kind}"
+
+
+def record_tags(doc: Mapping[str, Any], *, identity_tags: bool) -> dict[str, str]:
+    """The tag set of a record (unescaped; empty values left out)."""
+    gpu = doc.get("gpu") if isinstance(doc.get("gpu"), Mapping) else {}
+    proc = doc.get("process") if isinstance(doc.get("process"), Mapping) else {}
+    attribution = doc.get("attribution") if isinstance(doc.get("attribution"), Mapping) else {}
+    assert isinstance(gpu, Mapping) and isinstance(proc, Mapping)
+    assert isinstance(attribution, Mapping)
+    candidates: dict[str, Any] = {
+        "host": doc.get("host"),
+        "gpu_uuid": gpu.get("uuid"),
+        "pid": proc.get("pid"),
+        "event": _event_name(doc) if doc.get("kind") == "event" else None,
+        "stream": doc.get("stream"),
+    }
+    if identity_tags:
+        for key in ("user", "project", "job"):
+            candidates[key] = attribution.get(key)
+    tags: dict[str, str] = {}
+    for key, value in candidates.items():
+        text = _tag_value(value)
+        if text is not None:
+            tags[key] = text
+    return tags
+
+
+def encode_record(
+    doc: Mapping[str, Any],
+    raw: bytes,
+    record_id: str,
+    *,
+    prefix: str = "gpu_audit",
+    identity_tags: bool = True,
+) -> bytes:
+    """One line (without the trailing newline) for one audit record.
+
+    Raises EncodeError when the record has no integer `time_ns` or its raw JSON is larger
+    than InfluxDB accepts in one string field.
+    """
+    time_ns = doc.get("time_ns")
+    if not isinstance(time_ns, int) or isinstance(time_ns, bool):
+        raise EncodeError("record has no integer time_ns")
+    raw_text = raw.decode("utf-8")
+    record_field = escape_string_field(raw_text)
+    if len(raw) > MAX_STRING_FIELD:
+        raise EncodeError(
+            f"record is {len(raw)} bytes; InfluxDB string fields hold at most {MAX_STRING_FIELD}"
+        )
+
+    fields: dict[str, str] = {}  # escaped key -> encoded value
+    nonfinite: list[str] = []
+    unwritable: list[str] = []
+
+    def put_float(name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        if not math.isfinite(value):
+            nonfinite.append(name)
+            return
+        key = escape_key(name)
+        if key in fields:
+            # two names that sanitise to the same key: keep the first, name the other
+            unwritable.append(name)
+            return
+        fields[key] = _float(value)
+
+    values = doc.get("values")
+    if isinstance(values, Mapping):
+        for name, value in values.items():
+            key = str(name)
+            put_float(f"value_{key}" if key in _FIXED_FIELDS else key, value)
+    for name in _TOP_LEVEL_FLOATS:
+        if name in doc and name not in fields:
+            put_float(name, doc[name])
+    gpu = doc.get("gpu")
+    if isinstance(gpu, Mapping) and isinstance(gpu.get("index"), int):
+        fields["gpu_index"] = f"{gpu['index']}i"
+    xid = doc.get("xid")
+    if isinstance(xid, int) and not isinstance(xid, bool):
+        fields["xid"] = f"{xid}i"
+    seq = doc.get("seq")
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        fields["seq"] = f"{seq}i"
+    fields["record_id"] = escape_string_field(record_id)
+    fields["record"] = record_field
+    if nonfinite:
+        fields["nonfinite_fields"] = escape_string_field(",".join(sorted(nonfinite)))
+    if unwritable:
+        fields["unwritable_fields"] = escape_string_field(",".join(sorted(unwritable)))
+
+    tags = record_tags(doc, identity_tags=identity_tags)
+    head = escape_measurement(measurement_for(doc, prefix))
+    if tags:
+        # sorted tags are what InfluxDB stores; sending them sorted saves it the work
+        head += "," + ",".join(
+            f"{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items())
+        )
+    body = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+    return f"{head} {body} {time_ns}".encode()

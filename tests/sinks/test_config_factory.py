@@ -1,0 +1,103 @@
+"""Sink configuration (discriminated by type, secrets by reference) and the factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from gpu_audit.errors import ConfigError
+from shipper.sinks.archive import ArchiveSink
+from shipper.sinks.config import SinkConfig
+from shipper.sinks.elasticsearch import SearchSink
+from shipper.sinks.factory import create_sink
+from shipper.sinks.fluentd import FluentdSink
+from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
+
+ADAPTER: TypeAdapter[Any] = TypeAdapter(SinkConfig)
+
+
+def parse(data: dict[str, Any]) -> Any:
+    return ADAPTER.validate_python(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "cls", "kind"),
+    [
+        ({"type": "elasticsearch", "hosts": ["http://e:9200"]}, SearchSink, "elasticsearch"),
+        ({"type": "opensearch"}, SearchSink, "opensearch"),
+        ({"type": "influxdb_v1", "database": "a"}, InfluxV1Sink, "influxdb_v1"),
+        ({"type": "influxdb_v2", "bucket": "b"}, InfluxV2Sink, "influxdb_v2"),
+        ({"type": "fluentd"}, FluentdSink, "fluentd"),
+        ({"type": "archive"}, ArchiveSink, "archive"),
+    ],
+)
+def test_each_type_builds_its_sink(data: dict[str, Any], cls: type, kind: str,
+                                   tmp_path: Path) -> None:
+    """`type` picks the model and the factory builds the matching sink; name defaults."""
+    sink = create_sink(parse(data), spool_dir=tmp_path / "spool")
+    assert isinstance(sink, cls)
+    assert sink.kind == kind and sink.name == kind
+
+
+def test_unknown_keys_and_types_are_errors() -> None:
+    """extra=forbid per sink, and an unknown type is named."""
+    with pytest.raises(ValidationError, match="extra"):
+        parse({"type": "influxdb_v1", "database": "a", "passwd": "x"})
+    with pytest.raises(ValidationError, match="type"):
+        parse({"type": "kafka"})
+
+
+def test_plain_secrets_cannot_be_configured() -> None:
+    """There is no `password` key: secrets only by env var or file."""
+    with pytest.raises(ValidationError):
+        parse({"type": "elasticsearch", "username": "u", "password": "hunter2"})
+    with pytest.raises(ValidationError, match="only one"):
+        parse({"type": "influxdb_v2", "bucket": "b", "token_env": "T", "token_file": "/x"})
+
+
+def test_secret_from_env_and_file_never_in_repr(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secrets resolve from env or file into SecretStr; reprs never show them."""
+    monkeypatch.setenv("ES_PW", "hunter2")
+    (tmp_path / "tok").write_text("t0ken\n")
+    es = create_sink(parse({"type": "elasticsearch", "username": "u",
+                            "password_env": "ES_PW"}), spool_dir=tmp_path)
+    influx = create_sink(parse({"type": "influxdb_v2", "bucket": "b",
+                                "token_file": str(tmp_path / "tok")}), spool_dir=tmp_path)
+    assert "hunter2" not in repr(vars(es))
+    assert "t0ken" not in repr(vars(influx))
+    assert influx._token is not None and influx._token.get_secret_value() == "t0ken"  # type: ignore[attr-defined]
+
+
+def test_missing_secrets_are_all_reported(tmp_path: Path) -> None:
+    """Every missing secret of a sink is listed in one ConfigError, by name not value."""
+    cfg = parse({"type": "fluentd", "shared_key_env": "NOPE_KEY", "username": "u",
+                 "password_file": str(tmp_path / "absent")})
+    with pytest.raises(ConfigError) as info:
+        create_sink(cfg, spool_dir=tmp_path)
+    assert len(info.value.problems) == 2
+    assert "NOPE_KEY" in info.value.render()
+
+
+def test_fluentd_user_auth_needs_shared_key() -> None:
+    """User authentication is part of the handshake: without shared_key it is refused."""
+    with pytest.raises(ValidationError, match="shared_key"):
+        parse({"type": "fluentd", "username": "u", "password_env": "P"})
+
+
+def test_opensearch_api_key_is_refused_loudly(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenSearch has no ES API keys: configuring one is a ConfigError, not ignored."""
+    monkeypatch.setenv("K", "abc")
+    with pytest.raises(ConfigError, match="API keys"):
+        create_sink(parse({"type": "opensearch", "api_key_env": "K"}), spool_dir=tmp_path)
+
+
+def test_archive_defaults_beside_the_spool(tmp_path: Path) -> None:
+    """Without a directory the archive lives in 'archive' next to the spool directory."""
+    sink = create_sink(parse({"type": "archive"}), spool_dir=tmp_path / "spool")
+    sink.start()
+    assert (tmp_path / "archive").is_dir()
