@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from exporter import families as fam
 from exporter.attribution.model import AttributedProcess
@@ -51,23 +52,58 @@ class RenderedSnapshot:
 class _Family:
     """Samples of one family, emitted with its header only when non-empty."""
 
-    __slots__ = ("head", "lines", "name")
+    __slots__ = ("_open", "head", "lines", "name")
 
     def __init__(self, name: str, type_: str, help_: str) -> None:
         self.name = name
+        self._open = name + "{"
         self.head = header(name, type_, help_)
         self.lines: list[str] = []
 
     def add(self, labels: str, value: float | None) -> None:
         if value is None:
             return
-        text = fmt_value(value)
-        if text is None:
-            return
+        # The common cases inline (this runs once per series per cycle); fmt_value has
+        # the same rules and handles everything else.
+        if type(value) is float and value.is_integer() and -1e15 < value < 1e15:
+            text: str | None = str(int(value))
+        elif type(value) is int:
+            text = str(value)
+        else:
+            text = fmt_value(value)
+            if text is None:
+                return
         if labels:
-            self.lines.append(f"{self.name}{{{labels}}} {text}\n")
+            self.lines.append(f"{self._open}{labels}}} {text}\n")
         else:
             self.lines.append(f"{self.name} {text}\n")
+
+
+class LabelCache:
+    """Rendered label strings kept from one cycle to the next.
+
+    Identities and labelled fields are stable across cycles, so escaping and joining
+    their label values again every cycle is wasted work. Entries not used in a cycle are
+    dropped at `rotate()`, so the cache never outgrows one exposition.
+    """
+
+    __slots__ = ("_new", "_old")
+
+    def __init__(self) -> None:
+        self._old: dict[tuple[object, ...], str] = {}
+        self._new: dict[tuple[object, ...], str] = {}
+
+    def get(self, key: tuple[object, ...], build: Callable[[], str]) -> str:
+        text = self._new.get(key)
+        if text is None:
+            text = self._old.get(key)
+            if text is None:
+                text = build()
+            self._new[key] = text
+        return text
+
+    def rotate(self) -> None:
+        self._old, self._new = self._new, {}
 
 
 def _fixed(f: fam.FamilyDef) -> _Family:
@@ -149,13 +185,15 @@ def _allocation_source(ap: AttributedProcess) -> str:
 
 def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
                     last_xid_codes: Mapping[str, int] | None = None,
-                    now: float | None = None) -> RenderedSnapshot:
+                    now: float | None = None,
+                    labels: LabelCache | None = None) -> RenderedSnapshot:
     """Render every family of one snapshot. Pure apart from stamping `generated_at`.
 
     `last_xid_codes` (gpu uuid -> last XID code, kept across snapshots by `Renderer`)
     feeds the compat profile's DCGM_FI_DEV_XID_ERRORS; without it only this snapshot's
     new XID events are known.
     """
+    cache = labels if labels is not None else LabelCache()
     catalogue_out: list[str] = []
     series = 0
     up_gpus = [g for g in snap.gpus if g.up]
@@ -171,12 +209,14 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
             if not values:
                 continue
             prefix = prefixes[g.info.uuid]
+            if not names:
+                f.add(prefix, values.get(()))
+                continue
             for label_values, v in values.items():
                 if len(label_values) != len(names):
                     continue  # a backend bug must not produce a malformed exposition
-                extra = "".join(f',{n}="{_lv(lv)}"' for n, lv in zip(names, label_values,
-                                                                     strict=True))
-                f.add(prefix + extra, v)
+                f.add(cache.get((prefix, m.key, label_values),
+                                partial(_join, prefix, names, label_values)), v)
         if f.lines:
             catalogue_out.append(f.head)
             catalogue_out.extend(f.lines)
@@ -217,9 +257,9 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
             mig_used.add(mprefix, mi.memory_used_bytes)
     gpu_fams = [up, info, supported, xid_total, xid_last, mig_info, mig_total, mig_used]
 
-    proc_fams, dropped = _render_processes(snap, up_gpus, prefixes, opts)
+    proc_fams, dropped = _render_processes(snap, up_gpus, prefixes, opts, cache)
     unattributed = _render_unattributed(snap, up_gpus, prefixes)
-    allocation = _render_allocation(snap, up_gpus, prefixes)
+    allocation = _render_allocation(snap, up_gpus, prefixes, cache)
 
     out = catalogue_out
     nfam = sum(1 for s in catalogue_out if s.startswith("# TYPE"))
@@ -263,8 +303,13 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     )
 
 
+def _join(prefix: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    return prefix + "".join(f',{n}="{_lv(v)}"' for n, v in zip(names, values, strict=True))
+
+
 def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mapping[str, str],
-                      opts: RenderOptions) -> tuple[list[_Family], dict[str, int]]:
+                      opts: RenderOptions,
+                      cache: LabelCache) -> tuple[list[_Family], dict[str, int]]:
     mem, sm = _fixed(fam.PROCESS_MEMORY), _fixed(fam.PROCESS_SM)
     memu, enc = _fixed(fam.PROCESS_MEM_UTIL), _fixed(fam.PROCESS_ENC)
     dec, count = _fixed(fam.PROCESS_DEC), _fixed(fam.PROCESS_COUNT)
@@ -284,8 +329,7 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
             items = items[:cap]
         prefix = prefixes[g.info.uuid]
         for key, agg in items:
-            labels = prefix + "".join(f',{n}="{_lv(v)}"' for n, v in zip(names, key,
-                                                                         strict=True))
+            labels = cache.get((prefix, key), partial(_join, prefix, names, key))
             mem.add(labels, agg.mem)
             sm.add(labels, _cap1(agg.sm))
             memu.add(labels, _cap1(agg.memu))
@@ -329,7 +373,7 @@ def _floor0(total: float, explained: float | None) -> float | None:
 
 
 def _render_allocation(snap: Snapshot, up_gpus: list[GpuSample],
-                       prefixes: Mapping[str, str]) -> _Family:
+                       prefixes: Mapping[str, str], cache: LabelCache) -> _Family:
     alloc = _fixed(fam.ALLOCATION_INFO)
     for g in up_gpus:
         seen: set[tuple[str, ...]] = set()
@@ -342,12 +386,15 @@ def _render_allocation(snap: Snapshot, up_gpus: list[GpuSample],
             if key in seen:
                 continue
             seen.add(key)
-            alloc.add(
-                f'{prefixes[g.info.uuid]},job="{_lv(a.job)}",user="{_lv(a.user)}",'
-                f'project="{_lv(a.project)}",namespace="{_lv(a.k8s_namespace)}",'
-                f'pod="{_lv(a.k8s_pod)}",container="{_lv(a.k8s_container)}",'
-                f'slurm_job="{_lv(a.slurm_job_id)}",source="{_lv(_allocation_source(ap))}"', 1)
+            source = _allocation_source(ap)
+            prefix = prefixes[g.info.uuid]
+            alloc.add(cache.get(("alloc", prefix, key, source),
+                                partial(_join, prefix, _ALLOC_LABELS, (*key, source))), 1)
     return alloc
+
+
+_ALLOC_LABELS = ("job", "user", "project", "namespace", "pod", "container", "slurm_job",
+                 "source")
 
 
 def _render_self(snap: Snapshot) -> list[_Family]:
@@ -367,7 +414,11 @@ class Renderer:
 
     opts: RenderOptions
     _xids: XidTracker = field(default_factory=XidTracker)
+    _labels: LabelCache = field(default_factory=LabelCache)
 
     def render(self, snap: Snapshot, now: float | None = None) -> RenderedSnapshot:
         codes = self._xids.update(snap)
-        return render_snapshot(snap, self.opts, last_xid_codes=codes, now=now)
+        out = render_snapshot(snap, self.opts, last_xid_codes=codes, now=now,
+                              labels=self._labels)
+        self._labels.rotate()
+        return out

@@ -39,8 +39,8 @@ def check_all(config: Config) -> None:
     if key_file is not None and not os.access(key_file, os.R_OK):
         problems.append(f"audit.hmac_key_file: {key_file} is not a readable file")
     if config.shipper.enabled:
-        from shipper.checks import check_shipper
+        from shipper.check import check_shipper
 
-        problems += check_shipper(config.shipper)
+        problems += check_shipper(config.shipper, config.spool)
     if problems:
         raise ConfigError("configuration", problems)
