@@ -1,0 +1,38 @@
+"""`python -m shipper --config FILE`: the standalone shipper without the rest of the CLI.
+
+It reads a spool another process writes, delivers to the configured sinks, and stops
+cleanly on SIGTERM/SIGINT (exit 0). `gpu-audit shipper` is the user-facing command; this
+entry point exists so tests and operators can run the engine alone. It never writes the
+spool and never prints a secret (configuration errors name variables and files only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from gpu_audit.config import load_config
+from gpu_audit.errors import EXIT_USAGE, ConfigError
+from shipper.standalone import run_shipper
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shipper", description=__doc__)
+    parser.add_argument("--config", type=Path, help="gpu-audit YAML configuration file")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        logging.basicConfig(
+            level=config.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        return run_shipper(config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

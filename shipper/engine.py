@@ -1,0 +1,330 @@
+"""The shipper: one durable log (the spool), one worker thread and cursor per sink.
+
+`Shipper` wires the spool (reader, cursor store, and the writer when the producer runs in
+the same process) to the sinks, runs a `SinkWorker` per sink, deletes spool segments
+that every configured sink's committed cursor has passed, and reports its state as a
+stats dict and a Prometheus collector.
+
+Two ways to run:
+- embedded (`gpu-audit run`): the producer's `SpoolWriter` is passed in; workers read up
+  to its durable (fsynced) offset, so nothing is shipped that a crash could still lose,
+  and the engine runs the spool's segment GC.
+- standalone (`gpu-audit shipper`): another process writes the spool and holds its
+  single-writer lock, so it runs the GC (`gc_floor` gives it the offset); this engine only
+  reads what is readable and commits cursors.
+
+A sink's cursor never moves because of another sink, a sink removed from the
+configuration keeps its cursor file but no longer holds back GC (a warning says so), and
+nothing here ever drops a record: every record is delivered, dead-lettered with a reason,
+or counted as dropped with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
+from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter
+from gpu_audit.spool.config import SpoolConfig
+from shipper.backoff import Backoff
+from shipper.config import ShipperConfig
+from shipper.deadletter import DeadLetterFile
+from shipper.ledger import Ledger
+from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
+from shipper.sinks.base import Sink
+from shipper.sinks.factory import create_sink
+from shipper.worker import SinkWorker
+
+log = logging.getLogger(__name__)
+
+
+class _SpoolEnd:
+    """The spool's end as a reader sees it, for a shipper without the writer in-process.
+
+    It reads forward from where it last stopped, so each record is scanned once in total;
+    a fresh reader each time so that no cached segment state can hide new records.
+    """
+
+    def __init__(self, directory: Path, max_age: float = 0.5) -> None:
+        self._dir = directory
+        self._end = 0
+        self._at = -max_age
+        self._max_age = max_age  # every sink's status asks; one scan serves them all
+        self._lock = threading.Lock()
+
+    def end(self) -> int:
+        with self._lock:
+            if time.monotonic() - self._at < self._max_age:
+                return self._end
+            with SpoolReader(self._dir) as reader:
+                while True:
+                    result = reader.read(self._end, 4096, 4 * 1024 * 1024)
+                    if result.next_offset == self._end:
+                        break
+                    self._end = result.next_offset
+            self._at = time.monotonic()
+            return self._end
+
+
+class _FullState:
+    """Whether the spool refuses records now: from the first refused append until the
+    next append that succeeds (the writer keeps counters, not a state)."""
+
+    def __init__(self) -> None:
+        self._refused: dict[str, int] = {}
+        self._appended = 0
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    def update(self, refused: dict[str, int], appended: int) -> str | None:
+        with self._lock:
+            grew = [r for r, n in refused.items() if n > self._refused.get(r, 0)]
+            if grew:
+                self._reason = sorted(grew)[0]
+            elif appended > self._appended:
+                self._reason = None
+            self._refused = dict(refused)
+            self._appended = appended
+            return self._reason
+
+
+def gc_floor(cursors: CursorStore, sink_names: Sequence[str]) -> int:
+    """The lowest committed cursor of the configured sinks: segments wholly below it may go.
+
+    Cursors of sinks that are no longer configured are ignored on purpose (a removed
+    sink must not pin the spool forever); with no sinks configured nothing may be deleted.
+    """
+    if not sink_names:
+        return 0
+    return min(cursors.get(name) for name in sink_names)
+
+
+class Shipper:
+    def __init__(
+        self,
+        config: ShipperConfig,
+        spool_config: SpoolConfig,
+        *,
+        writer: SpoolWriter | None = None,
+        sinks: Sequence[Sink] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Any] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.config = config
+        self.spool_dir = Path(spool_config.directory)
+        self._writer = writer
+        self._clock = clock
+        self._stopping = threading.Event()
+        # the default sleep wakes up at once when stop() is called
+        self._sleep: Callable[[float], Any] = sleep or self._stopping.wait
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self._end_probe = _SpoolEnd(self.spool_dir)
+        self._full = _FullState()
+        self._cursors = CursorStore(self.spool_dir)
+        if sinks is None:
+            sinks = [create_sink(cfg, spool_dir=self.spool_dir) for cfg in config.sinks]
+        self.sinks = list(sinks)
+        names = [s.name for s in self.sinks]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"sink names must be unique (they name cursors): {duplicated}")
+        self._check_removed(names)
+        deadletter_dir = config.deadletter_dir or self.spool_dir / "deadletter"
+        ledger_dir = self.spool_dir / "shipper"
+        backoff = backoff or Backoff(
+            base=config.backoff_base_s,
+            cap=config.backoff_cap_s,
+            retry_after_max=config.retry_after_max_s,
+        )
+        self.workers = [
+            SinkWorker(
+                sink,
+                config=config,
+                # readers keep position state: one each
+                reader_factory=lambda: SpoolReader(self.spool_dir),
+                cursors=self._cursors,
+                deadletters=DeadLetterFile(deadletter_dir, sink.name),
+                ledger=Ledger(ledger_dir, sink.name),
+                end_offset=self._end_offset,
+                limit_offset=self._limit_offset,
+                backoff=backoff,
+                clock=clock,
+                sleep=self._sleep,
+                stopping=self._stopping,
+            )
+            for sink in self.sinks
+        ]
+        self._gc_thread: threading.Thread | None = None
+        self._gc_freed = 0
+        self._started = False
+
+    def _check_removed(self, names: Sequence[str]) -> None:
+        for orphan in sorted(set(self._cursors.names()) - set(names)):
+            log.warning(
+                "spool %s has a cursor for sink %r, which is not configured: it no longer "
+                "holds back segment deletion (remove it with `gpu-audit spool` tooling "
+                "once that sink is gone for good)", self.spool_dir, orphan,
+            )
+
+    # ---- spool positions ---------------------------------------------------------
+
+    def _limit_offset(self) -> int | None:
+        # embedded: never ship what is not yet fsynced (a crash could still lose it)
+        return self._writer.durable_offset if self._writer is not None else None
+
+    def _end_offset(self) -> int:
+        if self._writer is not None:
+            return self._writer.durable_offset
+        return self._end_probe.end()
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("shipper already started")
+        self._started = True
+        for worker in self.workers:
+            worker.start()
+        if self._writer is not None:
+            self._gc_thread = threading.Thread(target=self._gc_loop, name="shipper-gc", daemon=True)
+            self._gc_thread.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop reading, let in-flight sends finish, commit cursors, close sinks.
+
+        Waits up to `timeout` (default: shutdown_grace_s) for the workers. Returns False
+        when one was still inside a send at the end (its position is committed anyway;
+        what it was sending stays in the spool).
+        """
+        grace = self.config.shutdown_grace_s if timeout is None else timeout
+        self._stopping.set()
+        deadline = time.monotonic() + grace
+        clean = True
+        for worker in self.workers:
+            if worker.thread is None:
+                continue
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+            if worker.thread.is_alive():
+                clean = False
+                log.warning("sink %s: still sending after %.1fs; leaving it", worker.name, grace)
+        for worker in self.workers:
+            worker.commit()
+        if self._gc_thread is not None:
+            self._gc_thread.join(max(0.0, deadline - time.monotonic()))
+        if self._writer is not None:
+            self.gc()
+        return clean
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stop is requested; True if it was."""
+        return self._stopping.wait(timeout)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def run_forever(self) -> int:
+        """Standalone mode: run until SIGTERM/SIGINT, then stop cleanly; the exit code."""
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s: stopping", signal.Signals(signum).name)
+            self._stopping.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not self._stopping.wait(1.0):
+                pass
+            clean = self.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return EXIT_OK if clean else EXIT_FAILURE
+
+    # ---- segment GC ----------------------------------------------------------------
+
+    def gc(self) -> int:
+        """Delete spool segments every configured sink's committed cursor has passed."""
+        if self._writer is None:
+            return 0
+        floor = gc_floor(self._cursors, [w.name for w in self.workers])
+        freed = self._writer.gc(floor)
+        self._gc_freed += freed
+        return freed
+
+    def _gc_loop(self) -> None:
+        while not self._stopping.wait(self.config.gc_interval_s):
+            try:
+                self.gc()
+            except OSError:
+                # a failed unlink leaves the segment for the next round; nothing is lost
+                log.exception("spool GC failed; retrying in %.0fs", self.config.gc_interval_s)
+
+    # ---- observability -----------------------------------------------------------
+
+    def statuses(self) -> list[SinkStatus]:
+        return [w.status() for w in self.workers]
+
+    def spool_status(self) -> SpoolStatus:
+        segments = 0
+        size = 0
+        for seg in self.spool_dir.glob("*.seg"):
+            try:
+                size += seg.stat().st_size
+            except FileNotFoundError:
+                continue  # deleted by GC between the listing and the stat
+            segments += 1
+        if self._writer is None:
+            return SpoolStatus(size, segments, self._end_probe.end(), None, {})
+        counters = self._writer.counters_snapshot()
+        return SpoolStatus(
+            bytes=size,
+            segments=segments,
+            produced=self._writer.next_offset,
+            full_reason=self._full.update(counters.refused, counters.records_appended),
+            refused=dict(counters.refused),
+        )
+
+    def collector(self) -> ShipperCollector:
+        return ShipperCollector(self.statuses, self.spool_status, self._clock)
+
+    def stats(self) -> dict[str, Any]:
+        spool = self.spool_status()
+        sinks: dict[str, Any] = {}
+        for st in self.statuses():
+            sinks[st.sink] = {
+                "kind": st.kind,
+                "position": st.position,
+                "committed": st.committed,
+                "delivered": st.delivered,
+                "dead_lettered": st.dead_lettered,
+                "dropped": dict(st.dropped),
+                "retried": st.retried,
+                "redelivered": st.redelivered,
+                "pending": st.lag_records,
+                "lag_records": st.lag_records,
+                "lag_seconds": st.lag_seconds,
+                "last_success": st.last_success,
+                "blocked": st.blocked_reason,
+                "conservation_ok": st.conservation_ok,
+            }
+        return {
+            "pid": os.getpid(),
+            "spool": {
+                "directory": str(self.spool_dir),
+                "bytes": spool.bytes,
+                "segments": spool.segments,
+                "produced": spool.produced,
+                "full_reason": spool.full_reason,
+                "gc_freed_bytes": self._gc_freed,
+            },
+            "sinks": sinks,
+        }

@@ -1,0 +1,463 @@
+"""One sink's delivery loop: its own thread, its own cursor, its own retries.
+
+The loop reads records from the sink's position in the spool, batches them by count,
+bytes and time, sends, and classifies each record's outcome:
+- DELIVERED and DEAD_LETTER are final. Dead letters are fsynced to the sink's dead-letter
+  file before anything else happens, so the cursor can never pass a record that is
+  neither in the backend nor in that file.
+- RETRY and HOLD records (only those, never the whole batch) are sent again after a
+  capped, fully jittered exponential backoff that honours Retry-After, without limit.
+  HOLD also raises the sink's blocked alert until a send gets through.
+The position moves over the contiguous prefix of final records only; the cursor (and
+the ledger that counts outcomes) is committed after a batch, at most every
+`commit_interval_s`. A crash re-sends what followed the last commit; idempotent sinks
+store it once, and the ledger keeps it from being counted twice.
+
+A worker never drops a record it could read (undecodable bytes are dead-lettered with
+reason "undecodable"), never touches another sink's cursor, and never blocks another
+worker: the only thing workers share is the read-only spool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gpu_audit.spool import CursorStore, SpoolReader
+from shipper.backoff import Backoff
+from shipper.config import ShipperConfig
+from shipper.deadletter import DeadLetter, DeadLetterFile
+from shipper.ledger import Ledger, LedgerState
+from shipper.metrics import Histogram, SinkStatus
+from shipper.sinks.base import ItemResult, Outcome, Sink, SinkError, SinkRecord
+
+log = logging.getLogger(__name__)
+
+_FINAL = (Outcome.DELIVERED, Outcome.DEAD_LETTER)
+
+
+@dataclass
+class _Batch:
+    offsets: list[int]
+    records: list[SinkRecord | None]  # None: undecodable, dead-lettered without sending
+    raws: list[bytes]
+    outcomes: list[Outcome | None]
+    reasons: list[str]
+
+
+def decode(offset: int, raw: bytes) -> SinkRecord | None:
+    """The SinkRecord for stored bytes, or None when they are not an audit record."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    record_id = doc.get("id")
+    if not isinstance(record_id, str) or not record_id:
+        return None
+    return SinkRecord(offset=offset, record_id=record_id, doc=doc, raw=raw)
+
+
+class SinkWorker:
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        config: ShipperConfig,
+        reader_factory: Callable[[], SpoolReader],
+        cursors: CursorStore,
+        deadletters: DeadLetterFile,
+        ledger: Ledger,
+        end_offset: Callable[[], int],
+        limit_offset: Callable[[], int | None],
+        backoff: Backoff,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Any],
+        stopping: threading.Event,
+    ) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self._cfg = config
+        self._reader_factory = reader_factory
+        self._reader = reader_factory()
+        self._empty_reads = 0
+        self._cursors = cursors
+        self._dead = deadletters
+        self._ledger = ledger
+        self._end_offset = end_offset
+        self._limit_offset = limit_offset
+        self._backoff = backoff
+        self._clock = clock
+        self._sleep = sleep
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self.batches = Histogram()
+        self.thread: threading.Thread | None = None
+
+        committed = cursors.get(self.name)
+        saved = ledger.load()
+        # The ledger is written before the cursor is committed, so it is at or ahead of
+        # the cursor; anything else means its counts cannot be trusted for the check.
+        if saved is None:
+            self._consistent = committed == 0
+            saved = LedgerState(cursor=committed)
+        else:
+            self._consistent = saved.cursor >= committed
+        if not self._consistent:
+            log.error(
+                "sink %s: delivery ledger %s (cursor %d) is behind the committed cursor %d; "
+                "the conservation check reports 0 for this sink",
+                self.name, ledger.path, saved.cursor, committed,
+            )
+        self._counts = saved
+        self._counted_through = max(saved.cursor, committed)
+        self._position = committed
+        self._committed = committed
+        self._last_commit = time.monotonic()
+        self._retried = 0
+        self._redelivered = 0
+        self._last_success: float | None = None
+        self._blocked: str | None = None
+        self._head_time_ns: int | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"shipper-{self.name}", daemon=True)
+        self.thread.start()
+
+    def _abandon(self) -> bool:
+        # Once stopping, no new send starts: records not yet final stay in the spool and
+        # go out after the restart. A send already in progress finishes (bounded by the
+        # sink's own timeouts; the engine waits shutdown_grace_s for it).
+        return self._stopping.is_set()
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0 and not self._stopping.is_set():
+            self._sleep(seconds)
+
+    def _run(self) -> None:
+        try:
+            if not self._start_sink():
+                return
+            failures = 0
+            while not self._stopping.is_set():
+                try:
+                    batch = self._read_batch()
+                    if batch is None:
+                        # idle: the last records' commit is at most commit_interval_s late
+                        self._maybe_commit(force=False)
+                        self._pause(self._cfg.poll_interval_s)
+                        continue
+                    self._deliver(batch)
+                    self._maybe_commit(force=False)
+                    failures = 0
+                except Exception:
+                    # A disk error (ENOSPC on the dead-letter file, ledger or cursor) or a
+                    # bug must neither kill this sink's thread nor move its cursor: the
+                    # position only ever covers final records, so the loop starts again
+                    # from it after a backoff (a re-sent batch is absorbed by the sink).
+                    log.exception("sink %s: delivery round failed; retrying", self.name)
+                    self._pause(self._backoff.delay(failures))
+                    failures += 1
+        finally:
+            try:
+                self.commit()
+            except OSError:
+                log.exception("sink %s: final cursor commit failed", self.name)
+            try:
+                self.sink.close()
+            except Exception:
+                log.exception("sink %s: close failed", self.name)
+            self._reader.close()
+
+    def _start_sink(self) -> bool:
+        attempt = 0
+        last_reason = None
+        while not self._stopping.is_set():
+            try:
+                self.sink.start()
+            except SinkError as exc:
+                self._set_blocked(exc.reason if exc.outcome is Outcome.HOLD else None)
+                if exc.reason != last_reason:  # one line per change, not per retry
+                    log.warning("sink %s: start failed (%s); retrying", self.name, exc.reason)
+                    last_reason = exc.reason
+                self._pause(self._backoff.delay(attempt, exc.retry_after))
+                attempt += 1
+                continue
+            self._set_blocked(None)
+            return True
+        return False
+
+    # ---- reading -----------------------------------------------------------------
+
+    def _read_batch(self) -> _Batch | None:
+        cfg = self._cfg
+        read_pos = self._position
+        offsets: list[int] = []
+        raws: list[bytes] = []
+        size = 0
+        first_seen: float | None = None
+        while True:
+            limit = self._limit_offset()
+            result = self._reader.read(
+                read_pos, cfg.batch_max_records - len(offsets), cfg.batch_max_bytes - size, limit
+            )
+            if result.skipped_to is not None and result.skipped_to > read_pos:
+                if offsets:
+                    break  # send what we have; the gap is accounted on the next read
+                self._account_skip(read_pos, result.skipped_to)
+            for offset, raw in result.entries:
+                offsets.append(offset)
+                raws.append(raw)
+                size += len(raw)
+            read_pos = max(read_pos, result.next_offset)
+            if not offsets:
+                if result.skipped_to is None:
+                    self._check_stall(read_pos, limit)
+                return None
+            self._empty_reads = 0
+            if first_seen is None:
+                first_seen = time.monotonic()
+            full = len(offsets) >= cfg.batch_max_records or size >= cfg.batch_max_bytes
+            waited = time.monotonic() - first_seen
+            if full or waited >= cfg.batch_max_wait_s or self._stopping.is_set():
+                break
+            if not result.entries:
+                self._pause(min(cfg.poll_interval_s, cfg.batch_max_wait_s - waited))
+        records = [decode(o, r) for o, r in zip(offsets, raws, strict=True)]
+        with self._lock:
+            first = records[0]
+            self._head_time_ns = _time_ns(first.doc) if first is not None else None
+        return _Batch(offsets, records, raws, [None] * len(offsets), [""] * len(offsets))
+
+    def _check_stall(self, read_pos: int, limit: int | None) -> None:
+        """Reopen the reader when it returns nothing although records are there.
+
+        A reader caches segment state (open files, validated headers); a segment caught
+        in the instant between its creation and its header write must not stall this
+        sink for good. A fresh reader sees the spool as it is now.
+        """
+        if limit is not None and limit <= read_pos:
+            self._empty_reads = 0
+            return
+        self._empty_reads += 1
+        if self._empty_reads >= 3:
+            self._empty_reads = 0
+            if self._end_offset() > read_pos:
+                log.info("sink %s: spool reader stalled at %d; reopening it", self.name, read_pos)
+                self._reader.close()
+                self._reader = self._reader_factory()
+
+    def _account_skip(self, start: int, end: int) -> None:
+        log.error(
+            "sink %s: spool offsets %d..%d cannot be read (quarantined or deleted segment); "
+            "counted as dropped with reason spool_skipped", self.name, start, end - 1,
+        )
+        with self._lock:
+            fresh = max(0, end - max(start, self._counted_through))
+            if fresh:
+                dropped = self._counts.dropped
+                dropped["spool_skipped"] = dropped.get("spool_skipped", 0) + fresh
+            self._position = end
+            self._counted_through = max(self._counted_through, end)
+
+    # ---- delivering --------------------------------------------------------------
+
+    def _deliver(self, batch: _Batch) -> None:
+        for i, rec in enumerate(batch.records):
+            if rec is None:
+                batch.outcomes[i] = Outcome.DEAD_LETTER
+                batch.reasons[i] = "undecodable"
+        todo = [i for i, rec in enumerate(batch.records) if rec is not None]
+        done = 0  # index of the first record not yet accounted
+        attempt = 0
+        delay: float | None = None
+        while True:
+            self._write_dead_letters(batch, done)
+            done = self._advance(batch, done)
+            if not todo:
+                return
+            if delay is not None:
+                # commit the final prefix before a possibly long wait
+                self._maybe_commit(force=False)
+                self._pause(delay)
+            if self._abandon():
+                log.warning(
+                    "sink %s: stopping with %d records not yet delivered; they stay in the "
+                    "spool and are sent after the restart", self.name, len(todo),
+                )
+                return
+            sending = [batch.records[i] for i in todo]
+            started = time.monotonic()
+            results = self._send([r for r in sending if r is not None])
+            self.batches.observe(time.monotonic() - started)
+            retry: list[int] = []
+            retry_after: float | None = None
+            hold: str | None = None
+            delivered_any = False
+            for i, res in zip(todo, results, strict=True):
+                if res.outcome in _FINAL:
+                    batch.outcomes[i] = res.outcome
+                    batch.reasons[i] = res.reason
+                    delivered_any = delivered_any or res.outcome is Outcome.DELIVERED
+                    continue
+                retry.append(i)
+                if res.retry_after is not None:
+                    retry_after = max(retry_after or 0.0, res.retry_after)
+                if res.outcome is Outcome.HOLD and hold is None:
+                    hold = res.reason or "hold"
+            if delivered_any:
+                with self._lock:
+                    self._last_success = self._clock()
+            self._set_blocked(hold)
+            todo = retry
+            if retry:
+                with self._lock:
+                    self._retried += len(retry)
+                delay = self._backoff.delay(attempt, retry_after)
+                attempt += 1
+                log.debug("sink %s: %d records to retry in %.2fs", self.name, len(retry), delay)
+
+    def _send(self, records: Sequence[SinkRecord]) -> Sequence[ItemResult]:
+        try:
+            results = self.sink.send(records)
+        except SinkError as exc:
+            return [ItemResult(exc.outcome, exc.reason, exc.retry_after)] * len(records)
+        except Exception as exc:
+            # An unexpected sink failure is treated as transient: retrying is safe (sinks
+            # are idempotent) and dropping would lose evidence.
+            log.exception("sink %s: send raised; retrying the batch", self.name)
+            return [ItemResult(Outcome.RETRY, f"sink error: {type(exc).__name__}")] * len(records)
+        if len(results) != len(records):
+            log.error(
+                "sink %s: returned %d results for %d records; retrying the batch",
+                self.name, len(results), len(records),
+            )
+            return [ItemResult(Outcome.RETRY, "sink returned a wrong result count")] * len(
+                records
+            )
+        return results
+
+    def _write_dead_letters(self, batch: _Batch, start: int) -> None:
+        letters = []
+        for i in range(start, len(batch.offsets)):
+            if batch.outcomes[i] is Outcome.DEAD_LETTER:
+                rec = batch.records[i]
+                letters.append(
+                    DeadLetter(
+                        offset=batch.offsets[i],
+                        record_id=rec.record_id if rec is not None else "",
+                        reason=batch.reasons[i] or "rejected",
+                        raw=batch.raws[i],
+                        doc=rec.doc if rec is not None else None,
+                    )
+                )
+        if letters:
+            self._dead.write(letters, int(self._clock() * 1e9))
+
+    def _advance(self, batch: _Batch, start: int) -> int:
+        """Move the position over the final prefix from `start`; return the new start."""
+        i = start
+        delivered = dead = redelivered = 0
+        n = len(batch.offsets)
+        with self._lock:
+            while i < n and batch.outcomes[i] is not None:
+                if batch.offsets[i] < self._counted_through:
+                    redelivered += 1  # counted before a crash; sent again, stored once
+                elif batch.outcomes[i] is Outcome.DELIVERED:
+                    delivered += 1
+                else:
+                    dead += 1
+                i += 1
+            if i == start:
+                return start
+            self._counts.delivered += delivered
+            self._counts.dead_lettered += dead
+            self._redelivered += redelivered
+            self._position = batch.offsets[i - 1] + 1
+            self._counted_through = max(self._counted_through, self._position)
+            if i < n:
+                rec = batch.records[i]
+                self._head_time_ns = _time_ns(rec.doc) if rec is not None else None
+            else:
+                self._head_time_ns = None
+        return i
+
+    # ---- committing --------------------------------------------------------------
+
+    def _maybe_commit(self, *, force: bool) -> None:
+        due = time.monotonic() - self._last_commit >= self._cfg.commit_interval_s
+        if force or due:
+            self.commit()
+
+    def commit(self) -> None:
+        """Persist the ledger, then the cursor, if the position moved since the last commit."""
+        with self._commit_lock:
+            with self._lock:
+                position = self._position
+                if position <= self._committed:
+                    return
+                state = LedgerState(
+                    cursor=max(position, self._counted_through),
+                    delivered=self._counts.delivered,
+                    dead_lettered=self._counts.dead_lettered,
+                    dropped=dict(self._counts.dropped),
+                )
+            self._ledger.save(state)
+            self._cursors.commit(self.name, position)
+            with self._lock:
+                self._committed = position
+            self._last_commit = time.monotonic()
+
+    # ---- state -------------------------------------------------------------------
+
+    def _set_blocked(self, reason: str | None) -> None:
+        with self._lock:
+            if reason != self._blocked:
+                if reason is not None:
+                    log.error("sink %s: holding data: %s", self.name, reason)
+                elif self._blocked is not None:
+                    log.warning("sink %s: no longer blocked", self.name)
+                self._blocked = reason
+
+    def status(self) -> SinkStatus:
+        end = self._end_offset()
+        now = self._clock()
+        with self._lock:
+            position = self._position
+            counted = max(position, self._counted_through)
+            accounted = self._counts.accounted
+            lag_s = 0.0
+            if end > position and self._head_time_ns is not None:
+                lag_s = max(0.0, now - self._head_time_ns / 1e9)
+            return SinkStatus(
+                sink=self.name,
+                kind=self.sink.kind,
+                position=position,
+                committed=self._committed,
+                end=max(end, position),
+                delivered=self._counts.delivered,
+                dead_lettered=self._counts.dead_lettered,
+                dropped=dict(self._counts.dropped),
+                retried=self._retried,
+                redelivered=self._redelivered,
+                lag_seconds=lag_s,
+                last_success=self._last_success,
+                blocked_reason=self._blocked,
+                conservation_ok=self._consistent and counted == accounted and end >= position,
+                batches=self.batches,
+            )
+
+
+def _time_ns(doc: Any) -> int | None:
+    value = doc.get("time_ns") if isinstance(doc, dict) else None
+    return value if isinstance(value, int) else None
