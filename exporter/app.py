@@ -37,7 +37,7 @@ from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
-from gpu_audit.spool import SpoolReader, SpoolWriteError, SpoolWriter
+from gpu_audit.spool import SpoolError, SpoolReader, SpoolWriteError, SpoolWriter
 
 log = logging.getLogger("gpu_audit.exporter")
 
@@ -76,7 +76,7 @@ class ReopeningSpool:
             except OSError as exc:
                 self.last_error = str(exc)
                 raise SpoolWriteError.from_oserror(exc, self._config.directory, "open") from None
-            except Exception as exc:  # SpoolLocked and friends: same outcome, other reason
+            except SpoolError as exc:  # SpoolLocked and friends: same outcome, other reason
                 self.last_error = str(exc)
                 raise SpoolWriteError("unavailable", self._config.directory, str(exc)) from None
         return self._writer

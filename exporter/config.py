@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from gpu_audit.model_base import Section
 
-DEFAULT_LISTEN = "0.0.0.0:9945"  # noqa: S104 - an exporter listens on all interfaces by default
+DEFAULT_LISTEN = "0.0.0.0:9945"
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -43,7 +43,8 @@ def _add_exporter_args(p: argparse.ArgumentParser) -> None:
                    help="Simulator: scenario seconds per wall second (exporter.time_scale).")
     p.add_argument("--interval", type=float, metavar="SECONDS",
                    help="Fast sampling interval (exporter.interval_seconds).")
-    p.add_argument("--spool-dir", type=Path, metavar="DIR", help="Spool directory (spool.directory).")
+    p.add_argument("--spool-dir", type=Path, metavar="DIR",
+                   help="Spool directory (spool.directory).")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
 
 

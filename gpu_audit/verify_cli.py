@@ -15,8 +15,8 @@ from pathlib import Path
 
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import (
-    VerifyReport,
     Verifier,
+    VerifyReport,
     jsonl_lines,
     verify_jsonl,
     verify_readback,

@@ -85,9 +85,7 @@ class SinkWorker:
         self.sink = sink
         self.name = sink.name
         self._cfg = config
-        self._reader_factory = reader_factory
         self._reader = reader_factory()
-        self._empty_reads = 0
         self._cursors = cursors
         self._dead = deadletters
         self._ledger = ledger
@@ -221,10 +219,7 @@ class SinkWorker:
                 size += len(raw)
             read_pos = max(read_pos, result.next_offset)
             if not offsets:
-                if result.skipped_to is None:
-                    self._check_stall(read_pos, limit)
                 return None
-            self._empty_reads = 0
             if first_seen is None:
                 first_seen = time.monotonic()
             full = len(offsets) >= cfg.batch_max_records or size >= cfg.batch_max_bytes
@@ -238,24 +233,6 @@ class SinkWorker:
             first = records[0]
             self._head_time_ns = _time_ns(first.doc) if first is not None else None
         return _Batch(offsets, records, raws, [None] * len(offsets), [""] * len(offsets))
-
-    def _check_stall(self, read_pos: int, limit: int | None) -> None:
-        """Reopen the reader when it returns nothing although records are there.
-
-        A reader caches segment state (open files, validated headers); a segment caught
-        in the instant between its creation and its header write must not stall this
-        sink for good. A fresh reader sees the spool as it is now.
-        """
-        if limit is not None and limit <= read_pos:
-            self._empty_reads = 0
-            return
-        self._empty_reads += 1
-        if self._empty_reads >= 3:
-            self._empty_reads = 0
-            if self._end_offset() > read_pos:
-                log.info("sink %s: spool reader stalled at %d; reopening it", self.name, read_pos)
-                self._reader.close()
-                self._reader = self._reader_factory()
 
     def _account_skip(self, start: int, end: int) -> None:
         log.error(

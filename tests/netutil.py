@@ -26,7 +26,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: flo
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

@@ -228,9 +228,18 @@ class SpoolReader:
             at += 1
         return None
 
+    @staticmethod
+    def _header_ok(seg: _Segment) -> bool:
+        """Whether the segment's header is valid, looking again while it is not: a reader
+        can see a segment between the writer's create and its header write, and must not
+        stall at that boundary for good."""
+        if seg.header_bad:
+            seg.header_bad = header_problem(os.pread(seg.fd, HEADER_SIZE, 0), seg.base) is not None
+        return not seg.header_bad
+
     def _find_in(self, seg: _Segment, offset: int, is_last: bool) -> tuple[int, int] | None:
         """(offset', position) of the first valid record >= offset in `seg`, or None."""
-        if seg.header_bad:
+        if not self._header_ok(seg):
             return None
         idx_offset, pos = seg.position_hint(offset)
         while True:
@@ -302,7 +311,7 @@ class SpoolReader:
                 if at + 1 == len(self._segments):
                     break
             following = self._segments[at + 1]
-            if following.base == current and not following.header_bad:
+            if following.base == current and self._header_ok(following):
                 seg, pos = following, HEADER_SIZE
                 continue
             if entries:
