@@ -36,7 +36,7 @@ from shipper.config import ShipperConfig  # noqa: E402
 from shipper.engine import Shipper  # noqa: E402
 from shipper.sinks.base import ItemResult, Outcome, SinkRecord  # noqa: E402
 from tests.netutil import http_get, wait_for  # noqa: E402
-from tests.shipper.realservers import influxd_server, victoria_metrics_server  # noqa: E402
+from tests.realservers import influxd_server, victoria_metrics_server  # noqa: E402
 
 GPUS, PROCS, INTERVAL_S, WINDOW_S = 8, 64, 5.0, 600.0
 RECORDS_PER_CYCLE = GPUS * PROCS + 16  # process records + per-GPU samples and node records

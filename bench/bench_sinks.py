@@ -36,7 +36,7 @@ from shipper.sinks.config import (
 )
 from shipper.sinks.elasticsearch import ElasticClient, SearchSink
 from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from tests.sinks.realservers import influxd_server, victoria_metrics_server
+from tests.realservers import influxd_server, victoria_metrics_server
 from tests.sinks.records import one_kb_batch
 from tests.sinks.servers.search import SearchServer
 
@@ -91,12 +91,13 @@ def main() -> None:
     rates = out["records_per_s"]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        with influxd_server(tmp) as (url, db):
+        with influxd_server(tmp) as influx:
             cfg1 = InfluxV1SinkConfig.model_validate(
-                {"type": "influxdb_v1", "url": url, "database": db})
+                {"type": "influxdb_v1", "url": influx.url, "database": influx.database})
             rates["influxdb_v1 (real influxd 1.x)"] = run_sink(
                 InfluxV1Sink(cfg1, "i1").send, records, args.batch)
-        with victoria_metrics_server(tmp) as vm:
+        with victoria_metrics_server(tmp) as vm_server:
+            vm = vm_server.url
             cfg2 = InfluxV2SinkConfig.model_validate(
                 {"type": "influxdb_v2", "url": vm, "bucket": "audit", "org": "o",
                  "flavour": "victoriametrics"})

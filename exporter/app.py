@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -29,8 +30,9 @@ from exporter.config import parse_listen
 from exporter.http import MetricsServer
 from exporter.model import GpuSample
 from exporter.render import RenderOptions
-from exporter.sampler import Sampler
+from exporter.sampler import Sampler, SnapshotListener
 from exporter.serving import LatestState
+from exporter.snapshot import Snapshot
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
 from gpu_audit.audit.metrics import AuditCollector
@@ -101,6 +103,35 @@ class ReopeningSpool:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+
+
+class SplitModeGc:
+    """Spool garbage collection when the shipper runs in another process.
+
+    Only the writer may delete segments, and in `gpu-audit exporter` + `gpu-audit shipper`
+    the exporter is the writer: after a cycle, at most every `gc_interval_s`, it deletes
+    the segments every configured sink's committed cursor has passed. A sink without a
+    cursor yet pins the whole spool, so nothing it has not seen is ever deleted.
+    """
+
+    def __init__(self, config: Config, spool: ReopeningSpool) -> None:
+        from gpu_audit.spool import CursorStore
+        from shipper.engine import gc_floor
+
+        self._floor = gc_floor
+        self._cursors = CursorStore(config.spool.directory)
+        self._names = config.shipper.sink_names()
+        self._interval = config.shipper.gc_interval_s
+        self._spool = spool
+        self._last = 0.0
+
+    def __call__(self, _snap: Snapshot) -> None:
+        now = time.monotonic()
+        writer = self._spool.writer
+        if writer is None or now - self._last < self._interval:
+            return
+        self._last = now
+        writer.gc(self._floor(self._cursors, self._names))
 
 
 class SimProcfs:
@@ -197,7 +228,7 @@ class ExporterApp:
         state = LatestState(stale)
         registry = CollectorRegistry(auto_describe=True)
 
-        listeners = []
+        listeners: list[SnapshotListener] = []
         if cfg.audit.enabled or self.with_shipper:
             self.spool = ReopeningSpool(cfg)
             reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
@@ -207,6 +238,8 @@ class ExporterApp:
             self.producer.start()
             listeners.append(self.producer.on_snapshot)
             registry.register(AuditCollector(self.producer))
+            if not self.with_shipper and cfg.shipper.enabled:
+                listeners.append(SplitModeGc(cfg, self.spool))
 
         scenario_clock = getattr(backend, "scenario_time", None) if info.simulated else None
         self.sampler = Sampler(
@@ -249,6 +282,7 @@ class ExporterApp:
         if self.producer is not None:
             self.producer.stop()
         if self.shipper is not None:
+            self.shipper.drain()  # the exporter_stop record included
             self.shipper.stop()
         if self.server is not None:
             self.server.stop()

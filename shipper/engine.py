@@ -224,6 +224,27 @@ class Shipper:
             self.gc()
         return clean
 
+    def drain(self, timeout: float | None = None) -> bool:
+        """Before a graceful stop: deliver what the spool holds now.
+
+        Waits until every sink that is not blocked (auth/config hold) has passed the
+        current end of the spool, at most `timeout` (default shutdown_grace_s). Returns
+        False when time ran out; what is left stays in the spool for the next start.
+        """
+        grace = self.config.shutdown_grace_s if timeout is None else timeout
+        target = self._end_offset()
+        deadline = time.monotonic() + grace
+        while True:
+            pending = [s.sink for s in self.statuses()
+                       if s.blocked_reason is None and s.position < target]
+            if not pending:
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("shutdown: sinks %s did not catch up within %.1fs; their "
+                            "records stay in the spool", ", ".join(pending), grace)
+                return False
+            time.sleep(0.05)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stop is requested; True if it was."""
         return self._stopping.wait(timeout)
@@ -234,15 +255,19 @@ class Shipper:
     def run_forever(self) -> int:
         """Standalone mode: run until SIGTERM/SIGINT, then stop cleanly; the exit code."""
 
+        requested = threading.Event()
+
         def on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s: stopping", signal.Signals(signum).name)
-            self._stopping.set()
+            log.info("received %s: delivering what is spooled, then stopping",
+                     signal.Signals(signum).name)
+            requested.set()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
-            while not self._stopping.wait(1.0):
+            while not requested.wait(1.0) and not self._stopping.is_set():
                 pass
+            self.drain()
             clean = self.stop()
         finally:
             for sig, handler in previous.items():

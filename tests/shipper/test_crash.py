@@ -27,7 +27,7 @@ import yaml
 
 from gpu_audit.audit.verify import verify_readback
 from gpu_audit.spool import CursorStore
-from tests.shipper.realservers import influxd_server, victoria_metrics_server
+from tests.realservers import influxd_server, victoria_metrics_server
 from tests.sinks.servers.search import SearchServer
 
 N = 6000

@@ -1,4 +1,5 @@
-"""Fixtures for the sink tests: real InfluxDB 1.x and VictoriaMetrics on loopback."""
+"""Fixtures for the sink tests: real InfluxDB 1.x and VictoriaMetrics on loopback (the
+same servers the shipper's crash test uses, from tests/realservers.py)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.sinks.realservers import ServerUnavailable, influxd_server, victoria_metrics_server
+from tests.realservers import influxd_server, victoria_metrics_server
 
 
 @pytest.fixture
 def influxd(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    try:
-        with influxd_server(tmp_path) as server:
-            yield server
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
+    with influxd_server(tmp_path) as server:
+        yield server.url, server.database
 
 
 @pytest.fixture
 def victoria_metrics(tmp_path: Path) -> Iterator[str]:
-    try:
-        with victoria_metrics_server(tmp_path) as url:
-            yield url
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
+    with victoria_metrics_server(tmp_path) as server:
+        yield server.url

@@ -17,8 +17,8 @@ from shipper.sinks.base import Outcome
 from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
 from shipper.sinks.lineprotocol import encode_record
+from tests.realservers import vm_flush
 from tests.sinks.lp_parser import parse_line
-from tests.sinks.realservers import vm_flush
 from tests.sinks.records import BASE_NS, make_batch, make_record
 
 

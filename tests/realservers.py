@@ -64,10 +64,16 @@ class Influxd(_Server):
             return json.loads(resp.read())
 
 
+def vm_flush(url: str) -> None:
+    """Make just-written VictoriaMetrics samples searchable now."""
+    with urllib.request.urlopen(url + "/internal/force_flush", timeout=30) as resp:
+        resp.read()
+
+
 class VictoriaMetrics(_Server):
     def export(self, match: str) -> list[dict[str, Any]]:
         """Every stored series matching a selector, with its raw samples."""
-        urllib.request.urlopen(self.url + "/internal/force_flush", timeout=30).read()
+        vm_flush(self.url)
         q = urllib.parse.urlencode({"match[]": match})
         with urllib.request.urlopen(f"{self.url}/api/v1/export?{q}", timeout=60) as resp:
             return [json.loads(line) for line in resp.read().splitlines() if line.strip()]
