@@ -80,18 +80,23 @@ class _Family:
 
 
 class LabelCache:
-    """Rendered label strings kept from one cycle to the next.
+    """Rendered label strings and unchanged sample blocks kept from one cycle to the next.
 
     Identities and labelled fields are stable across cycles, so escaping and joining
-    their label values again every cycle is wasted work. Entries not used in a cycle are
-    dropped at `rotate()`, so the cache never outgrows one exposition.
+    their label values again every cycle is wasted work; slow-tier fields (ECC, NVLink
+    errors, retired pages) and the supported-fields view keep their values for many
+    cycles, so their whole block of lines is reused while the values compare equal.
+    Entries not used in a cycle are dropped at `rotate()`, so the cache never outgrows
+    one exposition.
     """
 
-    __slots__ = ("_new", "_old")
+    __slots__ = ("_blocks", "_new", "_new_blocks", "_old")
 
     def __init__(self) -> None:
         self._old: dict[tuple[object, ...], str] = {}
         self._new: dict[tuple[object, ...], str] = {}
+        self._blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
+        self._new_blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
 
     def get(self, key: tuple[object, ...], build: Callable[[], str]) -> str:
         text = self._new.get(key)
@@ -102,8 +107,20 @@ class LabelCache:
             self._new[key] = text
         return text
 
+    def block(self, key: tuple[object, ...], values: object) -> list[str] | None:
+        """The lines rendered last cycle for `key`, when its values are unchanged."""
+        hit = self._blocks.get(key)
+        if hit is not None and hit[0] == values:
+            self._new_blocks[key] = hit
+            return hit[1]
+        return None
+
+    def keep_block(self, key: tuple[object, ...], values: object, lines: list[str]) -> None:
+        self._new_blocks[key] = (values, lines)
+
     def rotate(self) -> None:
         self._old, self._new = self._new, {}
+        self._blocks, self._new_blocks = self._new_blocks, {}
 
 
 def _fixed(f: fam.FamilyDef) -> _Family:
@@ -212,11 +229,18 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
             if not names:
                 f.add(prefix, values.get(()))
                 continue
+            block_key = (prefix, m.key)
+            lines = cache.block(block_key, values)
+            if lines is not None:
+                f.lines.extend(lines)
+                continue
+            start = len(f.lines)
             for label_values, v in values.items():
                 if len(label_values) != len(names):
                     continue  # a backend bug must not produce a malformed exposition
                 f.add(cache.get((prefix, m.key, label_values),
                                 partial(_join, prefix, names, label_values)), v)
+            cache.keep_block(block_key, dict(values), f.lines[start:])
         if f.lines:
             catalogue_out.append(f.head)
             catalogue_out.extend(f.lines)
@@ -246,8 +270,16 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
         xid_last.add(prefix, g.xid_last_timestamp)
         if not g.up:
             continue
-        for m in CATALOGUE:
-            supported.add(f'{prefix},field="{m.name}"', 1 if m.key in g.values else 0)
+        measured = frozenset(g.values)
+        lines = cache.block(("supported", prefix), measured)
+        if lines is None:
+            start = len(supported.lines)
+            for m in CATALOGUE:
+                supported.add(f'{prefix},field="{m.name}"', 1 if m.key in measured else 0)
+            lines = supported.lines[start:]
+            cache.keep_block(("supported", prefix), measured, lines)
+        else:
+            supported.lines.extend(lines)
         for mi in g.mig:
             mprefix = (f'{prefix},mig_uuid="{_lv(mi.uuid)}",'
                        f'gpu_instance_id="{mi.gpu_instance_id}"')
@@ -313,6 +345,7 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
     mem, sm = _fixed(fam.PROCESS_MEMORY), _fixed(fam.PROCESS_SM)
     memu, enc = _fixed(fam.PROCESS_MEM_UTIL), _fixed(fam.PROCESS_ENC)
     dec, count = _fixed(fam.PROCESS_DEC), _fixed(fam.PROCESS_COUNT)
+    fams = (mem, sm, memu, enc, dec, count)
     names = (*_PROC_LABELS, "pid") if opts.pid_label else _PROC_LABELS
     dropped: dict[str, int] = {}
     cap = max(0, opts.max_process_series_per_gpu)
@@ -330,13 +363,17 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
         prefix = prefixes[g.info.uuid]
         for key, agg in items:
             labels = cache.get((prefix, key), partial(_join, prefix, names, key))
-            mem.add(labels, agg.mem)
-            sm.add(labels, _cap1(agg.sm))
-            memu.add(labels, _cap1(agg.memu))
-            enc.add(labels, _cap1(agg.enc))
-            dec.add(labels, _cap1(agg.dec))
-            count.add(labels, agg.count)
-    return [mem, sm, memu, enc, dec, count], dropped
+            tail = labels + "} "
+            for f, v in ((mem, agg.mem), (sm, _cap1(agg.sm)), (memu, _cap1(agg.memu)),
+                         (enc, _cap1(agg.enc)), (dec, _cap1(agg.dec))):
+                if v is not None:
+                    text = (str(int(v)) if type(v) is int or (
+                        type(v) is float and v.is_integer() and -1e15 < v < 1e15)
+                        else fmt_value(v))
+                    if text is not None:
+                        f.lines.append(f"{f.name}{{{tail}{text}\n")
+            count.lines.append(f"{count.name}{{{tail}{agg.count}\n")
+    return list(fams), dropped
 
 
 def _render_unattributed(snap: Snapshot, up_gpus: list[GpuSample],
