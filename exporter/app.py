@@ -8,6 +8,7 @@ never a fallback to the simulator), then the endpoint binds, then sampling begin
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 import signal
@@ -324,6 +325,9 @@ def run_exporter(config: Config, *, with_shipper: bool) -> int:
     except BaseException:
         app.stop()
         raise
+    # Everything built at start-up lives as long as the process: moving it out of the
+    # collector's view makes each cycle's garbage collections scan only cycle garbage.
+    gc.freeze()
     done.wait()
     app.stop()
     return EXIT_OK
