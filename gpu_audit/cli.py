@@ -19,13 +19,6 @@ from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 
 log = logging.getLogger("gpu_audit")
 
-NO_GPU_HINT = (
-    "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
-    "  gpu-audit run --backend sim --scenario busy\n"
-    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
-    'carries simulated="true").'
-)
-
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
