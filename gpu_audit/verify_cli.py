@@ -71,6 +71,7 @@ def verify_command(args: argparse.Namespace) -> int:
 
 def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     from gpu_audit.settings import load_settings
+    from shipper.sinks.errors import ReadBackUnsupported
     from shipper.sinks.factory import create_sink
 
     if not (args.time_from and args.time_to):
@@ -89,6 +90,10 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     try:
         report = verify_readback(sink.read_back(start, end), hmac_key=key,
                                  source=f"sink {args.sink}")
+    except ReadBackUnsupported as exc:
+        print(f"gpu-audit audit verify: sink {args.sink!r} ({sink.kind}) cannot give records "
+              f"back: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         sink.close()
     print(report.render())

@@ -111,3 +111,35 @@ def test_spool_verify_and_stats(spool_dir: Path, capsys: pytest.CaptureFixture[s
     capsys.readouterr()
     assert main(["spool", "verify", str(spool_dir)]) == 1
     assert seg.name in capsys.readouterr().out
+
+
+def test_verify_reads_back_from_a_configured_sink(
+    spool_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`audit verify --sink NAME --from --to` reads the records back from the sink (here
+    the archive, after a real shipper delivered them) and verifies them; a sink that
+    cannot give records back (Fluentd) is a clear usage error, not a crash."""
+    from gpu_audit.settings import load_settings
+    from shipper.engine import Shipper
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"spool: {{directory: {spool_dir}, min_free_bytes: 0}}\n"
+        "shipper:\n  sinks:\n"
+        f"    - {{type: archive, name: arch, directory: {tmp_path / 'archive'}}}\n"
+        "    - {type: fluentd, name: fl, host: 127.0.0.1, port: 9}\n"
+    )
+    config = load_settings(cfg)
+    archive_only = config.shipper.model_copy(update={"sinks": config.shipper.sinks[:1]})
+    shipper = Shipper(archive_only, config.spool)
+    shipper.start()
+    assert shipper.drain(30)
+    shipper.stop()
+    capsys.readouterr()
+    argv = ["audit", "verify", "--config", str(cfg), "--from", "2020-01-01T00:00:00Z",
+            "--to", "2100-01-01T00:00:00Z"]
+    assert main([*argv, "--sink", "arch"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main([*argv, "--sink", "fl"]) == 2
+    assert "cannot give records back" in capsys.readouterr().err
+    assert main([*argv, "--sink", "nope"]) == 2
