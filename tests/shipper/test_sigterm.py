@@ -16,10 +16,10 @@ from tests.shipper.test_crash import ROOT, _archive_docs, _env, _wait_for_signal
 
 
 def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
-    """A SIGTERM in the middle of a backlog exits 0 promptly; the committed cursor covers
-    exactly what the archive holds, and a restart (serving its metrics on
-    metrics_listen) delivers the rest with no duplicate."""
-    n = 30000
+    """A SIGTERM in the middle of a backlog too big to drain within the shutdown grace
+    exits 0 promptly; the committed cursor covers exactly what the archive holds, and a
+    restart (serving its metrics on metrics_listen) delivers the rest with no duplicate."""
+    n = 100000
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), str(n),
          "--batch", "1000", "--pad", "400"],
@@ -31,6 +31,7 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
         "log_level": "warning",
         "spool": {"directory": str(tmp_path / "spool"), "min_free_bytes": 0},
         "shipper": {"batch_max_records": 200, "commit_interval_s": 0.05,
+                    "shutdown_grace_s": 0.3,
                     "metrics_listen": f"127.0.0.1:{port}",
                     "sinks": [{"type": "archive", "name": "archive", "compress": False,
                                "directory": str(tmp_path / "archive")}]},
@@ -62,5 +63,33 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
+    ids = [d["id"] for d in _archive_docs(tmp_path / "archive")]
+    assert len(ids) == n == len(set(ids))
+
+
+def test_sigterm_delivers_the_spooled_backlog_before_exiting(tmp_path: Path) -> None:
+    """Within the shutdown grace, a SIGTERM first delivers what the spool holds, then
+    commits and exits 0: nothing is left pending."""
+    n = 5000
+    subprocess.run(
+        [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), str(n),
+         "--batch", "1000", "--pad", "400"],
+        cwd=ROOT, env=_env(), check=True, capture_output=True,
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "log_level": "warning",
+        "spool": {"directory": str(tmp_path / "spool"), "min_free_bytes": 0},
+        "shipper": {"batch_max_records": 200, "shutdown_grace_s": 30,
+                    "sinks": [{"type": "archive", "name": "archive", "compress": False,
+                               "directory": str(tmp_path / "archive")}]},
+    }))
+    proc = subprocess.Popen([sys.executable, "-m", "shipper", "--config", str(config)],
+                            cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
+    _wait_for_signal_handler(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert CursorStore(tmp_path / "spool").get("archive") == n
     ids = [d["id"] for d in _archive_docs(tmp_path / "archive")]
     assert len(ids) == n == len(set(ids))
