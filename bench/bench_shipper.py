@@ -8,8 +8,10 @@ a 5 s interval is (8*64 + 16) * 120 = 63,360 records of about 1 KB (the producer
 them, hash-chained, into a spool in a separate process first). Steady production is
 528 / 5 s = 105.6 records/s; catch-up is reported as a multiple of it (target >= 5x).
 Per scenario: records/s delivered per sink, CPU seconds of the shipper process per
-10,000 records (servers run in their own processes and are not counted), and the
-shipper's peak RSS. Targets: >= 20,000 records/s per sink, RSS <= 80 MB.
+10,000 records (servers run in their own processes and are not counted), the CPU each
+server process used (cores busy, from /proc/<pid>/stat: a server near 1 core while the
+shipper waits is the limit, not the shipper), the load average, and the shipper's peak
+RSS. Targets: >= 20,000 records/s per sink, RSS <= 80 MB.
 """
 
 from __future__ import annotations
@@ -66,12 +68,53 @@ def _bulk_server() -> tuple[subprocess.Popen[bytes], str]:
     return proc, url
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def _produce(spool: Path, count: int) -> None:
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(spool), str(count),
          "--batch", "2000", "--pad", "700"],
         cwd=ROOT, env=_env(), check=True, capture_output=True,
     )
+
+
+_RSS_CHILD = """
+import json, sys, time
+from pathlib import Path
+from gpu_audit.spool.config import SpoolConfig
+from shipper.config import ShipperConfig
+from shipper.engine import Shipper
+spec = json.loads(sys.argv[1])
+cfg = ShipperConfig.model_validate(spec["shipper"])
+shipper = Shipper(cfg, SpoolConfig(directory=Path(spec["spool"]), min_free_bytes=0))
+shipper.start()
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline and any(
+        st["position"] < spec["count"] for st in shipper.stats()["sinks"].values()):
+    time.sleep(0.05)
+shipper.stop(30)
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec from the parent
+hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM")]
+print(int(hwm[0].split()[1]) / 1024)
+"""
+
+
+def _shipper_rss_mb(spool: Path, sinks: list[dict[str, Any]], count: int, batch: int) -> float:
+    """Peak RSS of a process that is only the shipper (what an operator runs), draining
+    the backlog to `sinks`; the bench process itself also holds servers' test helpers."""
+    spec = {"spool": str(spool), "count": count,
+            "shipper": {"sinks": sinks, "batch_max_records": batch,
+                        "batch_max_wait_s": 0.05, "poll_interval_s": 0.02}}
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, json.dumps(spec)], cwd=ROOT,
+                         env=_env(), check=True, capture_output=True, text=True, timeout=900)
+    return round(float(out.stdout.strip().splitlines()[-1]), 1)
 
 
 class NullSink:
@@ -101,13 +144,17 @@ def _run(
     sinks: list[dict[str, Any]],
     count: int,
     args_batch: int,
+    *,
     objects: list[Any] | None = None,
+    servers: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     cfg = ShipperConfig.model_validate(
         {"sinks": sinks, "batch_max_records": args_batch, "batch_max_bytes": 4 * 1024 * 1024,
          "batch_max_wait_s": 0.05, "poll_interval_s": 0.02, "commit_interval_s": 0.5}
     )
     shipper = Shipper(cfg, spool_cfg, sinks=objects)
+    servers = dict(servers or {})
+    server_cpu0 = {name: _proc_cpu_s(pid) for name, pid in servers.items()}
     cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     shipper.start()
@@ -120,6 +167,10 @@ def _run(
     shipper.stop(30)
     elapsed = time.perf_counter() - t0
     cpu = sum(os.times()[:2]) - cpu0
+    server_cores = {
+        name: round((_proc_cpu_s(pid) - server_cpu0[name]) / elapsed, 2)
+        for name, pid in servers.items()
+    }
     stats = shipper.stats()["sinks"]
     names = [s["name"] for s in sinks] if objects is None else [o.name for o in objects]
     return {
@@ -136,6 +187,9 @@ def _run(
         },
         "wall_s": round(elapsed, 3),
         "cpu_s": round(cpu, 3),
+        "shipper_cores": round(cpu / elapsed, 2),
+        "server_cores": server_cores,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "cpu_s_per_10k_records_per_sink": round(
             cpu / (count * len(objects or sinks)) * 10_000, 3
         ),
@@ -194,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             ("all", ["influxdb_v1", "victoriametrics", "bulk"]),
         ]:
             chosen = sinks(tag, which)
-            res = _run(spool_cfg, chosen, n, args.batch)
+            assert influx.proc is not None and vm.proc is not None
+            pids = {"influxd": influx.proc.pid, "victoria-metrics": vm.proc.pid,
+                    "bulk": bulk.pid}
+            res = _run(spool_cfg, chosen, n, args.batch, servers={
+                k: pid for k, pid in pids.items()
+                if {"influxd": "influxdb_v1", "victoria-metrics": "victoriametrics",
+                    "bulk": "bulk"}[k] in which})
             cursors = CursorStore(spool)
             for sink in chosen:  # each scenario starts from offset 0 with its own cursors
                 cursors.remove(sink["name"])
@@ -202,10 +262,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tag:>6}: " + ", ".join(
                 f"{k} {v['records_per_s']:,} rec/s ({v['catch_up_multiple']}x steady)"
                 for k, v in res["sinks"].items()
-            ) + f"; cpu {res['cpu_s_per_10k_records_per_sink']} s/10k/sink", flush=True)
+            ) + f"; cpu {res['cpu_s_per_10k_records_per_sink']} s/10k/sink; shipper "
+                  f"{res['shipper_cores']} cores, servers {res['server_cores']} cores; "
+                  f"load {res['load_average_1m']}", flush=True)
+        archive = [{"type": "archive", "name": "archive-rss", "directory": str(root / "arch")}]
+        rss = {"archive_only": _shipper_rss_mb(spool, archive, n, args.batch),
+               "influx_vm_bulk": _shipper_rss_mb(spool, sinks("rss", [
+                   "influxdb_v1", "victoriametrics", "bulk"]), n, args.batch)}
+        results["shipper_process_peak_rss_mb"] = rss
+        print(f"peak RSS of a shipper-only process: archive sink {rss['archive_only']} MB, "
+              f"influx + vm + bulk sinks {rss['influx_vm_bulk']} MB", flush=True)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["peak_rss_mb"] = round(rss_mb, 1)
-    print(f"peak RSS of the shipper process: {rss_mb:.1f} MB")
+    print(f"peak RSS of this bench process (shipper + test helpers): {rss_mb:.1f} MB")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -125,6 +125,8 @@ class SinkWorker:
         self._last_success: float | None = None
         self._blocked: str | None = None
         self._head_time_ns: int | None = None
+        # A full batch read ahead while the previous batch was on the wire (see _send_overlapped)
+        self._ahead: _Batch | None = None
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -198,6 +200,13 @@ class SinkWorker:
     # ---- reading -----------------------------------------------------------------
 
     def _read_batch(self) -> _Batch | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.offsets[0] == self._position:
+            # read while the previous batch was being sent; still the next records exactly
+            with self._lock:
+                first = ahead.records[0]
+                self._head_time_ns = _time_ns(first.doc) if first is not None else None
+            return ahead
         cfg = self._cfg
         read_pos = self._position
         offsets: list[int] = []
@@ -233,6 +242,34 @@ class SinkWorker:
             first = records[0]
             self._head_time_ns = _time_ns(first.doc) if first is not None else None
         return _Batch(offsets, records, raws, [None] * len(offsets), [""] * len(offsets))
+
+    def _read_ahead(self, start: int) -> None:
+        """Read and decode the full batch that starts at `start`, if the spool holds one now.
+
+        Only a full batch is kept (a partial one would skip batch_max_wait_s); a gap or
+        anything short is left for _read_batch to handle the ordinary way. Nothing here
+        touches the position, the counts or the cursor: it only saves the next read.
+        """
+        cfg = self._cfg
+        limit = self._limit_offset()
+        entries: list[tuple[int, bytes]] = []
+        size = 0
+        pos = start
+        while len(entries) < cfg.batch_max_records and size < cfg.batch_max_bytes:
+            result = self._reader.read(
+                pos, cfg.batch_max_records - len(entries), cfg.batch_max_bytes - size, limit
+            )
+            if result.skipped_to is not None and result.skipped_to > pos:
+                return  # a gap: _read_batch accounts for it
+            if not result.entries or result.entries[0][0] != pos:
+                return  # not a full batch yet (or not contiguous): read it the usual way
+            entries += result.entries
+            size += sum(len(raw) for _, raw in result.entries)
+            pos = result.next_offset
+        offsets = [o for o, _ in entries]
+        raws = [r for _, r in entries]
+        records = [decode(o, r) for o, r in entries]
+        self._ahead = _Batch(offsets, records, raws, [None] * len(offsets), [""] * len(offsets))
 
     def _account_skip(self, start: int, end: int) -> None:
         log.error(
@@ -275,7 +312,11 @@ class SinkWorker:
                 return
             sending = [batch.records[i] for i in todo]
             started = time.monotonic()
-            results = self._send([r for r in sending if r is not None])
+            records = [r for r in sending if r is not None]
+            if attempt == 0 and self._ahead is None:
+                results = self._send_overlapped(records, batch.offsets[-1] + 1)
+            else:
+                results = self._send(records)
             self.batches.observe(time.monotonic() - started)
             retry: list[int] = []
             retry_after: float | None = None
@@ -303,6 +344,34 @@ class SinkWorker:
                 delay = self._backoff.delay(attempt, retry_after)
                 attempt += 1
                 log.debug("sink %s: %d records to retry in %.2fs", self.name, len(retry), delay)
+
+    def _send_overlapped(self, records: Sequence[SinkRecord], next_offset: int) -> Sequence[
+        ItemResult
+    ]:
+        """Send a batch from a helper thread while this thread reads and decodes the next.
+
+        The sink's encoding and the server's work on one batch then overlap with the spool
+        read and JSON decoding of the next (a catch-up is CPU-bound on both sides). This
+        returns only once the send is over, as _send does: at most one send is in flight
+        per sink, and at most two batches (this one and the next) are held.
+        """
+        box: list[Sequence[ItemResult]] = []
+        sender = threading.Thread(
+            target=lambda: box.append(self._send(records)),
+            name=f"shipper-{self.name}-send", daemon=True,
+        )
+        sender.start()
+        try:
+            self._read_ahead(next_offset)
+        except Exception:
+            # a failed read-ahead only loses the shortcut; _read_batch reads it again
+            log.debug("sink %s: read-ahead failed", self.name, exc_info=True)
+            self._ahead = None
+        finally:
+            sender.join()
+        if not box:  # the helper died outside _send's own handling (cannot normally happen)
+            return [ItemResult(Outcome.RETRY, "send thread failed")] * len(records)
+        return box[0]
 
     def _send(self, records: Sequence[SinkRecord]) -> Sequence[ItemResult]:
         try:

@@ -14,6 +14,7 @@ This module must never decide to drop a record: every record gets an outcome.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,9 +35,15 @@ def index_for(doc: Mapping[str, Any], cfg: SearchConfig) -> str:
     """The index (or data stream) for a record, from the record's own event time."""
     if cfg.index_mode == "data_stream":
         return cfg.data_stream
-    time_ns = doc["time_ns"]
-    day = dt.datetime.fromtimestamp(time_ns // 1_000_000_000, tz=dt.UTC)
-    return f"{cfg.index_prefix}-{day.strftime(cfg.date_format)}"
+    return _daily_index(cfg.index_prefix, cfg.date_format, doc["time_ns"] // 1_000_000_000)
+
+
+@functools.lru_cache(maxsize=1024)
+def _daily_index(prefix: str, date_format: str, second: int) -> str:
+    # keyed by the second (the finest a strftime format can name), so it is exact for
+    # any date_format; records of one collection cycle share the second
+    day = dt.datetime.fromtimestamp(second, tz=dt.UTC)
+    return f"{prefix}-{day.strftime(date_format)}"
 
 
 def index_pattern(cfg: SearchConfig) -> str:
@@ -93,9 +100,17 @@ def build_body(
     return b"\n".join(parts) + b"\n", sent
 
 
+_DELIVERED = ItemResult(Outcome.DELIVERED)
+
+
 def classify_item(item: Mapping[str, Any]) -> ItemResult:
     """One `items[]` entry of a bulk response."""
     body = next(iter(item.values()), None) if item else None
+    if type(body) is dict:
+        # the common case first: 2xx, or 409 "already stored" on a replay
+        code = body.get("status")
+        if type(code) is int and (200 <= code < 300 or code == 409):
+            return _DELIVERED
     if not isinstance(body, Mapping):
         return ItemResult(Outcome.RETRY, "malformed bulk item in response")
     status = int(body.get("status", 0))

@@ -25,9 +25,6 @@ from shipper.sinks.config import (
     resolve_secret,
     sink_name,
 )
-from shipper.sinks.elasticsearch import ElasticClient, OpenSearchClient, SearchSink
-from shipper.sinks.fluentd import FluentdSink
-from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
 
 
 class _Secrets:
@@ -63,6 +60,8 @@ def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
         password = secrets.get("password", cfg.password_env, cfg.password_file)
         api_key = secrets.get("api_key", cfg.api_key_env, cfg.api_key_file)
         secrets.check()
+        from shipper.sinks.elasticsearch import ElasticClient, SearchSink  # noqa: PLC0415 (lazy: see above)
+
         sink = SearchSink(cfg, name, ElasticClient(cfg, password=password, api_key=api_key))
     elif isinstance(cfg, OpenSearchSinkConfig):
         password = secrets.get("password", cfg.password_env, cfg.password_file)
@@ -71,19 +70,27 @@ def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
                 "api_key: OpenSearch has no Elasticsearch-style API keys; use username + "
                 "password_env/password_file")
         secrets.check()
+        from shipper.sinks.elasticsearch import OpenSearchClient, SearchSink  # noqa: PLC0415 (lazy: see above)
+
         sink = SearchSink(cfg, name, OpenSearchClient(cfg, password=password))
     elif isinstance(cfg, InfluxV1SinkConfig):
         password = secrets.get("password", cfg.password_env, cfg.password_file)
         secrets.check()
+        from shipper.sinks.influxdb import InfluxV1Sink  # noqa: PLC0415 (lazy: see above)
+
         sink = InfluxV1Sink(cfg, name, password=password)
     elif isinstance(cfg, InfluxV2SinkConfig):
         token = secrets.get("token", cfg.token_env, cfg.token_file)
         secrets.check()
+        from shipper.sinks.influxdb import InfluxV2Sink  # noqa: PLC0415 (lazy: see above)
+
         sink = InfluxV2Sink(cfg, name, token=token)
     elif isinstance(cfg, FluentdSinkConfig):
         key = secrets.get("shared_key", cfg.shared_key_env, cfg.shared_key_file)
         password = secrets.get("password", cfg.password_env, cfg.password_file)
         secrets.check()
+        from shipper.sinks.fluentd import FluentdSink  # noqa: PLC0415 (lazy: see above)
+
         sink = FluentdSink(cfg, name, shared_key=key, password=password)
     elif isinstance(cfg, ArchiveSinkConfig):
         sink = ArchiveSink(cfg, name, cfg.directory or default_archive_dir(spool_dir))

@@ -97,8 +97,7 @@ def escape_string_field(value: str) -> str:
 
 
 def _float(value: float) -> str:
-    text = repr(float(value))
-    return text
+    return repr(float(value))
 
 
 def _tag_value(value: Any) -> str | None:
@@ -120,29 +119,56 @@ def measurement_for(doc: Mapping[str, Any], prefix: str) -> str:
     return f"{prefix}_{kind}"
 
 
+def _sub(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = doc.get(key)
+    # `type(...) is dict` first: decoded JSON is always a plain dict, and an ABC
+    # isinstance check costs more than the rest of the lookup
+    return value if type(value) is dict or isinstance(value, Mapping) else _EMPTY
+
+
+_EMPTY: Mapping[str, Any] = {}
+# Tag keys in the order InfluxDB stores them (sorted); none of them needs escaping.
+_TAG_ORDER = ("event", "gpu_uuid", "host", "job", "pid", "project", "stream", "user")
+_IDENTITY = frozenset({"user", "project", "job"})
+
+
 def record_tags(doc: Mapping[str, Any], *, identity_tags: bool) -> dict[str, str]:
-    """The tag set of a record (unescaped; empty values left out)."""
-    gpu = doc.get("gpu") if isinstance(doc.get("gpu"), Mapping) else {}
-    proc = doc.get("process") if isinstance(doc.get("process"), Mapping) else {}
-    attribution = doc.get("attribution") if isinstance(doc.get("attribution"), Mapping) else {}
-    assert isinstance(gpu, Mapping) and isinstance(proc, Mapping)
-    assert isinstance(attribution, Mapping)
+    """The tag set of a record (unescaped; empty values left out), in sorted key order."""
+    gpu = _sub(doc, "gpu")
+    proc = _sub(doc, "process")
+    attribution = _sub(doc, "attribution")
     candidates: dict[str, Any] = {
-        "host": doc.get("host"),
-        "gpu_uuid": gpu.get("uuid"),
-        "pid": proc.get("pid"),
         "event": _event_name(doc) if doc.get("kind") == "event" else None,
+        "gpu_uuid": gpu.get("uuid"),
+        "host": doc.get("host"),
+        "pid": proc.get("pid"),
         "stream": doc.get("stream"),
     }
     if identity_tags:
         for key in ("user", "project", "job"):
             candidates[key] = attribution.get(key)
     tags: dict[str, str] = {}
-    for key, value in candidates.items():
+    for key in _TAG_ORDER:
+        value = candidates.get(key)
+        if value is None:
+            continue
+        if type(value) is str:
+            if value:
+                tags[key] = value
+            continue
         text = _tag_value(value)
         if text is not None:
             tags[key] = text
     return tags
+
+
+def _tag_set(tags: Mapping[str, str]) -> str:
+    """`,key=value,...` with escaped values, keys in sorted order."""
+    parts = []
+    for key, value in tags.items():
+        # integers (pid) never need escaping and would only churn the escape cache
+        parts.append(f",{key}={value if value.isdigit() else escape_key(value)}")
+    return "".join(parts)
 
 
 def encode_record(
@@ -159,10 +185,9 @@ def encode_record(
     than InfluxDB accepts in one string field.
     """
     time_ns = doc.get("time_ns")
-    if not isinstance(time_ns, int) or isinstance(time_ns, bool):
+    if type(time_ns) is not int and (not isinstance(time_ns, int) or isinstance(time_ns, bool)):
         raise EncodeError("record has no integer time_ns")
-    raw_text = raw.decode("utf-8")
-    record_field = escape_string_field(raw_text)
+    raw_text = raw.decode("utf-8")  # also proves the bytes are UTF-8
     if len(raw) > MAX_STRING_FIELD:
         raise EncodeError(
             f"record is {len(raw)} bytes; InfluxDB string fields hold at most {MAX_STRING_FIELD}"
@@ -173,7 +198,10 @@ def encode_record(
     unwritable: list[str] = []
 
     def put_float(name: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = type(value)
+        if (kind is not float and kind is not int) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
             return
         if not math.isfinite(value):
             nonfinite.append(name)
@@ -183,19 +211,20 @@ def encode_record(
             # two names that sanitise to the same key: keep the first, name the other
             unwritable.append(name)
             return
-        fields[key] = _float(value)
+        fields[key] = repr(value) if kind is float else repr(float(value))
 
     values = doc.get("values")
-    if isinstance(values, Mapping):
+    if type(values) is dict or isinstance(values, Mapping):
         for name, value in values.items():
-            key = str(name)
+            key = name if type(name) is str else str(name)
             put_float(f"value_{key}" if key in _FIXED_FIELDS else key, value)
     for name in _TOP_LEVEL_FLOATS:
         if name in doc and name not in fields:
             put_float(name, doc[name])
-    gpu = doc.get("gpu")
-    if isinstance(gpu, Mapping) and isinstance(gpu.get("index"), int):
-        fields["gpu_index"] = f"{gpu['index']}i"
+    gpu = _sub(doc, "gpu")
+    index = gpu.get("index")
+    if isinstance(index, int):
+        fields["gpu_index"] = f"{index}i"
     xid = doc.get("xid")
     if isinstance(xid, int) and not isinstance(xid, bool):
         fields["xid"] = f"{xid}i"
@@ -203,18 +232,15 @@ def encode_record(
     if isinstance(seq, int) and not isinstance(seq, bool):
         fields["seq"] = f"{seq}i"
     fields["record_id"] = escape_string_field(record_id)
-    fields["record"] = record_field
+    fields["record"] = escape_string_field(raw_text)
     if nonfinite:
         fields["nonfinite_fields"] = escape_string_field(",".join(sorted(nonfinite)))
     if unwritable:
         fields["unwritable_fields"] = escape_string_field(",".join(sorted(unwritable)))
 
-    tags = record_tags(doc, identity_tags=identity_tags)
-    head = escape_measurement(measurement_for(doc, prefix))
-    if tags:
-        # sorted tags are what InfluxDB stores; sending them sorted saves it the work
-        head += "," + ",".join(
-            f"{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items())
-        )
-    body = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+    # sorted tags are what InfluxDB stores; sending them sorted saves it the work
+    head = escape_measurement(measurement_for(doc, prefix)) + _tag_set(
+        record_tags(doc, identity_tags=identity_tags)
+    )
+    body = ",".join([f"{k}={fields[k]}" for k in sorted(fields)])
     return f"{head} {body} {time_ns}".encode()

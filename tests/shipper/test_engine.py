@@ -381,3 +381,31 @@ def test_standalone_mode_reads_a_spool_written_elsewhere(
         eventually(lambda: sink.count() == 1000, what="all delivered")
         assert shipper.gc() == 0
     assert sink.duplicates() == 0
+
+
+def test_backlog_read_ahead_keeps_order_across_partial_retries(
+    fast_config: ShipperConfig, spool_config: SpoolConfig, writer: SpoolWriter
+) -> None:
+    """While a full batch is on the wire the next one is read ahead; retried records of a
+    batch still go out before the read-ahead batch, each batch starts exactly where the
+    final prefix ends, and nothing is stored twice or skipped."""
+    produce(writer, 0, 1000)  # a backlog: every batch is full, so each send reads ahead
+
+    def flaky(rec: SinkRecord, seen: int) -> ItemResult | None:
+        return ItemResult(Outcome.RETRY, "busy") if rec.offset % 7 == 3 and seen == 0 else None
+
+    sink = MemorySink("a", script=flaky, latency=0.005)
+    with running(fast_config, spool_config, writer, [sink]):
+        eventually(lambda: sink.count() == 1000, what="1000 delivered")
+    assert sink.duplicates() == 0
+    # full sends are first attempts (one per batch, in spool order); each retry of a
+    # batch's refused records follows its own batch and precedes the next batch
+    batch_of = [s[0] // 100 if len(s) == 100 else None for s in sink.sends]
+    assert [b for b in batch_of if b is not None] == list(range(10))
+    current = -1
+    for send, batch in zip(sink.sends, batch_of, strict=True):
+        if batch is not None:
+            current = batch
+        else:
+            assert all(o // 100 == current and o % 7 == 3 for o in send)
+    assert CursorStore(Path(spool_config.directory)).get("a") == 1000

@@ -101,3 +101,28 @@ def test_archive_defaults_beside_the_spool(tmp_path: Path) -> None:
     sink = create_sink(parse({"type": "archive"}), spool_dir=tmp_path / "spool")
     sink.start()
     assert (tmp_path / "archive").is_dir()
+
+
+def test_archive_only_shipper_never_imports_sink_client_libraries(tmp_path: Path) -> None:
+    """The default (archive-only) shipper loads no client library of another sink kind:
+    each is imported only when a sink of its kind is configured (RSS budget, issue 4)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from shipper.config import ShipperConfig\n"
+        "from shipper.engine import Shipper\n"
+        "from shipper.sinks.factory import create_sink\n"
+        "cfg = ShipperConfig()\n"
+        f"create_sink(cfg.sinks[0], spool_dir=Path({str(tmp_path / 'spool')!r}))\n"
+        "heavy = ('elasticsearch', 'elastic_transport', 'opensearchpy', 'influxdb_client',\n"
+        "         'shipper.sinks.elasticsearch', 'shipper.sinks.influxdb',\n"
+        "         'shipper.sinks.fluentd')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
