@@ -5,11 +5,18 @@ Sources (see docs/ATTRIBUTION.md), asked in the configured order of precedence, 
 that knows a field winning it: the job-mapping directory, allow-listed environ keys, the
 cgroup path, the process owner, and the kubelet's pod-resources map.
 
-Cost per cycle is one small read of /proc/<pid>/stat per process: a pid's environ,
+Cost per cycle is one stat(2) of /proc/<pid>/stat per process: a pid's environ,
 cgroup and owner never change during its lifetime, so they are read once and cached
-under (pid, start time); a changed start time means the pid was reused. Pids not seen in
-a cycle are evicted. Answers are memoised per process until the job map or kubelet map
-changes.
+under (pid, start time); a changed start time means the pid was reused. The start time
+itself is re-read only when the stat file's identity (device, inode, mtime, ctime, size)
+changed since it was last read. On procfs a pid's files get a new inode when the pid is
+reused (the old dentries die with the old task); on a fake /proc made of plain files any
+rewrite changes the inode or the times. A file younger than _RACY_SECONDS is never
+trusted (the "racy clean" rule): filesystem timestamps are coarse, so a rewrite within
+the same tick could leave the times unchanged. Pids not seen in a cycle are evicted.
+Answers are memoised per process until the job map or kubelet map changes: the same
+Attribution object is handed out each cycle, which lets the audit builder reuse its
+serialised form.
 
 This module must never raise out of attribute() because of a process (vanished,
 unreadable, garbage in its files), never block on the kubelet, and never store or log
@@ -50,6 +57,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MEMO_LIMIT = 8  # memoised answers per pid: one per GPU it runs on, a few generations
+# A stat file modified less than this long before it was stat'ed is re-read next cycle:
+# well above the coarsest filesystem timestamp tick (10 ms at HZ=100).
+_RACY_SECONDS = 0.1
+
+_StatKey = tuple[int, int, int, int, int]
+
+
+def _stat_key(st: os.stat_result) -> _StatKey:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +76,9 @@ class _ProcEntry:
     uid: int | None
     environ: dict[str, str]
     cgroup: dict[str, str]
+    stat_path: str = ""
+    # Identity of the stat file when `start` was read from it; None: read it again.
+    stat_key: _StatKey | None = None
     memo: dict[tuple[object, ...], Attribution] = field(default_factory=dict)
 
 
@@ -132,32 +151,61 @@ class Resolver:
         generation = (self._jobmap.generation if self._jobmap else 0, kube_gen)
         seen: dict[int, _ProcEntry | None] = {}
         out: dict[str, tuple[AttributedProcess, ...]] = {}
-        for gpu in gpus:
-            mig = {m.gpu_instance_id: m.uuid for m in gpu.mig} if gpu.mig else None
-            results = []
-            for proc in gpu.processes:
-                uuids: tuple[str, ...] = (gpu.uuid,)
-                if mig and proc.gpu_instance_id is not None and proc.gpu_instance_id in mig:
-                    # A MIG instance may be allocated on its own: ask about it first.
-                    uuids = (mig[proc.gpu_instance_id], gpu.uuid)
-                try:
-                    if proc.pid in seen:
-                        entry = seen[proc.pid]
-                    else:
-                        entry = seen[proc.pid] = self._entry(proc.pid)
-                    attribution = self._resolve(proc, entry, uuids, generation, kube_map)
-                except Exception as exc:  # noqa: BLE001 - one process must not cost the cycle
-                    self._count_and_log_once(
-                        "attribution_errors",
-                        "attributing pid %d failed (%s); reported as unattributed",
-                        proc.pid,
-                        type(exc).__name__,
-                    )
-                    attribution = Attribution()
-                results.append(AttributedProcess(gpu.uuid, proc, attribution))
-            out[gpu.uuid] = tuple(results)
-        for pid in [p for p in self._cache if p not in seen]:
-            del self._cache[pid]
+        cache = self._cache
+        stat = os.stat
+        hits = 0
+        try:
+            for gpu in gpus:
+                uuid = gpu.info.uuid
+                mig = {m.gpu_instance_id: m.uuid for m in gpu.mig} if gpu.mig else None
+                plain: tuple[str, ...] = (uuid,)
+                plain_key = (plain, generation)
+                results = []
+                for proc in gpu.processes:
+                    pid = proc.pid
+                    uuids, key = plain, plain_key
+                    gi = proc.gpu_instance_id
+                    if mig and gi is not None and gi in mig:
+                        # A MIG instance may be allocated on its own: ask about it first.
+                        uuids = (mig[gi], uuid)
+                        key = (uuids, generation)
+                    try:
+                        if pid in seen:
+                            entry = seen[pid]
+                        else:
+                            # Hot path: a cached pid whose stat file is unchanged.
+                            entry = cache.get(pid)
+                            if entry is not None and entry.stat_key is not None:
+                                try:
+                                    st = stat(entry.stat_path)
+                                except OSError:
+                                    entry = self._entry(pid)
+                                else:
+                                    if entry.stat_key == (st.st_dev, st.st_ino, st.st_mtime_ns,
+                                                          st.st_ctime_ns, st.st_size):
+                                        hits += 1
+                                    else:
+                                        entry = self._entry(pid, st)
+                            else:
+                                entry = self._entry(pid)
+                            seen[pid] = entry
+                        attribution = entry.memo.get(key) if entry is not None else None
+                        if attribution is None:
+                            attribution = self._resolve(proc, entry, uuids, generation, kube_map)
+                    except Exception as exc:  # noqa: BLE001 - one process must not cost the cycle
+                        self._count_and_log_once(
+                            "attribution_errors",
+                            "attributing pid %d failed (%s); reported as unattributed",
+                            pid,
+                            type(exc).__name__,
+                        )
+                        attribution = Attribution()
+                    results.append(AttributedProcess(uuid, proc, attribution))
+                out[uuid] = tuple(results)
+        finally:
+            self._counters["cache_hits"] += hits
+        for pid in [p for p in cache if p not in seen]:
+            del cache[pid]
             self._counters["evictions"] += 1
         return out
 
@@ -227,23 +275,43 @@ class Resolver:
             exc.err,
         )
 
-    def _entry(self, pid: int) -> _ProcEntry | None:
+    def _entry(self, pid: int, st: os.stat_result | None = None) -> _ProcEntry | None:
+        """The cache entry of `pid`, read or re-validated; `st`: a stat of its stat file
+        taken just now, if the caller has one."""
+        cached = self._cache.get(pid)
+        stat_path = cached.stat_path if cached is not None else f"{self._root}/{pid}/stat"
+        if st is None:
+            try:
+                st = os.stat(stat_path)
+            except OSError as exc:
+                self._proc_failed(pid, procfs.classify(exc))
+                self._cache.pop(pid, None)
+                return None
+        key = _stat_key(st)
+        if cached is not None and cached.stat_key == key:
+            # The very file the start time came from, untouched since: same process.
+            self._counters["cache_hits"] += 1
+            return cached
+        # Trust this stat only when the file is older than a timestamp tick (see top).
+        trusted = key if time.time() - st.st_mtime_ns / 1e9 > _RACY_SECONDS else None
         start: int | None
         try:
-            start = procfs.read_start_time(f"{self._root}/{pid}/stat")
+            start = procfs.read_start_time(stat_path)
         except procfs.ProcError as exc:
             self._proc_failed(pid, exc)
             if exc.kind != procfs.PARSE:
                 self._cache.pop(pid, None)
                 return None
             start = None  # garbage in stat: read the rest, but do not cache
-        cached = self._cache.get(pid)
         if cached is not None and start is not None and cached.start == start:
             self._counters["cache_hits"] += 1
+            cached.stat_key = trusted
             return cached
         self._counters["cache_misses"] += 1
         entry = self._read(pid, procfs.ProcPaths.for_pid(self._root, pid), start)
         if entry is not None and start is not None:
+            entry.stat_path = stat_path
+            entry.stat_key = trusted
             self._cache[pid] = entry
         else:
             self._cache.pop(pid, None)

@@ -41,11 +41,13 @@ from gpu_audit.audit.accounting import (
     split_units,
 )
 from gpu_audit.audit.canonical import (
+    PENDING,
     SCHEMA_ID,
     canonical_bytes,
     format_time_ns,
     id_from_prefix,
     id_prefix,
+    id_tail,
     record_id,
     to_time_ns,
 )
@@ -131,6 +133,26 @@ def _process_values(p: ProcessSample) -> dict[str, Any]:
     return out
 
 
+def _process_values_sorted(p: ProcessSample) -> dict[str, Any]:
+    # _process_values with the keys inserted in sorted order (for PENDING records).
+    out: dict[str, Any] = {}
+    v = p.decoder_util_ratio
+    if v is not None and isfinite(v):
+        out["decoder_utilization_ratio"] = v
+    v = p.encoder_util_ratio
+    if v is not None and isfinite(v):
+        out["encoder_utilization_ratio"] = v
+    v = p.memory_util_ratio
+    if v is not None and isfinite(v):
+        out["memory_utilization_ratio"] = v
+    v = p.sm_util_ratio
+    if v is not None and isfinite(v):
+        out["sm_utilization_ratio"] = v
+    if p.used_memory_bytes is not None:
+        out["used_memory_bytes"] = p.used_memory_bytes
+    return out
+
+
 def _process_key_str(p: ProcessSample) -> str:
     # NVML may list one pid once per type and per MIG instance: all of it is identity.
     return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
@@ -154,12 +176,16 @@ class PartsCache:
     The resolver hands out the same Attribution object for a process as long as the
     process lives, so its record part (and whether it is attributed at all) is built once
     per process lifetime, not once per cycle. Entries hold the Attribution itself, so an
-    id() is never reused while cached; entries unused in a cycle are dropped.
+    id() is never reused while cached; entries unused in a cycle are dropped. Likewise a
+    process's `process` part and the per-record text of its id, keyed by everything they
+    are made of (GPU, pid, name, type, uid, MIG ids, start time).
 
-    fragments=True (the producer's setting) puts shared nested parts (owner, GPU) into
-    records as pre-serialised canonical JSON (orjson.Fragment) so each is serialised
-    once, not once per record; the stored bytes are identical. Records built that way
-    are for sealing only: read them after parsing the stored bytes.
+    fragments=True (the producer's setting) puts shared nested parts (owner, GPU,
+    process) into records as pre-serialised canonical JSON (orjson.Fragment) so each is
+    serialised once, not once per record, and builds `process` records with their keys
+    in sorted order and `seq` / `prev_hash` (PENDING) in place, so seal() serialises
+    them without sorting; the stored bytes are identical. Records built that way are for
+    sealing only: read them after parsing the stored bytes.
     """
 
     def __init__(self, *, fragments: bool = False) -> None:
@@ -170,6 +196,12 @@ class PartsCache:
         )
         self._parts: dict[int, tuple[Attribution, bool, Any]] = {}
         self._used: dict[int, tuple[Attribution, bool, Any]] = {}
+        self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
+        self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
+        # GPU uuid -> (snapshot, its GpuSample, _visible of them), from the last cycle
+        # (where it was "now") for this cycle (where it is "before").
+        self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
+        self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
 
     @property
     def empty_attribution(self) -> Any:
@@ -190,8 +222,41 @@ class PartsCache:
             self._used[key] = hit
         return hit[1], hit[2]
 
+    def process(self, gpu_uuid: str, p: ProcessSample) -> tuple[Any, bytes]:
+        """(record part, id_tail) of a `process` record of `p` on the GPU."""
+        ident = p.identity
+        uid = p.uid if p.uid is not None else (ident.uid if ident is not None else None)
+        start = ident.start_time_ticks if ident is not None else None
+        key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
+               p.compute_instance_id, start)
+        hit = self._procs_used.get(key)
+        if hit is None:
+            hit = self._procs.get(key)
+            if hit is None:
+                hit = (self.shared(_process_part(p)),
+                       id_tail("process", "", gpu_uuid, _process_key_str(p), ""))
+            self._procs_used[key] = hit
+        return hit
+
+    def visible(
+        self, snap: Snapshot | None, gpu: GpuSample | None
+    ) -> dict[ProcessKey, AttributedProcess]:
+        """_visible(snap, gpu), computed once per snapshot and GPU (treat as read-only)."""
+        if snap is None or gpu is None:
+            return {}
+        uuid = gpu.info.uuid
+        for cache in (self._visible_new, self._visible):
+            hit = cache.get(uuid)
+            if hit is not None and hit[0] is snap and hit[1] is gpu:
+                return hit[2]
+        found = _visible(snap, gpu)
+        self._visible_new[uuid] = (snap, gpu, found)
+        return found
+
     def end_cycle(self) -> None:
         self._parts, self._used = self._used, {}
+        self._procs, self._procs_used = self._procs_used, {}
+        self._visible, self._visible_new = self._visible_new, {}
 
 
 class _Cycle:
@@ -213,10 +278,14 @@ class _Cycle:
         self.time_ns = to_time_ns(snap.timestamp)
         self.id_prefix = id_prefix(host, stream, self.time_ns)
         self.parts = parts
+        self.time = format_time_ns(self.time_ns)
+        self.exporter_version = exporter_version
+        self.interval_seconds = snap.interval_seconds
+        self.simulated = simulated
         self.common: dict[str, Any] = {
             "schema": SCHEMA_ID,
             "stream": stream,
-            "time": format_time_ns(self.time_ns),
+            "time": self.time,
             "time_ns": self.time_ns,
             "host": host,
             "interval_seconds": snap.interval_seconds,
@@ -286,7 +355,8 @@ def _usage_records(
     out = [grec]
 
     procs = processes_of(snap, gpu)
-    owners = [cyc.attribution(ap) for ap in procs]
+    owner_of = cyc.parts.get
+    owners = [owner_of(ap.attribution) for ap in procs]
     owned = [ap for ap, (f, _) in zip(procs, owners, strict=True) if f]
     unowned = [ap for ap, (f, _) in zip(procs, owners, strict=True) if not f]
     shares: list[int] = []
@@ -302,19 +372,45 @@ def _usage_records(
         shares = split_units(energy[0], weights)
     owned_share = iter(shares)
 
+    parts = cyc.parts
+    templates = _presorted_templates(cyc, gpu_part, elapsed) if parts.fragments else None
+    prefix = cyc.id_prefix
     for ap, (is_owned, owner_part) in zip(procs, owners, strict=True):
         p = ap.process
-        rec = cyc.record("process", gpu_uuid=uuid, process_key=_process_key_str(p))
+        proc_part, tail = parts.process(uuid, p)
+        h = prefix.copy()
+        h.update(tail)
+        rid: str = h.hexdigest()
+        sm = p.sm_util_ratio
+        busy = elapsed * max(0.0, sm) if sm is not None and isfinite(sm) else None
+        energy_j = joules(next(owned_share)) if is_owned and shares else None
+        if templates is not None:
+            # A copy of the template keeps its (sorted) key order; then fill it in.
+            rec = templates[busy is not None, energy_j is not None].copy()
+            rec["attributed"] = is_owned
+            rec["attribution"] = owner_part
+            if busy is not None:
+                rec["busy_gpu_seconds"] = busy
+            if energy_j is not None:
+                rec["energy_joules"] = energy_j
+            rec["id"] = rid
+            rec["process"] = proc_part
+            rec["values"] = _process_values_sorted(p)
+            out.append(rec)
+            continue
+        rec = dict(cyc.common)
+        rec["kind"] = "process"
+        rec["id"] = rid
         rec["gpu"] = gpu_part
-        rec["process"] = _process_part(p)
+        rec["process"] = proc_part
         rec["attributed"] = is_owned
         rec["attribution"] = owner_part
         rec["values"] = _process_values(p)
         rec["gpu_seconds"] = elapsed
-        if p.sm_util_ratio is not None and isfinite(p.sm_util_ratio):
-            rec["busy_gpu_seconds"] = elapsed * max(0.0, p.sm_util_ratio)
-        if is_owned and shares:
-            rec["energy_joules"] = joules(next(owned_share))
+        if busy is not None:
+            rec["busy_gpu_seconds"] = busy
+        if energy_j is not None:
+            rec["energy_joules"] = energy_j
         out.append(rec)
 
     un = cyc.record("unattributed", gpu_uuid=uuid)
@@ -334,6 +430,42 @@ def _usage_records(
     if shares:
         un["energy_joules"] = joules(shares[-1])
     out.append(un)
+    return out
+
+
+def _presorted_templates(
+    cyc: _Cycle, gpu_part: Any, elapsed: float
+) -> dict[tuple[bool, bool], Record]:
+    """`process` records of one GPU and cycle, per (has busy_gpu_seconds, has
+    energy_joules), with every member in sorted key order, the per-cycle ones filled in
+    and `seq` / `prev_hash` as placeholders (PENDING: seal() relies on the order; a
+    test checks it). The per-process members are set on a copy."""
+    out: dict[tuple[bool, bool], Record] = {}
+    for busy in (False, True):
+        for energy in (False, True):
+            rec: Record = {"attributed": False, "attribution": None}
+            if busy:
+                rec["busy_gpu_seconds"] = 0.0
+            rec["elapsed_seconds"] = cyc.common["elapsed_seconds"]
+            if energy:
+                rec["energy_joules"] = 0.0
+            rec["exporter_version"] = cyc.exporter_version
+            rec["gpu"] = gpu_part
+            rec["gpu_seconds"] = elapsed
+            rec["host"] = cyc.host
+            rec["id"] = ""
+            rec["interval_seconds"] = cyc.interval_seconds
+            rec["kind"] = "process"
+            rec["prev_hash"] = PENDING
+            rec["process"] = None
+            rec["schema"] = SCHEMA_ID
+            rec["seq"] = 0
+            rec["simulated"] = cyc.simulated
+            rec["stream"] = cyc.stream
+            rec["time"] = cyc.time
+            rec["time_ns"] = cyc.time_ns
+            rec["values"] = None
+            out[busy, energy] = rec
     return out
 
 
@@ -380,8 +512,8 @@ def _event_records(
         rec = cyc.record("event", event=ev, gpu_uuid=uuid)
         rec["gpu"] = gpu_part
         out.append(rec)
-    before = _visible(prev, prev_gpu)
-    now = _visible(snap, gpu)
+    now = cyc.parts.visible(snap, gpu)
+    before = cyc.parts.visible(prev, prev_gpu)
     prev_part = _gpu_part(prev_gpu) if prev_gpu is not None else gpu_part
     for key, ap in before.items():
         if key not in now:

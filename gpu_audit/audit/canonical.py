@@ -35,6 +35,17 @@ _SORT = orjson.OPT_SORT_KEYS
 _SEP = b"\x1f"  # unit separator: cannot occur in any of the id's fields unescaped
 
 
+class _Pending(str):
+    """The type of PENDING (a str, so a record holding it still serialises)."""
+
+    __slots__ = ()
+
+
+# `prev_hash` placeholder of a record built with its keys already in sorted order at
+# every level and with `seq` and `prev_hash` in place (see seal()).
+PENDING = _Pending("")
+
+
 def canonical_bytes(record: Mapping[str, Any]) -> bytes:
     """The canonical serialisation of `record` (sorted keys, compact, UTF-8)."""
     return orjson.dumps(record, option=_SORT)
@@ -61,15 +72,33 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     are all escaped). When the first `,"host":` is not at nesting depth 1 (a nested
     object with such a key, or braces inside strings that make the count unsure), the
     record is simply serialised again.
+
+    A record whose `prev_hash` is PENDING (and that has no `hash` yet) was built by the
+    audit builder with its keys in sorted order at every level (nested parts as
+    canonical orjson.Fragment) and `seq` / `prev_hash` already in their places: setting
+    them keeps the order, so it is serialised without sorting, to the same bytes.
     """
     record["seq"] = seq
+    presorted = type(record.get("prev_hash")) is _Pending and "hash" not in record
     record["prev_hash"] = prev_hash
-    record.pop("hash", None)
-    body = orjson.dumps(record, option=_SORT)
-    digest = chain_hash(prev_hash, body, hmac_key)
+    if presorted:
+        body = orjson.dumps(record)
+    else:
+        record.pop("hash", None)
+        body = orjson.dumps(record, option=_SORT)
+    if hmac_key is None:  # chain_hash, inlined: one call per record
+        h = hashlib.sha256(prev_hash.encode("ascii"))
+        h.update(body)
+        digest = h.hexdigest()
+    else:
+        digest = chain_hash(prev_hash, body, hmac_key)
     record["hash"] = digest
     at = body.find(b',"host":')
-    if at < 0 or body.count(b"{", 0, at) - body.count(b"}", 0, at) != 1:
+    # A presorted record's members before "host" hold no object with a "host" key (the
+    # builder's owner and GPU parts), so its first `,"host":` is the top-level one.
+    if at < 0 or (
+        not presorted and body.count(b"{", 0, at) - body.count(b"}", 0, at) != 1
+    ):
         return orjson.dumps(record, option=_SORT)
     return b"".join((body[:at], b',"hash":"', digest.encode("ascii"), b'"', body[at:]))
 
@@ -88,14 +117,23 @@ def id_prefix(host: str, stream: str, time_ns: int) -> Any:
     return h
 
 
+def id_tail(kind: str, event: str, gpu_uuid: str, process_key: str, xid_key: str) -> bytes:
+    """The per-record part of an id's hashed text (what id_from_prefix appends)."""
+    return f"{kind}\x1f{event}\x1f{gpu_uuid}\x1f{process_key}\x1f{xid_key}".encode()
+
+
+def id_from_tail(prefix: Any, tail: bytes) -> str:
+    """Finish a record id from a cycle's `id_prefix` and an `id_tail`."""
+    h = prefix.copy()
+    h.update(tail)
+    return str(h.hexdigest())
+
+
 def id_from_prefix(  # noqa: PLR0917 - hot path: one call per record
     prefix: Any, kind: str, event: str, gpu_uuid: str, process_key: str, xid_key: str
 ) -> str:
     """Finish a record id from a cycle's `id_prefix` (the prefix state is not changed)."""
-    h = prefix.copy()
-    # One encode of the joined text: the same bytes as joining each part's UTF-8.
-    h.update(f"{kind}\x1f{event}\x1f{gpu_uuid}\x1f{process_key}\x1f{xid_key}".encode())
-    return str(h.hexdigest())
+    return id_from_tail(prefix, id_tail(kind, event, gpu_uuid, process_key, xid_key))
 
 
 def record_id(

@@ -292,3 +292,98 @@ def test_missing_procfs_root_warns_once_at_start(
     """A procfs_root that does not exist is named in a warning with the fix."""
     resolver(config(tmp_path))
     assert "mount the host's /proc" in caplog.text
+
+
+def _age(root: Path, pid: int, seconds: float = 60.0) -> None:
+    """Make a pid's files look written `seconds` ago (past the racy-clean window)."""
+    for f in (root / str(pid)).iterdir():
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns - int(seconds * 1e9)))
+
+
+def _count_start_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    real = procfs.read_start_time
+
+    def counting(path: str) -> int:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(procfs, "read_start_time", counting)
+    return reads
+
+
+def test_unchanged_stat_file_is_not_read_again_and_answer_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a cached pid whose stat file is untouched (same inode and times) a cycle costs
+    one stat(2): the start time is not re-read, and the very same Attribution object is
+    handed out again (so consumers can cache by it)."""
+    root = tmp_path / "proc"
+    p = proc(21, environ={"JOB_ID": "j"}, start=500)
+    make_tree(root, p)
+    _age(root, 21)
+    reads = _count_start_reads(monkeypatch)
+    r = resolver(config(tmp_path, sources=("environ", "owner")))
+    first = only(r.attribute([gpu(GPU0, p)]))
+    again = [only(r.attribute([gpu(GPU0, p)])) for _ in range(3)]
+    assert len(reads) == 1
+    assert all(a is first for a in again)
+    assert (r.stats()["cache_misses"], r.stats()["cache_hits"]) == (1, 3)
+
+
+def test_pid_reuse_is_detected_when_stat_is_rewritten_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stat file rewritten in place (same inode, same size) with a new start time is
+    noticed by its changed mtime: the pid is re-read and the cached answer dropped."""
+    root = tmp_path / "proc"
+    old = proc(22, environ={"JOB_ID": "old"}, start=100)
+    make_tree(root, old)
+    _age(root, 22)
+    r = resolver(config(tmp_path, sources=("environ",)))
+    first = only(r.attribute([gpu(GPU0, old)]))
+    assert first.job == "old"
+    stat = root / "22" / "stat"
+    stat.write_bytes(stat.read_bytes().replace(b" 100 ", b" 200 "))  # same length
+    (root / "22" / "environ").write_bytes(b"JOB_ID=new\0")
+    new = only(r.attribute([gpu(GPU0, proc(22, environ={"JOB_ID": "new"}, start=200))]))
+    assert new.job == "new" and new is not first
+    assert r.stats()["cache_misses"] == 2
+
+
+def test_fresh_stat_file_is_read_every_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stat file modified within the timestamp granularity window is not trusted by
+    its stat(2) alone (a rewrite in the same tick could keep the times): its start time
+    is read again, and while it stays the same the entry is still a cache hit."""
+    root = tmp_path / "proc"
+    p = proc(23, start=300)
+    make_tree(root, p)
+    reads = _count_start_reads(monkeypatch)
+    r = resolver(config(tmp_path, sources=("owner",)))
+    for _ in range(3):
+        assert only(r.attribute([gpu(GPU0, p)])).user == "alice"
+    assert len(reads) == 3
+    assert (r.stats()["cache_misses"], r.stats()["cache_hits"]) == (1, 2)
+
+
+def test_cached_pid_that_vanishes_is_counted_and_evicted(tmp_path: Path) -> None:
+    """A cached, trusted pid whose /proc directory disappears is counted as vanished,
+    falls back to the backend's uid, and is read afresh if the pid comes back."""
+    root = tmp_path / "proc"
+    p = proc(24, environ={"JOB_ID": "j"}, start=400)
+    make_tree(root, p)
+    _age(root, 24)
+    r = resolver(config(tmp_path, sources=("environ", "owner")))
+    assert only(r.attribute([gpu(GPU0, p)])).job == "j"
+    for f in (root / "24").iterdir():
+        f.unlink()
+    (root / "24").rmdir()
+    gone = only(r.attribute([gpu(GPU0, p)]))
+    assert (gone.job, gone.user) == ("", "alice")
+    assert r.stats()["proc_vanished"] == 1
+    make_tree(root, p)
+    assert only(r.attribute([gpu(GPU0, p)])).job == "j"
+    assert r.stats()["cache_misses"] == 2

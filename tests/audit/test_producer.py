@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -298,3 +299,77 @@ def test_fragment_parts_give_identical_bytes() -> None:
             h = r["hash"]
         out.append(trail)
     assert out[0] == out[1]
+
+
+def _rename_first(snap: Any, name: str) -> Any:
+    """`snap` with the first process of its first GPU renamed (same pid and start)."""
+    g = snap.gpus[0]
+    p0 = replace(g.processes[0], name=name)
+    gpus = (replace(g, processes=(p0, *g.processes[1:])), *snap.gpus[1:])
+    procs = dict(snap.processes)
+    aps = procs.get(g.info.uuid)
+    if aps:
+        procs[g.info.uuid] = (replace(aps[0], process=p0), *aps[1:])
+    return replace(snap, gpus=gpus, processes=procs)
+
+
+def _drop_first(snap: Any) -> Any:
+    """`snap` without the first process of its first GPU (it ended)."""
+    g = snap.gpus[0]
+    procs = dict(snap.processes)
+    procs[g.info.uuid] = procs.get(g.info.uuid, ())[1:]
+    return replace(snap, gpus=(replace(g, processes=g.processes[1:]), *snap.gpus[1:]),
+                   processes=procs)
+
+
+def _trail(snaps: list[Any], parts: PartsCache, key: bytes | None) -> list[bytes]:
+    h, seq, trail = ZERO_HASH, 0, []
+    prev = None
+    for s in snaps:
+        for r in build_records(s, prev, stream="e", exporter_version="v", parts=parts):
+            seq += 1
+            trail.append(seal(r, seq, h, key))
+            h = r["hash"]
+        prev = s
+    return trail
+
+
+def test_presorted_process_records_seal_to_canonical_bytes() -> None:
+    """The producer's `process` records (built in sorted key order, sealed without
+    sorting) store exactly the canonical bytes of what they hold, and the same trail as
+    plain records, with and without an HMAC key, also with a process name full of
+    braces, quotes and a fake `,"host":` member, a process renamed mid-run (its cached
+    part is rebuilt) and one that ends (process_end from the cached previous view)."""
+    s1 = _rename_first(realistic(), 'py{th"on},"host":"x"}{')
+    s2 = advance(s1)
+    s3 = _rename_first(advance(s2), "renamed")
+    s4 = _drop_first(advance(s3))
+    snaps = [s1, s2, s3, s4, advance(s4)]
+    fast = PartsCache(fragments=True)
+    recs = build_records(s2, s1, stream="e", exporter_version="v", parts=fast)
+    procs = [r for r in recs if r["kind"] == "process"]
+    assert procs
+    for r in procs:
+        assert list(r) == sorted(r)
+        assert list(r["values"]) == sorted(r["values"])
+    for key in (None, b"k3y"):
+        plain = _trail(snaps, PartsCache(), key)
+        assert _trail(snaps, PartsCache(fragments=True), key) == plain
+        for stored in plain:
+            assert stored == orjson.dumps(orjson.loads(stored), option=orjson.OPT_SORT_KEYS)
+    assert any(b'"name":"renamed"' in b for b in plain)
+    assert any(b'"event":"process_end"' in b for b in plain)
+
+
+def test_sealing_a_presorted_record_twice_gives_canonical_bytes() -> None:
+    """Sealing a record again (a retry) re-serialises it canonically with the new chain
+    point; it never reuses the first hash."""
+    s1, s2 = realistic(), advance(realistic())
+    rec = next(r for r in build_records(s2, s1, stream="e", exporter_version="v",
+                                        parts=PartsCache(fragments=True))
+               if r["kind"] == "process")
+    first = seal(rec, 1, ZERO_HASH, None)
+    second = seal(rec, 2, "a" * 64, None)
+    assert first != second
+    assert second == orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
+    assert orjson.loads(second)["prev_hash"] == "a" * 64
