@@ -112,6 +112,24 @@ def test_metrics_gzip_when_accepted(server: MetricsServer, state: LatestState) -
     assert "gpu_audit_scrapes_total 2.0" in unzipped
 
 
+def test_gzip_reuses_the_compressed_body_across_scrapes(
+    server: MetricsServer, state: LatestState
+) -> None:
+    """Several gzip scrapes of one snapshot each decompress, CRC and length checked by
+    zlib, to the same cached body followed by that scrape's own live tail."""
+    publish(state)
+    bodies = []
+    for _ in range(3):
+        _, _, body = get(server.port, "/metrics", headers={"Accept-Encoding": "gzip"})
+        d = zlib.decompressobj(31)
+        bodies.append(d.decompress(body).decode())
+        assert d.eof and d.unused_data == b""
+    heads = {b.split("# HELP gpu_audit_snapshot_age_seconds")[0] for b in bodies}
+    assert len(heads) == 1
+    assert all("gpu_audit_scrapes_total" in b for b in bodies)
+    assert bodies[0] != bodies[2]  # the live tail (scrape count) is fresh each time
+
+
 def test_head_404_and_landing(server: MetricsServer, state: LatestState) -> None:
     """HEAD has headers and no body; unknown paths 404; / warns about simulated data."""
     publish(state)
@@ -309,3 +327,34 @@ def test_basic_auth_caches_success_not_failure(monkeypatch: pytest.MonkeyPatch) 
     assert not auth.check(hdr(b"mallory:pw"))
     assert len(calls) == 4
     assert not auth.check("Basic !!!notbase64") and not auth.check(None)
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_request_parsing_limits_and_errors(server: MetricsServer, state: LatestState) -> None:
+    """The direct header parser answers malformed request lines with 400, a header line
+    without a colon with 400, too many headers with 431, reads header names without
+    regard to case, and closes HTTP/1.0 and `Connection: close` requests."""
+    publish(state)
+    assert _raw(server.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert _raw(server.port, b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n").startswith(
+        b"HTTP/1.1 400")
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(101))
+    assert _raw(server.port, b"GET /healthz HTTP/1.1\r\n" + many + b"\r\n").startswith(
+        b"HTTP/1.1 431")
+    resp = _raw(server.port, b"GET /metrics HTTP/1.0\r\naccept-ENCODING: gzip\r\n\r\n")
+    assert resp.startswith(b"HTTP/1.1 200") and b"Content-Encoding: gzip" in resp
+    resp = _raw(server.port, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert resp.endswith(b"ok\n")  # the server closed the connection after answering
