@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.model_base import Section
-from gpu_audit.yamlload import load_yaml, validate
+from gpu_audit.yamlload import load_yaml, read_text, validate
 
 ClientAuthType = Literal["NoClientCert", "RequestClientCert", "RequireAnyClientCert",
                          "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
@@ -189,11 +189,7 @@ class WebConfig(Section):
 
 def load_web_config(path: Path) -> WebConfig:
     """Load and validate a web-config file; ConfigError lists every problem."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-    data, marks = load_yaml(text, str(path))
+    data, marks = load_yaml(read_text(path), str(path))
     cfg = validate(WebConfig, data, str(path), marks)
     tls = cfg.tls_server_config
     if tls is not None:

@@ -16,7 +16,7 @@ import yaml
 
 from gpu_audit.config import Config
 from gpu_audit.errors import ConfigError
-from gpu_audit.yamlload import Loc, load_yaml, validate
+from gpu_audit.yamlload import Loc, load_yaml, read_text, validate
 
 ENV_PREFIX = "GPU_AUDIT__"
 
@@ -61,13 +61,7 @@ def load_settings(
     data: Any = {}
     marks: dict[Loc, int] = {}
     if path is not None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(str(path), [f"not UTF-8 text: {exc.reason}"]) from None
-        data, marks = load_yaml(text, source)
+        data, marks = load_yaml(read_text(path), source)
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -84,12 +84,16 @@ def validate(model: type[M], data: Any, source: str, marks: dict[Loc, int] | Non
         raise ConfigError(source, format_validation_error(exc, marks or {})) from None
 
 
-def load_file(model: type[M], path: Path) -> M:
+def read_text(path: Path) -> str:
+    """A configuration or scenario file's text; ConfigError when unreadable or not UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), [f"not UTF-8 text: {exc.reason}"]) from None
-    data, marks = load_yaml(text, str(path))
+
+
+def load_file(model: type[M], path: Path) -> M:
+    data, marks = load_yaml(read_text(path), str(path))
     return validate(model, data, str(path), marks)

@@ -34,7 +34,7 @@ from exporter.sim.schema import (
     UtilSpec,
 )
 from gpu_audit.errors import ConfigError
-from gpu_audit.yamlload import format_validation_error, load_yaml
+from gpu_audit.yamlload import format_validation_error, load_yaml, read_text
 
 SHIPPED: tuple[str, ...] = ("busy", "idle", "leak", "hot", "xid", "mig", "large")
 
@@ -115,13 +115,7 @@ def load_scenario(name_or_path: str) -> Scenario:
             source,
             [f"no such scenario file; shipped scenarios are: {', '.join(SHIPPED)}"],
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(source, [f"not UTF-8 text: {exc.reason}"]) from None
-    return parse_scenario(text, source)
+    return parse_scenario(read_text(path), source)
 
 
 def parse_scenario(text: str, source: str) -> Scenario:
