@@ -11,6 +11,7 @@ This module must never read files or know about GPUs.
 
 from __future__ import annotations
 
+import abc
 import bisect
 import hashlib
 import math
@@ -78,11 +79,12 @@ class Compiled:
         return v
 
 
-class _Shape:
+class _Shape(abc.ABC):
     __slots__ = ()
 
+    @abc.abstractmethod
     def at(self, t: float) -> float:
-        raise NotImplementedError
+        """The curve's value at scenario time t."""
 
 
 class _Const(_Shape):
