@@ -1,0 +1,109 @@
+"""The sampling loop: slow-tier cadence, elapsed time between snapshots, publishing, and
+isolation of failing consumers and failing cycles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from exporter.attribution.model import UNKNOWN, AttributedProcess
+from exporter.model import BackendInfo, GpuInfo, GpuSample
+from exporter.render import RenderedSnapshot, RenderOptions
+from exporter.sampler import Sampler
+from exporter.snapshot import Snapshot
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.slow_flags: list[bool] = []
+        self.fail_next = False
+
+    def open(self) -> BackendInfo:
+        return BackendInfo(name="fake")
+
+    def sample(self, now: float, slow: bool) -> Sequence[GpuSample]:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("driver hiccup")
+        self.slow_flags.append(slow)
+        return (GpuSample(GpuInfo(uuid="GPU-1", index=0),
+                          values={"utilization_gpu": {(): 0.5}}),)
+
+    def error_counts(self) -> Mapping[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class NoAttribution:
+    def attribute(self, gpus: Sequence[GpuSample]) -> dict[str, tuple[AttributedProcess, ...]]:
+        return {g.uuid: tuple(AttributedProcess(g.uuid, p, UNKNOWN) for p in g.processes)
+                for g in gpus}
+
+
+def _sampler(backend: FakeBackend, clock: list[float], **kw: object) -> Sampler:
+    return Sampler(backend, BackendInfo(name="fake"), NoAttribution(), host="h",
+                   interval_seconds=5.0, slow_interval_seconds=20.0,
+                   render_options=RenderOptions(), scenario_clock=lambda: clock[0],
+                   **kw)  # type: ignore[arg-type]
+
+
+def test_slow_tier_runs_on_the_first_cycle_and_every_slow_interval() -> None:
+    """With a 5 s interval and a 20 s slow tier, cycles 0, 4, 8 are slow."""
+    backend, clock = FakeBackend(), [1000.0]
+    sampler = _sampler(backend, clock)
+    for _ in range(9):
+        sampler.run_cycle()
+        clock[0] += 5.0
+    assert [i for i, slow in enumerate(backend.slow_flags) if slow] == [0, 4, 8]
+
+
+def test_snapshots_carry_elapsed_time_and_are_published() -> None:
+    """The first snapshot accounts 0 s, the next the time since the previous; each is
+    published with its rendered exposition."""
+    backend, clock = FakeBackend(), [1000.0]
+    published: list[tuple[Snapshot, RenderedSnapshot]] = []
+    sampler = _sampler(backend, clock, publish=lambda s, r: published.append((s, r)))
+    sampler.run_cycle()
+    clock[0] += 7.5
+    sampler.run_cycle()
+    assert [s.elapsed_seconds for s, _ in published] == [0.0, 7.5]
+    assert b"gpu_utilization_ratio" in published[-1][1].body
+    latest = sampler.latest()
+    assert latest is not None and latest.snapshot is published[-1][0]
+
+
+def test_a_failing_listener_is_counted_and_never_stops_sampling() -> None:
+    """A consumer that raises (say, a broken audit writer) is logged and counted; the
+    other consumers still get the snapshot and the next cycle runs."""
+    backend, clock = FakeBackend(), [1000.0]
+    seen: list[int] = []
+
+    def broken(_snap: Snapshot) -> None:
+        raise ValueError("boom")
+
+    sampler = _sampler(backend, clock, listeners=[broken, lambda s: seen.append(s.cycle)])
+    sampler.run_cycle()
+    sampler.run_cycle()
+    assert seen == [0, 1]
+    assert sampler.stats.listener_errors == 2
+
+
+def test_a_failing_cycle_is_counted_and_the_loop_goes_on() -> None:
+    """In the background loop, a cycle whose backend raises is counted and the loop keeps
+    sampling on its interval."""
+    backend = FakeBackend()
+    sampler = Sampler(backend, BackendInfo(name="fake"), NoAttribution(), host="h",
+                      interval_seconds=0.02, slow_interval_seconds=1.0,
+                      render_options=RenderOptions())
+    backend.fail_next = True
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while sampler.stats.cycles < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    assert sampler.stats.failed_cycles == 1
+    assert sampler.stats.cycles >= 3
