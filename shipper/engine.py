@@ -316,6 +316,7 @@ class Shipper:
             produced=self._writer.next_offset,
             full_reason=self._full.update(counters.refused, counters.records_appended),
             refused=dict(counters.refused),
+            evicted=counters.records_evicted,
         )
 
     def collector(self) -> ShipperCollector:

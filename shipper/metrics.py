@@ -94,6 +94,7 @@ class SpoolStatus:
     produced: int  # the spool's next offset
     full_reason: str | None  # why the producer is refused right now, None when it is not
     refused: dict[str, int]  # records the spool refused, by reason (embedded mode only)
+    evicted: int = 0  # records deleted unshipped under when_full: drop_oldest (embedded)
 
 
 DROP_REASONS = ("spool_skipped",)
@@ -227,3 +228,9 @@ class ShipperCollector(Collector):
         for reason in sorted({"max_bytes", "min_free", *spool.refused}):
             refused.add_metric([reason], spool.refused.get(reason, 0))
         yield refused
+        yield CounterMetricFamily(
+            "gpu_audit_spool_evicted_records",
+            "Records deleted before every sink had them, to make room (spool.when_full: "
+            "drop_oldest). Each sink also counts them as dropped{reason=spool_skipped}.",
+            value=spool.evicted,
+        )

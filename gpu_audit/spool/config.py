@@ -28,8 +28,10 @@ class SpoolConfig(Section):
         description="On open, CRC-check the last segment only (tail) or every segment (full). "
         "Corruption in older segments is always caught by readers and `spool verify`.",
     )
-    when_full: Literal["block", "drop_newest"] = Field(
-        "block",
-        description="block: refuse new records (counted, alerted) until space returns; "
-        "drop_newest: the same, named for what happens to the refused record.",
+    when_full: Literal["refuse", "drop_oldest"] = Field(
+        "refuse",
+        description="refuse: new records are refused (counted by reason, alerted) until "
+        "space returns, and nothing stored is touched; drop_oldest: the oldest whole "
+        "segments are deleted, shipped or not, to make room (each eviction counted and "
+        "logged, and seen by every sink as a counted gap).",
     )

@@ -44,6 +44,7 @@ class SpoolCounters:
     refused: dict[str, int] = field(default_factory=dict)  # records, by "max_bytes"/"min_free"
     write_errors: dict[str, int] = field(default_factory=dict)  # by errno name
     records_discarded_unsynced: int = 0  # appended, then lost with a failed fsync
+    records_evicted: int = 0  # deleted unshipped to make room (when_full: drop_oldest)
     torn_tails_truncated: int = 0
     torn_bytes_truncated: int = 0
     segments_quarantined: int = 0
@@ -278,14 +279,26 @@ class SpoolWriter:
         return error
 
     def _check_space(self, nbytes: int, records: int) -> None:
+        """Raise SpoolFull (counted) when `nbytes` more would pass a bound.
+
+        Under `when_full: drop_oldest` the oldest whole segments are evicted first, each
+        eviction counted and logged, until the append fits or only the segment holding
+        the newest record is left.
+        """
+        full = self._full(nbytes)
+        if full is not None and self._config.when_full == "drop_oldest":
+            while full is not None and self._evict_oldest():
+                full = self._full(nbytes)
+        if full is not None:
+            self._refuse(full[0], records)
+            raise SpoolFull(*full)
+
+    def _full(self, nbytes: int) -> tuple[str, str] | None:
+        """(reason, detail) when `nbytes` more would pass max_bytes or min_free."""
         cfg = self._config
         if self._size + nbytes > cfg.max_bytes:
-            self._refuse("max_bytes", records)
-            raise SpoolFull(
-                "max_bytes",
-                f"{self._dir} holds {self._size} bytes; {nbytes} more would pass "
-                f"max_bytes={cfg.max_bytes}",
-            )
+            return ("max_bytes", f"{self._dir} holds {self._size} bytes; {nbytes} more would "
+                                 f"pass max_bytes={cfg.max_bytes}")
         now = self._clock()
         if self._free is None or now - self._free_at >= cfg.statvfs_interval_s:
             try:
@@ -295,12 +308,33 @@ class SpoolWriter:
             self._free = stat.f_bavail * stat.f_frsize
             self._free_at = now
         if self._free - nbytes < cfg.min_free_bytes:
-            self._refuse("min_free", records)
-            raise SpoolFull(
-                "min_free",
-                f"{self._free} bytes free on the filesystem of {self._dir}; "
-                f"min_free_bytes={cfg.min_free_bytes}",
-            )
+            return ("min_free", f"{self._free} bytes free on the filesystem of {self._dir}; "
+                                f"min_free_bytes={cfg.min_free_bytes}")
+        return None
+
+    def _evict_oldest(self) -> bool:
+        """Delete the oldest segment to make room (drop_oldest); False when none may go.
+
+        Never the active segment nor the one holding the newest record. Its records are
+        counted in `records_evicted`; readers that had not passed them see a gap
+        (`skipped_to`) and count it, so nothing disappears silently.
+        """
+        keep_from = len(self._segments) - (1 if self._active_records else 2)
+        if len(self._segments) < 2 or keep_from <= 0:
+            return False
+        oldest, following = self._segments[0], self._segments[1]
+        (self._dir / _segment_name(oldest.base)).unlink()
+        self._segments.pop(0)
+        self._size -= oldest.size
+        if self._free is not None:
+            self._free += oldest.size
+        evicted = following.base - oldest.base
+        self.counters.records_evicted += evicted
+        self.counters.segments_deleted += 1
+        self._fsync_dir()
+        log.warning("spool %s full (when_full: drop_oldest): evicted %d records at offsets "
+                    "%d..%d", self._dir, evicted, oldest.base, following.base - 1)
+        return True
 
     def _refuse(self, reason: str, records: int) -> None:
         self.counters.refused[reason] = self.counters.refused.get(reason, 0) + records
