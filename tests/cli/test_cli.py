@@ -128,3 +128,13 @@ def test_sim_without_scenario_is_a_config_error(tmp_path: Path) -> None:
                "--spool-dir", str(tmp_path / "spool"))
     assert res.returncode == 2
     assert "scenario" in res.stderr
+
+
+def test_the_documented_example_configuration_is_valid() -> None:
+    """docs/config-example.yaml (every section, every sink kind) passes validation; only
+    the machine checks (secret files, CA file) can fail on a machine without them."""
+    root = Path(__file__).resolve().parents[2]
+    config = load_settings(root / "docs" / "config-example.yaml", environ={})
+    assert [s.type for s in config.shipper.sinks] == [
+        "archive", "elasticsearch", "influxdb_v1", "fluentd"]
+    assert config.exporter.interval_seconds == 5
