@@ -170,12 +170,27 @@ def _identity(ap: AttributedProcess, pid_label: bool) -> tuple[str, ...]:
 def _process_rows(procs: Iterable[AttributedProcess], pid_label: bool) -> dict[tuple[str, ...],
                                                                               _Agg]:
     groups: dict[tuple[str, ...], _Agg] = {}
+    isfinite = math.isfinite
     for ap in procs:
         key = _identity(ap, pid_label)
+        p = ap.process
         agg = groups.get(key)
         if agg is None:
+            # The common case, one process per identity: take its values as they are
+            # (NaN/Inf still mean "not measured").
             agg = groups[key] = _Agg()
-        p = ap.process
+            agg.count = 1
+            v: float | None = p.used_memory_bytes
+            agg.mem = v if v is not None and isfinite(v) else None
+            v = p.sm_util_ratio
+            agg.sm = v if v is not None and isfinite(v) else None
+            v = p.memory_util_ratio
+            agg.memu = v if v is not None and isfinite(v) else None
+            v = p.encoder_util_ratio
+            agg.enc = v if v is not None and isfinite(v) else None
+            v = p.decoder_util_ratio
+            agg.dec = v if v is not None and isfinite(v) else None
+            continue
         agg.count += 1
         agg.mem = _plus(agg.mem, p.used_memory_bytes)
         agg.sm = _plus(agg.sm, p.sm_util_ratio)

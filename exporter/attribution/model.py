@@ -64,7 +64,11 @@ class Attribution:
     @property
     def attributed(self) -> bool:
         """True when anything beyond nothing is known (any identity field is set)."""
-        return any(getattr(self, f) for f in IDENTITY_FIELDS)
+        # Spelled out: this runs for every process in every cycle (render, audit).
+        return bool(self.user or self.project or self.job or self.container_id
+                    or self.container_runtime or self.k8s_namespace or self.k8s_pod
+                    or self.k8s_container or self.k8s_pod_uid or self.slurm_job_id
+                    or self.slurm_user or self.slurm_account)
 
     def as_dict(self) -> dict[str, str]:
         return {f: getattr(self, f) for f in IDENTITY_FIELDS}
