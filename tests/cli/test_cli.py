@@ -138,3 +138,16 @@ def test_the_documented_example_configuration_is_valid() -> None:
     assert [s.type for s in config.shipper.sinks] == [
         "archive", "elasticsearch", "influxdb_v1", "fluentd"]
     assert config.exporter.interval_seconds == 5
+
+
+def test_every_yaml_example_in_the_readme_validates(tmp_path: Path) -> None:
+    """The configuration snippets a user copies from README.md are valid as written."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    blocks = re.findall(r"```yaml\n(.*?)```", (root / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"readme-{i}.yaml"
+        path.write_text(block)
+        load_settings(path, environ={})
