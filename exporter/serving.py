@@ -34,6 +34,9 @@ class ServingState:
     stale_after_seconds: float
     recent_cycle_seconds: tuple[float, ...] = ()
     dropped_process_series_total: Mapping[str, int] = field(default_factory=dict)
+    # False for an endpoint that only serves live counters (the standalone shipper):
+    # readiness then does not wait for a snapshot.
+    snapshots_expected: bool = True
 
 
 class StateProvider(Protocol):
@@ -43,19 +46,21 @@ class StateProvider(Protocol):
 class LatestState:
     """Thread-safe holder of the latest cycle, fed by the sampler thread."""
 
-    def __init__(self, stale_after_seconds: float, keep_cycles: int = 20) -> None:
+    def __init__(self, stale_after_seconds: float, keep_cycles: int = 20, *,
+                 snapshots_expected: bool = True) -> None:
         self._lock = threading.Lock()
         self._stale_after = stale_after_seconds
         self._durations: deque[float] = deque(maxlen=keep_cycles)
         self._dropped: dict[str, int] = {}
         self._state = ServingState(None, None, False, "backend not initialised yet",
-                                   stale_after_seconds)
+                                   stale_after_seconds, snapshots_expected=snapshots_expected)
 
     def set_backend(self, ready: bool, error: str = "") -> None:
         with self._lock:
             s = self._state
             self._state = ServingState(s.rendered, s.snapshot, ready, error, self._stale_after,
-                                       s.recent_cycle_seconds, s.dropped_process_series_total)
+                                       s.recent_cycle_seconds, s.dropped_process_series_total,
+                                       s.snapshots_expected)
 
     def publish(self, snapshot: Snapshot, rendered: RenderedSnapshot) -> None:
         with self._lock:
@@ -65,7 +70,7 @@ class LatestState:
             s = self._state
             self._state = ServingState(rendered, snapshot, s.backend_ready, s.backend_error,
                                        self._stale_after, tuple(self._durations),
-                                       dict(self._dropped))
+                                       dict(self._dropped), s.snapshots_expected)
 
     def state(self) -> ServingState:
         return self._state  # a reference swap: readers never block the sampler
@@ -81,6 +86,8 @@ def readiness(state: ServingState, now: float | None = None) -> tuple[bool, str]
     """(ready, reason): backend initialised and the snapshot no older than stale_after."""
     if not state.backend_ready:
         return False, f"backend not ready: {state.backend_error or 'not initialised'}"
+    if not state.snapshots_expected:
+        return True, "ok"
     age = snapshot_age(state, now)
     if age is None:
         return False, "no snapshot yet"

@@ -60,8 +60,9 @@ class ShipperConfig(Section):
     metrics_listen: str | None = Field(
         None,
         pattern=r"^[^:]*:\d{1,5}$",
-        description="Standalone `gpu-audit shipper` only: serve its metrics on HOST:PORT "
-        "(the embedded shipper's metrics are on the exporter's /metrics).",
+        description="Standalone `gpu-audit shipper` only: serve its metrics on HOST:PORT, "
+        "with the TLS and basic auth of exporter.web_config_file (the embedded shipper's "
+        "metrics are on the exporter's /metrics).",
     )
     deadletter_dir: Path | None = Field(
         None, description="Dead-letter files; default: <spool directory>/deadletter."
