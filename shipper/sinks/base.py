@@ -40,6 +40,10 @@ class ItemResult:
     outcome: Outcome
     reason: str = ""
     retry_after: float | None = None  # seconds the server asked us to wait, if it did
+    # How many times this one send() call put the record on the wire: more than 1 when the
+    # sink had to send it again itself (a bisected partial write, a split 413), 0 when it
+    # never left (an encoding error). The worker counts every extra send as redelivered.
+    sends: int = 1
 
 
 class SinkError(Exception):

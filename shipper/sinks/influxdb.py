@@ -6,18 +6,27 @@ error body of every request (partial writes name the rejected lines, 413 means s
 401/404 mean hold), and the batching WriteApi loses its buffer on exit, drops NaN fields
 silently and retries on its own. urllib3 gives us the raw answer with nothing in between.
 
-Outcomes:
+Outcomes (what influxd 1.x and InfluxDB 2.x really answer; see docs/SHIPPER.md):
 - 2xx: every line delivered.
-- partial writes (v1 400 "partial write", v2 422): the valid lines were kept; the lines the
-  body names (`unable to parse '<line>'`) are dead letters. When the body does not say
-  which lines were rejected (field type conflict, points beyond retention), the batch is
-  bisected and resent until each rejected line stands alone; a v1 400 that is not a
-  partial write and a v2 400 mean nothing was kept, so the unnamed lines are resent.
+- Lines the server could not parse. v1 stores every other line and answers 400 `partial
+  write: unable to parse '<line>': <why>` (one per line) ` dropped=0`: the named lines are
+  dead letters, the others DELIVERED, nothing is sent again. v2 (2.x) stores nothing
+  (400): the named lines are dead letters and the others are sent again.
+- Points refused on write (field type conflict, beyond retention): v1 400 `partial write:
+  <first reason> dropped=<n>`, v2 422; the other lines were stored, but the answer names
+  no line, and influxd reports only the first failing shard. So nothing is assumed: when
+  `dropped` equals the lines sent, all were refused (dead letters); otherwise the lines
+  that can have the named conflict (measurement and field) and the rest go again as two
+  requests (the rest is rewritten onto its own points and confirmed), and an answer that
+  names nothing usable is bisected until each refused line stands alone.
 - 413: the batch is split in halves and resent; a single line too large is a dead letter.
 - 401/403 and 404 (database / bucket not found): SinkError(HOLD).
-- 429, 5xx, timeouts and connection errors: SinkError(RETRY, Retry-After).
-Replays are harmless: a point's series key and time are the record's own, so a resent
-line overwrites itself.
+- 429, 5xx, timeouts and connection errors: SinkError(RETRY, Retry-After) when the first
+  request fails; on a follow-up request, the lines not yet settled get that outcome and
+  the ones already settled keep theirs (they are not sent again).
+Every line put on the wire more than once within a send is reported in
+`ItemResult.sends`, so the worker counts it as redelivered. Replays are harmless: a point's
+series key and time are the record's own, so a resent line overwrites itself.
 
 This module must never drop a record without a per-record outcome, and never log a
 password or token (the URL may carry `p=`; reasons are redacted).
@@ -28,10 +37,11 @@ from __future__ import annotations
 import abc
 import base64
 import csv
+import dataclasses
 import gzip
 import io
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -43,12 +53,39 @@ from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
 from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.errors import ReadBackUnsupported
 from shipper.sinks.httputil import exception_reason, header, make_pool, parse_retry_after
-from shipper.sinks.lineprotocol import EncodeError, encode_record
+from shipper.sinks.lineprotocol import (
+    INFLUX_POINT_TIME,
+    VICTORIAMETRICS_POINT_TIME,
+    EncodeError,
+    PointTime,
+    encode_record,
+    escape_key,
+    escape_measurement,
+)
 
 _UNABLE = re.compile(r"unable to parse '((?:[^'\\]|\\.|'(?! *:))*)'")
 _DROPPED = re.compile(r"dropped=(\d+)")
+# influxd's reason for a refused point: `input field "F" on measurement "M" is type T`
+_CONFLICT = re.compile(r'input field "((?:[^"\\]|\\.)*)" on measurement "((?:[^"\\]|\\.)*)"')
 
 _Line = tuple[int, bytes]  # (index in the batch, encoded line)
+
+
+class _Send:
+    """One send() call: an outcome and a count of wire sends per record of the batch."""
+
+    def __init__(self, n: int) -> None:
+        self.results: list[ItemResult | None] = [None] * n
+        self.sends = [0] * n
+        self.requests = 0
+
+
+class _Unsettled(Exception):
+    """A follow-up request failed as a whole: stop sending, settle what is left with it."""
+
+    def __init__(self, error: SinkError) -> None:
+        super().__init__(error.reason)
+        self.error = error
 
 
 class _InfluxSink(abc.ABC):
@@ -75,6 +112,11 @@ class _InfluxSink(abc.ABC):
     def _partial_kept(self, status: int, body: str) -> bool:
         """Did the server keep the lines it did not reject?"""
 
+    @property
+    def point_time(self) -> PointTime:
+        """Where this backend's points sit (its timestamp precision decides)."""
+        return INFLUX_POINT_TIME
+
     # -- the shape every sink has -------------------------------------------------
     def start(self) -> None:  # noqa: B027 - a real no-op, not a missing override
         """Nothing to install; connectivity and auth show on the first write."""
@@ -83,7 +125,7 @@ class _InfluxSink(abc.ABC):
         self._pool.clear()
 
     def send(self, batch: Sequence[SinkRecord]) -> Sequence[ItemResult]:
-        results: list[ItemResult | None] = [None] * len(batch)
+        state = _Send(len(batch))
         lines: list[_Line] = []
         for i, rec in enumerate(batch):
             try:
@@ -93,17 +135,27 @@ class _InfluxSink(abc.ABC):
                     rec.record_id,
                     prefix=self._cfg.measurement_prefix,
                     identity_tags=self._cfg.identity_tags,
+                    point_time=self.point_time,
                 )
             except (EncodeError, UnicodeDecodeError) as exc:
-                results[i] = ItemResult(Outcome.DEAD_LETTER, f"line protocol: {exc}")
+                state.results[i] = ItemResult(
+                    Outcome.DEAD_LETTER, f"line protocol: {exc}", sends=0
+                )
                 continue
             lines.append((i, line))
-        self._write_group(lines, results)
+        try:
+            self._write_group(lines, state)
+        except _Unsettled as exc:
+            # a follow-up request failed: what is settled stays settled (not sent again)
+            err = exc.error
+            for i, _ in lines:
+                if state.results[i] is None:
+                    state.results[i] = ItemResult(err.outcome, err.reason, err.retry_after)
         out: list[ItemResult] = []
-        for r in results:
+        for r, sends in zip(state.results, state.sends, strict=True):
             # every line ends in a result or a raised SinkError; a gap is a bug, not a drop
             assert r is not None, "influx sink left a record without an outcome"
-            out.append(r)
+            out.append(r if r.sends == sends else dataclasses.replace(r, sends=sends))
         return out
 
     def _post(self, body: bytes) -> tuple[int, str, Mapping[str, str]]:
@@ -119,46 +171,45 @@ class _InfluxSink(abc.ABC):
             raise SinkError(Outcome.RETRY, exception_reason(exc)) from None
         return resp.status, resp.data.decode("utf-8", "replace"), resp.headers
 
-    def _write_group(self, group: list[_Line], results: list[ItemResult | None]) -> None:
+    def _write_group(self, group: list[_Line], state: _Send) -> None:
         if not group:
             return
-        status, body, headers = self._post(b"\n".join(line for _, line in group) + b"\n")
+        first = state.requests == 0
+        state.requests += 1
+        for i, _ in group:
+            state.sends[i] += 1
+        try:
+            status, body, headers = self._post(b"\n".join(line for _, line in group) + b"\n")
+            whole = _whole_failure(status, body, headers)
+        except SinkError as exc:
+            whole = exc
+        if whole is not None:
+            if first:
+                raise whole
+            raise _Unsettled(whole) from None
         if 200 <= status < 300:
             for i, _ in group:
-                results[i] = ItemResult(Outcome.DELIVERED)
+                state.results[i] = ItemResult(Outcome.DELIVERED)
             return
         reason = f"HTTP {status}: {_error_text(body)}"
-        if status in (401, 403):
-            raise SinkError(Outcome.HOLD, f"not authorised: {reason}")
-        if status == 404 or (status == 400 and "retention policy not found" in body):
-            raise SinkError(Outcome.HOLD, f"database/bucket missing: {reason}")
-        if status == 429 or status >= 500 or status == 408:
-            raise SinkError(
-                Outcome.RETRY, reason, parse_retry_after(header(headers, "Retry-After"))
-            )
         if status == 413:
             if len(group) == 1:
-                results[group[0][0]] = ItemResult(
+                state.results[group[0][0]] = ItemResult(
                     Outcome.DEAD_LETTER, f"line larger than the server accepts: {reason}"
                 )
                 return
             half = len(group) // 2
-            self._write_group(group[:half], results)
-            self._write_group(group[half:], results)
+            self._write_group(group[:half], state)
+            self._write_group(group[half:], state)
             return
         if status in (400, 422):
-            self._partial(group, results, status, body, reason)
+            self._partial(group, state, status, body, reason)
             return
         # any other 4xx is a property of these lines: isolate and quarantine them
-        self._bisect_or_dead(group, results, reason, kept=False)
+        self._split(group, state, _error_text(body), reason)
 
     def _partial(
-        self,
-        group: list[_Line],
-        results: list[ItemResult | None],
-        status: int,
-        body: str,
-        reason: str,
+        self, group: list[_Line], state: _Send, status: int, body: str, reason: str
     ) -> None:
         kept = self._partial_kept(status, body)
         text = _error_text(body)
@@ -168,34 +219,77 @@ class _InfluxSink(abc.ABC):
         rejected = [
             (i, line) for i, line in group if line.decode("utf-8", "replace") in named
         ]
-        if rejected and (dropped is None or dropped == len(rejected)):
+        if rejected and len(rejected) == len(named):
             rejected_idx = {i for i, _ in rejected}
             for i, line in rejected:
-                results[i] = ItemResult(Outcome.DEAD_LETTER, _line_reason(text, line))
+                state.results[i] = ItemResult(Outcome.DEAD_LETTER, _line_reason(text, line))
             rest = [(i, line) for i, line in group if i not in rejected_idx]
-            if kept:
+            # influxd names unparsable lines only when every parsed point was stored, and
+            # counts them in `dropped` as 0 (they are no points): the rest is stored
+            if kept and dropped in (None, 0, len(rejected)):
                 for i, _ in rest:
-                    results[i] = ItemResult(Outcome.DELIVERED)
+                    state.results[i] = ItemResult(Outcome.DELIVERED)
             else:
-                self._write_group(rest, results)
+                self._write_group(rest, state)
             return
-        self._bisect_or_dead(group, results, reason, kept=kept)
+        if kept and dropped == len(group):
+            # every line sent was refused: nothing to find out by sending them again
+            for i, _ in group:
+                state.results[i] = ItemResult(Outcome.DEAD_LETTER, reason)
+            return
+        self._split(group, state, text, reason)
 
-    def _bisect_or_dead(
-        self, group: list[_Line], results: list[ItemResult | None], reason: str, *, kept: bool
-    ) -> None:
+    def _split(self, group: list[_Line], state: _Send, text: str, reason: str) -> None:
+        """Lines refused without their names: send again in parts until each refused
+        line stands alone. Lines the server had kept are rewritten onto themselves."""
         if len(group) == 1:
-            results[group[0][0]] = ItemResult(Outcome.DEAD_LETTER, reason)
+            state.results[group[0][0]] = ItemResult(Outcome.DEAD_LETTER, reason)
             return
-        # Cannot tell which lines were refused: resend halves until each refused line is
-        # alone. Lines the server already kept are rewritten onto themselves (same key).
+        conflict = _CONFLICT.search(text)
+        if conflict is not None:
+            suspect = _field_probe(conflict.group(2), conflict.group(1))
+            suspects = [(i, line) for i, line in group if suspect(line)]
+            if 0 < len(suspects) < len(group):
+                # the lines that cannot have this conflict are most likely stored: one
+                # request confirms them; the suspects most likely all fail again
+                chosen = {i for i, _ in suspects}
+                self._write_group([g for g in group if g[0] not in chosen], state)
+                self._write_group(suspects, state)
+                return
         half = len(group) // 2
-        self._write_group(group[:half], results)
-        self._write_group(group[half:], results)
+        self._write_group(group[:half], state)
+        self._write_group(group[half:], state)
 
     @abc.abstractmethod
     def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
         """The records the backend holds with time in [start_ns, end_ns)."""
+
+
+def _whole_failure(status: int, body: str, headers: Mapping[str, str]) -> SinkError | None:
+    """The SinkError for an answer about the whole request (auth, missing db, busy)."""
+    if 200 <= status < 300:
+        return None
+    reason = f"HTTP {status}: {_error_text(body)}"
+    if status in (401, 403):
+        return SinkError(Outcome.HOLD, f"not authorised: {reason}")
+    if status == 404 or (status == 400 and "retention policy not found" in body):
+        return SinkError(Outcome.HOLD, f"database/bucket missing: {reason}")
+    if status == 429 or status >= 500 or status == 408:
+        return SinkError(Outcome.RETRY, reason, parse_retry_after(header(headers, "Retry-After")))
+    return None
+
+
+def _field_probe(measurement: str, field: str) -> Callable[[bytes], bool]:
+    """Does an encoded line write `field` on `measurement`? (A guess that only decides
+    how lines are grouped for the next request, never an outcome.)"""
+    head = escape_measurement(measurement).encode()
+    key = escape_key(field).encode() + b"="
+    starts = (head + b",", head + b" ")
+
+    def probe(line: bytes) -> bool:
+        return line.startswith(starts) and (b" " + key in line or b"," + key in line)
+
+    return probe
 
 
 def _error_text(body: str) -> str:
@@ -276,9 +370,11 @@ class InfluxV1Sink(_InfluxSink):
         if cfg.retention_policy:
             source = f'"{cfg.retention_policy}".{source}'
         # only integers and the validated prefix/rp go into the query text
+        # a point sits up to one window after its record's time: widen, then select on
+        # the record's own time_ns below
         query = (
             f'SELECT "record" FROM {source} '  # noqa: S608
-            f"WHERE time >= {int(start_ns)} AND time < {int(end_ns)}"
+            f"WHERE time >= {int(start_ns)} AND time < {int(end_ns) + self.point_time.window_ns}"
         )
         params, headers = self._auth()
         params = {
@@ -302,10 +398,19 @@ class InfluxV1Sink(_InfluxSink):
                 buffer += chunk
                 *complete, buffer = buffer.split(b"\n")
                 for line in complete:
-                    yield from _influxql_records(line)
-            yield from _influxql_records(buffer)
+                    yield from _in_range(_influxql_records(line), start_ns, end_ns)
+            yield from _in_range(_influxql_records(buffer), start_ns, end_ns)
         finally:
             resp.release_conn()
+
+
+def _in_range(
+    records: Iterator[Mapping[str, Any]], start_ns: int, end_ns: int
+) -> Iterator[Mapping[str, Any]]:
+    for doc in records:
+        t = doc.get("time_ns")
+        if isinstance(t, int) and start_ns <= t < end_ns:
+            yield doc
 
 
 def _influxql_records(line: bytes) -> Iterator[Mapping[str, Any]]:
@@ -352,6 +457,12 @@ class InfluxV2Sink(_InfluxSink):
         # v2: 422 = some points rejected, the others stored; 400 = the whole batch refused
         return status == 422
 
+    @property
+    def point_time(self) -> PointTime:
+        if self._v2.flavour == "victoriametrics":
+            return VICTORIAMETRICS_POINT_TIME
+        return INFLUX_POINT_TIME
+
     def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
         """Flux over `/api/v2/query` (real InfluxDB 2); not possible on VictoriaMetrics."""
         if self._v2.flavour == "victoriametrics":
@@ -362,7 +473,8 @@ class InfluxV2Sink(_InfluxSink):
             )
         flux = (
             f'from(bucket: {orjson.dumps(self._v2.bucket).decode()})'
-            f" |> range(start: time(v: {int(start_ns)}), stop: time(v: {int(end_ns)}))"
+            f" |> range(start: time(v: {int(start_ns)}),"
+            f" stop: time(v: {int(end_ns) + self.point_time.window_ns}))"
             f' |> filter(fn: (r) => r._measurement =~ /^{self._v2.measurement_prefix}_/'
             ' and r._field == "record")'
             ' |> keep(columns: ["_time", "_value"])'
@@ -383,8 +495,12 @@ class InfluxV2Sink(_InfluxSink):
             raise SinkError(
                 Outcome.RETRY, f"query HTTP {resp.status}: {_error_text(resp.data.decode())}"
             )
+        yield from _in_range(self._flux_records(resp.data), start_ns, end_ns)
+
+    @staticmethod
+    def _flux_records(data: bytes) -> Iterator[Mapping[str, Any]]:
         value_col: int | None = None
-        for row in csv.reader(io.StringIO(resp.data.decode("utf-8"))):
+        for row in csv.reader(io.StringIO(data.decode("utf-8"))):
             if not row:
                 value_col = None
                 continue

@@ -2,10 +2,23 @@
 
 Point shape (one line per record):
     <prefix>_<kind>,event=..,gpu_uuid=..,host=..,job=..,pid=..,project=..,stream=..,user=..
-        <value fields>,gpu_index=3i,record="<raw JSON>",record_id="..",seq=17i <time_ns>
+        <value fields>,gpu_index=3i,record="<raw JSON>",record_id="..",seq=17i <point time>
 
-- The series key (measurement + tag set + time) holds host, GPU uuid, pid and event, so a
-  replayed record overwrites its own point instead of adding one.
+- One record, one point. A point's key is measurement + tag set + time, and the tags
+  cannot tell apart every pair of records of one cycle (three XIDs on one GPU, one pid on
+  two MIG instances share all of them), so the point time is the record's `time_ns`
+  plus a small offset taken from the record's own `seq`: `(seq mod slots) * step`
+  (`PointTime`). `seq` is dense per host and stream (both are tags) and a cycle's records
+  get consecutive seqs, so records of one cycle that share their tags get different
+  times; cycles are far more than one window apart, so they never meet. A replayed
+  record has the same seq, so it lands on its own point again (idempotent). Series
+  cardinality does not grow: a tag unique per record (the record id) would make every
+  record its own series, and InfluxDB 1.x refuses writes once a tag has 100,000 values
+  (`max-values-per-tag`). InfluxDB keeps nanoseconds: 10^6 slots of 1 ns, so the point
+  is less than 1 ms after the record. VictoriaMetrics keeps milliseconds: 1000 slots of
+  1 ms (less than 1 s after; distinct while a cycle has under 1000 records that share
+  their tags and cycles are at least 1 s apart). The record's exact time stays in the
+  `record` field, which is what read-back selects on.
 - Tags are an index for queries, not evidence: the evidence is the `record` string field,
   which carries the exact spooled JSON so `audit verify` can re-check the hash chain.
   user/project/job tags are optional (`identity_tags`): their cardinality is that of the
@@ -13,7 +26,7 @@ Point shape (one line per record):
 - Numeric samples (`values`, gpu_seconds, energy_joules) are always written as floats, so
   a sample that happens to be whole in one record never conflicts with the same field's
   float type in another (a "field type conflict" would dead-letter good records).
-  Counters that are integers by nature (seq, gpu_index, xid) are written as `i`.
+  Counters that are integers by nature (seq, gpu_index, the XID code) are written as `i`.
 - NaN and +-inf cannot be written. Records should not contain them; if one does, the
   field is omitted and a string field `nonfinite_fields="name,..."` names what was
   omitted: never a silent drop, and the raw record still holds the original text.
@@ -32,6 +45,7 @@ import functools
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit on one string field value (bytes)
@@ -46,6 +60,32 @@ _TOP_LEVEL_FLOATS = ("gpu_seconds", "energy_joules")
 
 class EncodeError(ValueError):
     """The record cannot become a point (missing time, too large): a dead letter."""
+
+
+@dataclass(frozen=True)
+class PointTime:
+    """Where a record's point sits: time_ns + (seq mod slots) * step_ns."""
+
+    slots: int
+    step_ns: int
+
+    @property
+    def window_ns(self) -> int:
+        """Every point lies in [time_ns, time_ns + window_ns)."""
+        return self.slots * self.step_ns
+
+
+INFLUX_POINT_TIME = PointTime(slots=1_000_000, step_ns=1)  # ns precision: < 1 ms
+VICTORIAMETRICS_POINT_TIME = PointTime(slots=1000, step_ns=1_000_000)  # ms: < 1 s
+
+
+def point_time_ns(doc: Mapping[str, Any], scheme: PointTime = INFLUX_POINT_TIME) -> int:
+    """The point time of a record (its `time_ns` must be an int; without `seq`: time_ns)."""
+    time_ns: int = doc["time_ns"]
+    seq = doc.get("seq")
+    if type(seq) is not int:
+        return time_ns
+    return time_ns + (seq % scheme.slots) * scheme.step_ns
 
 
 _NEEDS_WORK = re.compile(r"[\x00-\x1f\x7f\\, =]")
@@ -178,6 +218,7 @@ def encode_record(
     *,
     prefix: str = "gpu_audit",
     identity_tags: bool = True,
+    point_time: PointTime = INFLUX_POINT_TIME,
 ) -> bytes:
     """One line (without the trailing newline) for one audit record.
 
@@ -226,6 +267,8 @@ def encode_record(
     if isinstance(index, int):
         fields["gpu_index"] = f"{index}i"
     xid = doc.get("xid")
+    if isinstance(xid, Mapping):  # an xid event: {"code", "time", "time_ns"}
+        xid = xid.get("code")
     if isinstance(xid, int) and not isinstance(xid, bool):
         fields["xid"] = f"{xid}i"
     seq = doc.get("seq")
@@ -243,4 +286,4 @@ def encode_record(
         record_tags(doc, identity_tags=identity_tags)
     )
     body = ",".join([f"{k}={fields[k]}" for k in sorted(fields)])
-    return f"{head} {body} {time_ns}".encode()
+    return f"{head} {body} {point_time_ns(doc, point_time)}".encode()

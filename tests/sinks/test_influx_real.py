@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from shipper.sinks.base import Outcome
 from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from shipper.sinks.lineprotocol import encode_record
+from shipper.sinks.lineprotocol import encode_record, point_time_ns
 from tests.realservers import vm_flush
 from tests.sinks.lp_parser import parse_line
 from tests.sinks.records import BASE_NS, make_batch, make_record
@@ -41,8 +41,8 @@ def count_points(url: str, db: str) -> int:
 
 def test_v1_real_influxd_delivers_replays_idempotently_and_reads_back(
         influxd: tuple[str, str]) -> None:
-    """Real influxd: a batch lands once, a replay overwrites, read_back returns the records
-    with their exact ns time."""
+    """Real influxd: a batch lands once, a replay overwrites, read_back returns the records,
+    and each point sits at the record's exact ns time plus its seq offset."""
     url, db = influxd
     sink = v1_sink(url, db)
     sink.start()
@@ -56,7 +56,7 @@ def test_v1_real_influxd_delivers_replays_idempotently_and_reads_back(
     by_seq = {g["seq"]: g for g in got}
     assert by_seq[7] == orjson.loads(batch[7].raw)
     res = influxql(url, db, 'SELECT "seq" FROM "gpu_audit_process" WHERE "seq" = 7')
-    assert res["series"][0]["values"][0][0] == batch[7].doc["time_ns"]
+    assert res["series"][0]["values"][0][0] == batch[7].doc["time_ns"] + 7  # seq 7: +7 ns
 
 
 def test_v1_real_influxd_field_type_conflict_quarantines_only_those_records(
@@ -107,7 +107,7 @@ def test_escaping_round_trips_through_real_influxd(
     expected = parse_line(line)
     sink = v1_sink(url, db)
     assert [r.outcome for r in sink.send([rec])] == [Outcome.DELIVERED]
-    t = rec.doc["time_ns"]
+    t = point_time_ns(rec.doc)
     res = influxql(url, db, f'SELECT "user", "project", "record" FROM "gpu_audit_process" '
                             f"WHERE time = {t}")
     cols = res["series"][0]["columns"]
@@ -140,4 +140,5 @@ def test_v2_api_against_real_victoria_metrics(victoria_metrics: str) -> None:
     assert labels["host"] == "node-1" and labels["user"] == "alice"
     assert "pid" in labels and "gpu_uuid" in labels
     stamps = sorted(t for s in series for t in s["timestamps"])
-    assert stamps[0] == batch[0].doc["time_ns"] // 1_000_000  # VM keeps milliseconds
+    # VM keeps milliseconds; the point of seq s sits s ms after the record
+    assert stamps == [r.doc["time_ns"] // 1_000_000 + r.doc["seq"] for r in batch]

@@ -84,20 +84,22 @@ def test_v1_unnamed_rejection_is_bisected_to_the_bad_line(server: InfluxServer) 
 
 
 def test_v2_422_partial_write_keeps_the_rest(server: InfluxServer) -> None:
-    """v2 422 'unprocessable entity' names the rejected line; the others count as stored."""
+    """v2 422 (InfluxDB 2.x: points refused on write, e.g. a field type conflict, the rest
+    stored) dead-letters exactly the refused record; the others count as stored."""
     sink = v2(server)
-    server.reject = lambda line: "seq=1i" in line
-    results = sink.send(make_batch(4))
+    server.field_types[("gpu_audit_gpu", "seq")] = "string"
+    batch = make_batch(1) + make_batch(1, start=1, kind="gpu") + make_batch(2, start=2)
+    results = sink.send(batch)
     assert outcomes(results) == [Outcome.DELIVERED, Outcome.DEAD_LETTER,
                                  Outcome.DELIVERED, Outcome.DELIVERED]
-    assert server.writes == 1
+    assert "field type conflict" in results[1].reason
+    assert len(server.points) == 3
 
 
 def test_v2_400_nothing_written_resends_the_good_lines(server: InfluxServer) -> None:
     """v2 400 rejects the whole batch: named lines are dead letters, the rest is resent."""
     sink = v2(server)
     server.reject = lambda line: "seq=2i" in line
-    server.reject_style = "all_or_nothing"
     results = sink.send(make_batch(4))
     assert outcomes(results) == [Outcome.DELIVERED, Outcome.DELIVERED,
                                  Outcome.DEAD_LETTER, Outcome.DELIVERED]

@@ -73,7 +73,7 @@ def test_record_round_trips_through_the_encoder(
     assert point.fields["record"] == raw.decode()
     assert point.fields["record_id"] == doc["id"]
     assert point.fields["seq"] == 5
-    assert point.time == doc["time_ns"]
+    assert point.time == doc["time_ns"] + 5  # seq 5: 5 ns after the record (one point each)
     for name, value in values.items():
         key = f"value_{name}" if name in {"seq", "record_id", "record", "nonfinite_fields",
                                           "unwritable_fields", "gpu_index", "xid"} else name

@@ -2,10 +2,22 @@
 `/api/v2/query`) for fault injection.
 
 Stores points by (series key, time), overwriting on duplicates as InfluxDB does, and
-counts overwrites. Misbehaves on command: any Fault (status, Retry-After, slow, reset),
-413 above `max_body` bytes, and partial writes for lines `reject` selects — named in the
-body (`unable to parse '<line>'`, as for parse errors) or unnamed (`field type conflict`),
-with v1's 400 "partial write" / v2's 422, or v2's 400 "nothing written".
+counts overwrites. Field types are kept per (measurement, field) as one InfluxDB shard
+keeps them: a point whose field has another type is refused with InfluxDB's own
+"field type conflict" reason. Answers follow the real servers (influxd 1.x
+services/httpd/handler.go, InfluxDB 2.x's write handler):
+- v1, lines that do not parse (or that `reject` selects, style "named"): the others are
+  stored and the answer is 400 `partial write: unable to parse '<line>': <why>` (one
+  per line, joined by newlines) ` dropped=0`: influxd counts only refused *points* in
+  `dropped`, and an unparsed line is not a point;
+- v1, points refused on write (type conflicts, or `reject` with style "unnamed"): the
+  others are stored; 400 `partial write: <first reason> dropped=<n>`: only the first
+  reason is named, and when this happens any parse errors of the same body go unmentioned;
+- v2 (InfluxDB 2.x), a line that does not parse: 400, nothing stored; points refused on
+  write: 422 `failure writing points to database: partial write: <reason> dropped=<n>`,
+  the others stored.
+Also misbehaves on command: any Fault (status, Retry-After, slow, reset), `write_status`
+(answer the Nth write request with a status instead), and 413 above `max_body` bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +48,12 @@ class InfluxServer(FaultServer):
         self.encodings: list[str] = []
         self.max_body: int | None = None
         self.reject: Callable[[str], bool] | None = None
-        self.reject_style: Literal["named", "unnamed", "all_or_nothing"] = "named"
+        # which lines `reject` selects: "named" = they fail to parse, "unnamed" = they
+        # are refused on write (influxd's field type conflict reason, naming no line)
+        self.reject_style: Literal["named", "unnamed"] = "named"
+        self.field_types: dict[tuple[str, str], str] = {}  # (measurement, field) -> type
+        self.write_status: dict[int, int] = {}  # write request number (from 1) -> status
+        self.write_requests = 0
         self.token: str | None = None
         self.basic: tuple[str, str] | None = None
 
@@ -104,6 +121,11 @@ class _Handler(FaultHandler):
         with srv.lock:
             srv.bodies.append(body)
             srv.encodings.append(self.headers.get("Content-Encoding", ""))
+            srv.write_requests += 1
+            forced = srv.write_status.get(srv.write_requests)
+        if forced is not None:
+            self.reply(forced, json.dumps({"error": f"forced HTTP {forced}"}).encode())
+            return
         if db not in srv.databases:
             what = "bucket" if v2 else "database"
             self.reply(404, json.dumps({"code": "not found",
@@ -114,43 +136,64 @@ class _Handler(FaultHandler):
             self.reply(413, b'{"error":"Request Entity Too Large"}')
             return
         text = body.decode("utf-8")
-        good: list[Point] = []
-        bad: list[str] = []
+        parsed: list[tuple[str, Point]] = []
+        unparsed: list[str] = []
         for line in split_lines(text):
             try:
                 point = parse_line(line)
             except ParseError:
-                bad.append(line)
+                unparsed.append(line)
                 continue
-            if srv.reject is not None and srv.reject(line):
-                bad.append(line)
+            if srv.reject is not None and srv.reject_style != "unnamed" and srv.reject(line):
+                unparsed.append(line)
             else:
-                good.append(point)
-        style = srv.reject_style
-        if bad and style == "all_or_nothing" and v2:
-            msg = "; ".join(f"unable to parse '{ln}': invalid field format" for ln in bad)
-            self.reply(400, json.dumps({"code": "invalid", "message": msg}).encode())
+                parsed.append((line, point))
+        if unparsed and (v2 or not parsed):
+            # v2: all or nothing; v1 with no point parsed: a plain 400, not a partial write
+            msg = "\n".join(f"unable to parse '{ln}': invalid field format" for ln in unparsed)
+            key = "message" if v2 else "error"
+            self.reply(400, json.dumps({"code": "invalid", key: msg}).encode())
             return
+        dropped = 0
+        reason = ""
         with srv.lock:
             srv.writes += 1
-            for point in good:
+            for line, point in parsed:
+                why = self._refusal(line, point)
+                if why is not None:
+                    dropped += 1
+                    reason = reason or why
+                    continue
+                for field, value in point.fields.items():
+                    srv.field_types.setdefault((point.measurement, field), _type(value))
                 srv.store(point)
-        if not bad:
+        if dropped:
+            partial = f"partial write: {reason} dropped={dropped}"
+            if v2:
+                self.reply(422, json.dumps({
+                    "code": "unprocessable entity",
+                    "message": f"failure writing points to database: {partial}"}).encode())
+            else:
+                self.reply(400, json.dumps({"error": partial}).encode())
+        elif unparsed:
+            names = "\n".join(f"unable to parse '{ln}': invalid field format" for ln in unparsed)
+            self.reply(400, json.dumps({"error": f"partial write: {names} dropped=0"}).encode())
+        else:
             self.reply(204)
-            return
-        if style == "unnamed":
-            reason = (
-                'field type conflict: input field "x" on measurement "m" is type float, '
-                f"already exists as type integer dropped={len(bad)}"
-            )
-        else:
-            reason = "\n".join(f"unable to parse '{ln}': invalid field format" for ln in bad)
-            reason += f" dropped={len(bad)}"
-        if v2:
-            self.reply(422, json.dumps({"code": "unprocessable entity",
-                                        "message": f"partial write: {reason}"}).encode())
-        else:
-            self.reply(400, json.dumps({"error": f"partial write: {reason}"}).encode())
+
+    def _refusal(self, line: str, point: Point) -> str | None:
+        """Why influxd would refuse this parsed point on write, or None (lock held)."""
+        srv = self.server
+        if srv.reject is not None and srv.reject_style == "unnamed" and srv.reject(line):
+            return ('field type conflict: input field "x" on measurement "m" is type float, '
+                    "already exists as type integer")
+        for field, value in point.fields.items():
+            have = srv.field_types.get((point.measurement, field))
+            if have is not None and have != _type(value):
+                return (f'field type conflict: input field "{field}" on measurement '
+                        f'"{point.measurement}" is type {_type(value)}, already exists as '
+                        f"type {have}")
+        return None
 
     def _in_range(self, start: int, end: int) -> list[Point]:
         with self.server.lock:
@@ -187,3 +230,13 @@ class _Handler(FaultHandler):
         for p in self._in_range(int(m.group(1)), int(m.group(2))):
             writer.writerow(["", "_result", "0", str(p.time), p.fields.get("record")])
         self.reply(200, out.getvalue().encode(), content_type="text/csv")
+
+
+def _type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    return "string"
