@@ -75,7 +75,7 @@ class SinkStatus:
     dead_lettered: int
     dropped: dict[str, int]
     retried: int
-    redelivered: int  # re-sent after a crash, absorbed by the idempotent sink
+    redelivered: int  # record sends repeating an earlier send of the same record
     lag_seconds: float
     last_success: float | None
     blocked_reason: str | None
@@ -133,8 +133,10 @@ class ShipperCollector(Collector):
         )
         redelivered = CounterMetricFamily(
             "gpu_audit_shipper_records_redelivered",
-            "Records re-sent after a restart because their cursor was not yet committed "
-            "(the idempotent sink stores them once).",
+            "Record sends that repeat an earlier send of the same record: after a restart "
+            "(cursor not yet committed), a retry, a failed delivery round, or inside the "
+            "sink (a bisected partial write, a split 413). The idempotent sink stores each "
+            "record once.",
             labels=sink,
         )
         dead = CounterMetricFamily(

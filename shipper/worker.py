@@ -117,6 +117,10 @@ class SinkWorker:
             )
         self._counts = saved
         self._counted_through = max(saved.cursor, committed)
+        # Records below this offset have been handed to the sink before (by an earlier
+        # process, per the ledger, or earlier in this one): handing one over again is a
+        # re-send, counted in `redelivered` whatever the reason.
+        self._sent_through = self._counted_through
         self._position = committed
         self._committed = committed
         self._last_commit = time.monotonic()
@@ -318,6 +322,7 @@ class SinkWorker:
             else:
                 results = self._send(records)
             self.batches.observe(time.monotonic() - started)
+            self._count_resends(records, results)
             retry: list[int] = []
             retry_after: float | None = None
             hold: str | None = None
@@ -344,6 +349,18 @@ class SinkWorker:
                 delay = self._backoff.delay(attempt, retry_after)
                 attempt += 1
                 log.debug("sink %s: %d records to retry in %.2fs", self.name, len(retry), delay)
+
+    def _count_resends(
+        self, records: Sequence[SinkRecord], results: Sequence[ItemResult]
+    ) -> None:
+        """Count each record sent again: handed over before (a RETRY/HOLD answer, a failed
+        round, a crash before the cursor commit) or put on the wire twice by the sink."""
+        again = sum(1 for rec in records if rec.offset < self._sent_through)
+        again += sum(r.sends - 1 for r in results if r.sends > 1)
+        with self._lock:
+            self._redelivered += again
+            if records:
+                self._sent_through = max(self._sent_through, records[-1].offset + 1)
 
     def _send_overlapped(self, records: Sequence[SinkRecord], next_offset: int) -> Sequence[
         ItemResult
@@ -413,22 +430,22 @@ class SinkWorker:
     def _advance(self, batch: _Batch, start: int) -> int:
         """Move the position over the final prefix from `start`; return the new start."""
         i = start
-        delivered = dead = redelivered = 0
+        delivered = dead = 0
         n = len(batch.offsets)
         with self._lock:
             while i < n and batch.outcomes[i] is not None:
-                if batch.offsets[i] < self._counted_through:
-                    redelivered += 1  # counted before a crash; sent again, stored once
-                elif batch.outcomes[i] is Outcome.DELIVERED:
-                    delivered += 1
-                else:
-                    dead += 1
+                # below _counted_through: counted before a crash (its re-send is
+                # counted in _count_resends), not counted again
+                if batch.offsets[i] >= self._counted_through:
+                    if batch.outcomes[i] is Outcome.DELIVERED:
+                        delivered += 1
+                    else:
+                        dead += 1
                 i += 1
             if i == start:
                 return start
             self._counts.delivered += delivered
             self._counts.dead_lettered += dead
-            self._redelivered += redelivered
             self._position = batch.offsets[i - 1] + 1
             self._counted_through = max(self._counted_through, self._position)
             if i < n:
