@@ -73,7 +73,7 @@ def test_xid_code_is_written_as_an_integer_field() -> None:
     """An xid event's code (the record's `xid.code`) is an integer field of its point."""
     xid = next(r for r in audit_trail() if r.doc.get("event") == "xid")
     point = parse_line(encode_record(xid.doc, xid.raw, xid.record_id).decode())
-    assert point.fields["xid"] == xid.doc["xid"]["code"]  # type: ignore[index]
+    assert point.fields["xid"] == xid.doc["xid"]["code"]
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])

@@ -9,10 +9,14 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import pytest
+
 from gpu_audit.audit.verify import verify_readback
+from shipper.sinks import influxdb
 from shipper.sinks.base import Outcome
 from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
+from shipper.sinks.lineprotocol import encode_record
 from tests.realservers import vm_flush
 from tests.sinks.records import BASE_NS, make_batch
 from tests.sinks.trail import audit_trail, kinds, trail_window
@@ -98,3 +102,23 @@ def test_real_influxd_field_type_conflict_dead_letters_only_those_and_counts_res
     assert "field type conflict" in results[20].reason
     assert max(r.sends for r in results) == 2
     assert _points_per_measurement(url, db)["gpu_audit_process"] == 40
+
+
+def test_real_influxd_unparsable_line_is_named_and_the_rest_is_not_sent_again(
+        influxd: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real influxd 1.x answer to a body with one unparsable line (`partial write:
+    unable to parse '…' … dropped=0`): that record is a dead letter, the other 19 are
+    delivered after the one request, and none is sent twice."""
+    url, db = influxd
+
+    def broken_seq_5(doc: Any, raw: bytes, record_id: str, **kw: Any) -> bytes:
+        line = encode_record(doc, raw, record_id, **kw)
+        return b"gpu_audit_process,host=x seq= 1" if doc["seq"] == 5 else line
+
+    monkeypatch.setattr(influxdb, "encode_record", broken_seq_5)
+    results = _v1(url, db).send(make_batch(20))
+    assert [r.outcome for r in results] == [Outcome.DELIVERED] * 5 + [
+        Outcome.DEAD_LETTER] + [Outcome.DELIVERED] * 14
+    assert "unable to parse" in results[5].reason or "missing field" in results[5].reason
+    assert [r.sends for r in results] == [1] * 20
+    assert _points_per_measurement(url, db)["gpu_audit_process"] == 19

@@ -43,12 +43,16 @@ def _cycles() -> list[list[dict[str, object]]]:
         xids=[XidEvent(UUID0, 13, T0 + 4.0), XidEvent(UUID0, 13, T0 + 4.5)],
     )
     s2 = snapshot(T0 + 5, [g0b, gpu(2)], {**owners, 106: BOB})
-    kw = {"stream": "exporter", "exporter_version": "test"}
     start = exporter_event("exporter_start", timestamp=T0 - 2, host=HOST, stream="exporter",
                            exporter_version="test", simulated=False, interval_seconds=5.0)
     stop = exporter_event("exporter_stop", timestamp=T0 + 7, host=HOST, stream="exporter",
                           exporter_version="test", simulated=False, interval_seconds=5.0)
-    return [[start], build_records(s1, None, **kw), build_records(s2, s1, **kw), [stop]]
+    return [
+        [start],
+        build_records(s1, None, stream="exporter", exporter_version="test"),
+        build_records(s2, s1, stream="exporter", exporter_version="test"),
+        [stop],
+    ]
 
 
 def audit_trail() -> list[SinkRecord]:
