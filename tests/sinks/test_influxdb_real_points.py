@@ -116,7 +116,17 @@ def test_real_influxd_unparsable_line_is_named_and_the_rest_is_not_sent_again(
         return b"gpu_audit_process,host=x seq= 1" if doc["seq"] == 5 else line
 
     monkeypatch.setattr(influxdb, "encode_record", broken_seq_5)
-    results = _v1(url, db).send(make_batch(20))
+    sink = _v1(url, db)
+    posts: list[str] = []
+    real_request = sink._pool.request
+
+    def counting(method: str, url: str, **kw: Any) -> Any:
+        posts.append(method)
+        return real_request(method, url, **kw)
+
+    monkeypatch.setattr(sink._pool, "request", counting)
+    results = sink.send(make_batch(20))
+    assert posts == ["POST"]  # one request settled the whole batch
     assert [r.outcome for r in results] == [Outcome.DELIVERED] * 5 + [
         Outcome.DEAD_LETTER] + [Outcome.DELIVERED] * 14
     assert "unable to parse" in results[5].reason or "missing field" in results[5].reason
