@@ -475,6 +475,9 @@ class SpoolWriter:
                 self.counters.segments_deleted += 1
             if freed:
                 self._fsync_dir()
+                # ask the filesystem again on the next append: a refusing spool (min_free)
+                # must see the space come back at once, not after statvfs_interval_s
+                self._free = None
         return freed
 
     # -- closing -------------------------------------------------------------------------
