@@ -22,9 +22,23 @@ from types import TracebackType
 
 from gpu_audit.spool.config import SpoolConfig
 from gpu_audit.spool.errors import SpoolFull, SpoolLocked, SpoolWriteError
-from gpu_audit.spool.format import HEADER_SIZE, MAX_PAYLOAD, encode_frames, encode_header
+from gpu_audit.spool.format import (
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    encode_frames,
+    encode_header,
+    header_problem,
+    scan_segment,
+)
 from gpu_audit.spool.format import segment_name as _segment_name
-from gpu_audit.spool.recovery import LiveSegment, read_last_payload, recover
+from gpu_audit.spool.recovery import (
+    LiveSegment,
+    describe_damage,
+    evidence_kept,
+    keep_evidence,
+    read_last_payload,
+    recover,
+)
 
 log = logging.getLogger("gpu_audit.spool")
 
@@ -47,7 +61,10 @@ class SpoolCounters:
     records_evicted: int = 0  # deleted unshipped to make room (when_full: drop_oldest)
     torn_tails_truncated: int = 0
     torn_bytes_truncated: int = 0
-    segments_quarantined: int = 0
+    # Records lost to damage (a corrupt frame, a bad header), counted once, when their
+    # segment's bytes are first kept in quarantine/ (by recovery or by gc's check)
+    records_corrupt: int = 0
+    segments_quarantined: int = 0  # evidence copies made in quarantine/
     segments_deleted: int = 0
 
 
@@ -120,7 +137,10 @@ class SpoolWriter:
         self.counters.torn_tails_truncated = found.torn_tails
         self.counters.torn_bytes_truncated = found.torn_bytes
         self.counters.segments_quarantined = len(found.quarantined)
+        self.counters.records_corrupt = found.corrupt_records
         self.recovery_findings = list(found.findings)
+        self._verified = set(found.verified)
+        self._gc_lock = threading.Lock()
         self._segments: list[LiveSegment] = found.segments
         self._next = found.next_offset
         self._last_payload = read_last_payload(self._dir, self._segments)
@@ -457,28 +477,69 @@ class SpoolWriter:
     def gc(self, min_offset: int) -> int:
         """Delete whole segments whose records are all below `min_offset`, oldest first.
 
-        Never the active segment, nor the one holding the newest record. Returns bytes freed.
+        Never the active segment, nor the one holding the newest record. Each segment is
+        CRC-checked before it goes (unless recovery already did): a damaged one has its
+        bytes kept in quarantine/ first and its lost records counted, so gc never deletes
+        the only evidence of corruption. Returns bytes freed.
         """
-        freed = 0
-        with self._wlock:
-            self._check_open()
-            keep_from = len(self._segments) - (1 if self._active_records else 2)
-            while len(self._segments) > 1 and keep_from > 0:
-                oldest, following = self._segments[0], self._segments[1]
-                if following.base > min_offset:
-                    break
-                (self._dir / _segment_name(oldest.base)).unlink()
-                self._segments.pop(0)
-                keep_from -= 1
-                self._size -= oldest.size
-                freed += oldest.size
-                self.counters.segments_deleted += 1
-            if freed:
-                self._fsync_dir()
-                # ask the filesystem again on the next append: a refusing spool (min_free)
-                # must see the space come back at once, not after statvfs_interval_s
-                self._free = None
+        with self._gc_lock:
+            with self._wlock:
+                self._check_open()
+                keep_from = max(len(self._segments) - (1 if self._active_records else 2), 0)
+                # bases grow, so this is a prefix: segments go oldest first
+                doomed = [
+                    (seg.base, seg.size, following.base)
+                    for seg, following in zip(
+                        self._segments[:keep_from], self._segments[1:], strict=False
+                    )
+                    if following.base <= min_offset
+                ]
+            # Segments below the active one never change: check them without the lock.
+            for base, size, following in doomed:
+                if base not in self._verified:
+                    self._keep_if_damaged(base, size, following)
+            freed = 0
+            with self._wlock:
+                for base, size, _following in doomed:
+                    if not self._segments or self._segments[0].base != base:
+                        continue  # evicted meanwhile (when_full: drop_oldest)
+                    (self._dir / _segment_name(base)).unlink()
+                    self._segments.pop(0)
+                    self._verified.discard(base)
+                    self._size -= size
+                    freed += size
+                    self.counters.segments_deleted += 1
+                if freed:
+                    self._fsync_dir()
+                    # ask the filesystem again on the next append: a refusing spool
+                    # (min_free) must see the space come back at once
+                    self._free = None
         return freed
+
+    def _keep_if_damaged(self, base: int, size: int, following: int) -> None:
+        """Before gc deletes a segment: keep a copy in quarantine/ if it is damaged."""
+        path = self._dir / _segment_name(base)
+        with path.open("rb") as handle:
+            data = handle.read(size)
+        problem = header_problem(data, base)
+        if problem is None:
+            scan = scan_segment(data, base)
+            # a segment below the active one was fsynced whole: an incomplete frame in it
+            # is damage too
+            if not scan.damage and scan.torn_pos is None:
+                return
+            lost = scan.lost + (following - scan.next_offset if scan.torn_pos is not None else 0)
+            detail = describe_damage(path.name, scan)
+        else:
+            lost = following - base
+            detail = f"{path.name}: byte 0: {problem}"
+        if evidence_kept(path, data):
+            return
+        name = keep_evidence(path, data)
+        self.counters.segments_quarantined += 1
+        self.counters.records_corrupt += lost
+        log.error("spool gc: %s; %d record(s) lost; a copy is kept as quarantine/%s",
+                  detail, lost, name)
 
     # -- closing -------------------------------------------------------------------------
 
