@@ -11,8 +11,10 @@ offset is ever handed out again. GC never deletes that evidence.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gpu_audit.spool import SpoolConfig, SpoolWriter
 from gpu_audit.spool.format import FRAME_HEAD_SIZE, HEADER_SIZE
@@ -55,6 +57,12 @@ def _flip(path: Path, pos: int, mask: int = 0x40) -> bytes:
     data[pos] ^= mask
     path.write_bytes(bytes(data))
     return bytes(data)
+
+
+def _metric(shipper: Any, name: str) -> float | None:
+    registry = CollectorRegistry()
+    registry.register(shipper.collector())
+    return registry.get_sample_value(name)
 
 
 def _quarantine(directory: Path) -> list[bytes]:
@@ -220,6 +228,10 @@ def test_sink_gets_every_valid_record_and_counts_exactly_the_damaged_one(
                    what="sink caught up")
         status = shipper.statuses()[0]
         assert status.dropped == {"spool_skipped": 2}
+        # the spool's own count reaches 2 too: at recovery (full scan, or the newest
+        # segment) or when gc checks the older segment before deleting it (tail scan)
+        eventually(lambda: _metric(shipper, "gpu_audit_spool_corrupt_records_total") == 2,
+                   what="gpu_audit_spool_corrupt_records_total == 2")
     finally:
         shipper.stop(5)
         writer.close()
