@@ -100,23 +100,30 @@ def evidence_kept(path: Path, data: bytes) -> bool:
 
 
 def keep_evidence(path: Path, data: bytes) -> str:
-    """Copy `data` (the bytes of `path`) into quarantine/; returns the copy's name.
+    """Keep the bytes of `path` (`data`) in quarantine/; returns the evidence's name.
 
-    Written under a temporary name and renamed, so a crash never leaves a partial copy
-    that could pass for the evidence."""
+    A hard link: it takes no space (the spool may be damaged *and* on a full disk) and
+    the spool never writes to a segment it has stopped appending to, so the bytes stay as
+    found (only a torn tail after the damage may still be cut off the newest segment).
+    Where links are not supported, a copy, written under a temporary name and renamed so
+    a crash never leaves a partial copy that could pass for the evidence."""
     qdir = path.parent / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
     name = f"{path.name}.{time.time_ns()}"
-    tmp = qdir / f".{name}.tmp"
-    tmp.unlink(missing_ok=True)
-    _write_new(tmp, data)
-    os.replace(tmp, qdir / name)
+    try:
+        os.link(path, qdir / name)
+    except OSError:
+        tmp = qdir / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        _write_new(tmp, data)
+        os.replace(tmp, qdir / name)
     fsync_dir(qdir)
     return name
 
 
 def quarantine(path: Path) -> str:
-    """Move the whole of `path` into quarantine/ (a segment with no usable header)."""
+    """Move the whole of `path` into quarantine/ (a segment with no usable header, or a
+    damaged one gc is done with)."""
     qdir = path.parent / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
     target = qdir / f"{path.name}.{time.time_ns()}"

@@ -35,7 +35,7 @@ from gpu_audit.spool.recovery import (
     LiveSegment,
     describe_damage,
     evidence_kept,
-    keep_evidence,
+    quarantine,
     read_last_payload,
     recover,
 )
@@ -43,6 +43,10 @@ from gpu_audit.spool.recovery import (
 log = logging.getLogger("gpu_audit.spool")
 
 LOCK_FILE = "LOCK"
+# The spool never takes a filesystem's last bytes, whatever min_free_bytes says: the
+# shipper must still be able to commit its cursors and ledgers there (new small files),
+# or gc could never run and a full spool would stay full until a restart.
+RESERVE_BYTES = 64 * 1024
 
 FsyncFn = Callable[[int], None]
 WriteFn = Callable[[int, memoryview], int]
@@ -327,9 +331,11 @@ class SpoolWriter:
                 raise self._write_error(exc, self._dir, "statvfs") from exc
             self._free = stat.f_bavail * stat.f_frsize
             self._free_at = now
-        if self._free - nbytes < cfg.min_free_bytes:
+        floor = max(cfg.min_free_bytes, RESERVE_BYTES)
+        if self._free - nbytes < floor:
             return ("min_free", f"{self._free} bytes free on the filesystem of {self._dir}; "
-                                f"min_free_bytes={cfg.min_free_bytes}")
+                                f"min_free_bytes={cfg.min_free_bytes} (at least "
+                                f"{RESERVE_BYTES} are always left free)")
         return None
 
     def _evict_oldest(self) -> bool:
@@ -495,29 +501,38 @@ class SpoolWriter:
                     if following.base <= min_offset
                 ]
             # Segments below the active one never change: check them without the lock.
-            for base, size, following in doomed:
-                if base not in self._verified:
-                    self._keep_if_damaged(base, size, following)
+            keep = {
+                base for base, size, following in doomed
+                if base not in self._verified and self._damaged(base, size, following)
+            }
             freed = 0
             with self._wlock:
                 for base, size, _following in doomed:
                     if not self._segments or self._segments[0].base != base:
                         continue  # evicted meanwhile (when_full: drop_oldest)
-                    (self._dir / _segment_name(base)).unlink()
+                    path = self._dir / _segment_name(base)
+                    if base in keep:
+                        # the evidence: moved, which needs no space on a full disk
+                        name = quarantine(path)
+                        self.counters.segments_quarantined += 1
+                        log.error("spool gc: %s kept as quarantine/%s", path.name, name)
+                    else:
+                        path.unlink()
+                        freed += size
                     self._segments.pop(0)
                     self._verified.discard(base)
                     self._size -= size
-                    freed += size
                     self.counters.segments_deleted += 1
-                if freed:
+                if doomed:
                     self._fsync_dir()
                     # ask the filesystem again on the next append: a refusing spool
                     # (min_free) must see the space come back at once
                     self._free = None
         return freed
 
-    def _keep_if_damaged(self, base: int, size: int, following: int) -> None:
-        """Before gc deletes a segment: keep a copy in quarantine/ if it is damaged."""
+    def _damaged(self, base: int, size: int, following: int) -> bool:
+        """Before gc deletes a segment: whether it is damaged evidence that quarantine/
+        does not hold yet (its lost records are counted here, once)."""
         path = self._dir / _segment_name(base)
         with path.open("rb") as handle:
             data = handle.read(size)
@@ -527,19 +542,17 @@ class SpoolWriter:
             # a segment below the active one was fsynced whole: an incomplete frame in it
             # is damage too
             if not scan.damage and scan.torn_pos is None:
-                return
+                return False
             lost = scan.lost + (following - scan.next_offset if scan.torn_pos is not None else 0)
             detail = describe_damage(path.name, scan)
         else:
             lost = following - base
             detail = f"{path.name}: byte 0: {problem}"
         if evidence_kept(path, data):
-            return
-        name = keep_evidence(path, data)
-        self.counters.segments_quarantined += 1
+            return False
         self.counters.records_corrupt += lost
-        log.error("spool gc: %s; %d record(s) lost; a copy is kept as quarantine/%s",
-                  detail, lost, name)
+        log.error("spool gc: %s; %d record(s) lost", detail, lost)
+        return True
 
     # -- closing -------------------------------------------------------------------------
 
