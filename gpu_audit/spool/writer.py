@@ -261,11 +261,15 @@ class SpoolWriter:
         path = self._dir / _segment_name(active.base)
         if self._dirty_tail is not None:
             self._truncate_to(self._dirty_tail, path)
-        try:
-            self._write_all(self._fd, data)
-        except OSError as exc:
-            self._truncate_after_failed_write(active.size, path)
-            raise self._write_error(exc, path, "write") from exc
+        while True:
+            try:
+                self._write_all(self._fd, data)
+                break
+            except OSError as exc:
+                self._truncate_after_failed_write(active.size, path)
+                if self._evict_for(exc):
+                    continue
+                raise self._write_error(exc, path, "write") from exc
         active.size += len(data)
         self._size += len(data)
         if self._free is not None:
@@ -361,6 +365,17 @@ class SpoolWriter:
         log.warning("spool %s full (when_full: drop_oldest): evicted %d records at offsets "
                     "%d..%d", self._dir, evicted, oldest.base, following.base - 1)
         return True
+
+    def _evict_for(self, exc: OSError) -> bool:
+        """Under drop_oldest a write that found the filesystem full (the cached free space
+        was stale, or another process filled it) evicts the oldest segment and is tried
+        again; False when that does not apply or nothing more may be evicted."""
+        return (
+            exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            and self._config.when_full == "drop_oldest"
+            and self._dirty_tail is None
+            and self._evict_oldest()
+        )
 
     def _refuse(self, reason: str, records: int) -> None:
         self.counters.refused[reason] = self.counters.refused.get(reason, 0) + records
