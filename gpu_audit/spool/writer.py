@@ -68,7 +68,7 @@ class SpoolCounters:
     # Records lost to damage (a corrupt frame, a bad header), counted once, when their
     # segment's bytes are first kept in quarantine/ (by recovery or by gc's check)
     records_corrupt: int = 0
-    segments_quarantined: int = 0  # evidence copies made in quarantine/
+    segments_quarantined: int = 0  # damaged segments kept in quarantine/ (link, copy, move)
     segments_deleted: int = 0
 
 
@@ -549,8 +549,11 @@ class SpoolWriter:
         """Before gc deletes a segment: whether it is damaged evidence that quarantine/
         does not hold yet (its lost records are counted here, once)."""
         path = self._dir / _segment_name(base)
-        with path.open("rb") as handle:
-            data = handle.read(size)
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(size)
+        except FileNotFoundError:
+            return False  # evicted meanwhile (when_full: drop_oldest): nothing to keep
         problem = header_problem(data, base)
         if problem is None:
             scan = scan_segment(data, base)
