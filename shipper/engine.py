@@ -317,6 +317,7 @@ class Shipper:
             full_reason=self._full.update(counters.refused, counters.records_appended),
             refused=dict(counters.refused),
             evicted=counters.records_evicted,
+            corrupt=counters.records_corrupt,
         )
 
     def collector(self) -> ShipperCollector:

@@ -95,6 +95,7 @@ class SpoolStatus:
     full_reason: str | None  # why the producer is refused right now, None when it is not
     refused: dict[str, int]  # records the spool refused, by reason (embedded mode only)
     evicted: int = 0  # records deleted unshipped under when_full: drop_oldest (embedded)
+    corrupt: int = 0  # records lost to damage, counted when kept in quarantine/ (embedded)
 
 
 DROP_REASONS = ("spool_skipped",)
@@ -235,4 +236,11 @@ class ShipperCollector(Collector):
             "Records deleted before every sink had them, to make room (spool.when_full: "
             "drop_oldest). Each sink also counts them as dropped{reason=spool_skipped}.",
             value=spool.evicted,
+        )
+        yield CounterMetricFamily(
+            "gpu_audit_spool_corrupt_records",
+            "Records lost to damage in the spool (a corrupt frame or segment header), counted "
+            "once when the damaged segment's bytes are kept in quarantine/. Each sink also "
+            "counts them as dropped{reason=spool_skipped}.",
+            value=spool.corrupt,
         )

@@ -33,6 +33,9 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.seg$")
 # How many following offsets a resync looks for after a corrupt frame: several frames in a
 # row would have to be damaged before we give up on the rest of a segment.
 RESYNC_TRIES = 16
+# Filesystems zero-fill whole blocks that were allocated but never written; every block
+# size is a multiple of this, so a zero run that starts on such a boundary can be one.
+ZERO_BLOCK = 512
 
 
 def segment_name(base_offset: int) -> str:
@@ -155,13 +158,10 @@ def scan_frames(data: bytes | memoryview, start: int, first_offset: int) -> Scan
             offset += 1
             records += 1
             continue
-        if problem.startswith("incomplete"):
-            return ScanResult(pos, offset, records, problem, pos, torn=True)
         resync = find_resync(data, pos + 1, offset + 1)
         if resync is None:
-            # Nothing recognisable after the bad frame: the tail of a write that never
-            # fully reached the disk (or zero-filled blocks after a power cut).
-            return ScanResult(pos, offset, records, problem, pos, torn=True)
+            torn = is_torn_tail(data, pos, offset)
+            return ScanResult(pos, offset, records, problem, pos, torn=torn)
         return ScanResult(
             pos,
             offset,
@@ -173,6 +173,117 @@ def scan_frames(data: bytes | memoryview, start: int, first_offset: int) -> Scan
             resume_offset=resync[1],
         )
     return ScanResult(pos, offset, records)
+
+
+def is_torn_tail(data: bytes | memoryview, pos: int, expected: int) -> bool:
+    """Whether the bad bytes from `pos` to the end (nothing valid follows) are an
+    incomplete write rather than a damaged complete frame.
+
+    Torn: fewer than a frame header's bytes remain; or the frame's declared length runs
+    past the end of the data and its CRC does not match the bytes that are there (a write
+    that stopped part-way); or the frame runs into a zero-filled tail that starts at the
+    frame or on a ZERO_BLOCK boundary inside it (blocks that were never written). Anything
+    else is a complete frame that is corrupt: it must never be truncated away.
+    """
+    size = len(data)
+    if size - pos < FRAME_HEAD_SIZE:
+        return True
+    length, crc, offset = FRAME_HEAD.unpack_from(data, pos)
+    end = pos + FRAME_HEAD_SIZE + length
+    if end > size:
+        # A whole record whose length field was damaged still matches its own CRC.
+        return not (offset == expected and frame_crc(offset, data[pos + FRAME_HEAD_SIZE :]) == crc)
+    zeros_from = len(bytes(data[pos:]).rstrip(b"\0")) + pos
+    return zeros_from < end and (zeros_from <= pos or zeros_from % ZERO_BLOCK == 0)
+
+
+def offset_after_garbage(data: bytes | memoryview, pos: int, expected: int) -> int:
+    """A safe next offset after unreadable bytes that start with the frame of `expected`:
+    past every later offset number still visible in them (a damaged run of frames), so no
+    offset that may have been handed out is handed out again."""
+    raw = bytes(data[pos:])
+    after = expected + 1
+    candidate = expected + 1
+    misses = 0
+    while misses < RESYNC_TRIES:
+        if raw.find(OFFSET.pack(candidate)) != -1:
+            after = candidate + 1
+            misses = 0
+        else:
+            misses += 1
+        candidate += 1
+    return after
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Unreadable bytes at `pos` in a segment: offsets [first, resume) are lost."""
+
+    pos: int
+    first: int
+    resume: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class SegmentScan:
+    """Every frame of one segment (after its header): what is valid and what is damaged.
+
+    ``valid_end`` is the byte after the last valid frame, ``last_frame`` that frame's
+    position (None when there is none). ``next_offset`` is the offset after everything the
+    segment held, lost records included. ``torn_pos`` is where an incomplete last write
+    starts, when the data ends with one.
+    """
+
+    records: int
+    next_offset: int
+    valid_end: int
+    last_frame: int | None
+    damage: tuple[Damage, ...]
+    torn_pos: int | None
+    torn_problem: str | None = None
+
+    @property
+    def lost(self) -> int:
+        return sum(d.resume - d.first for d in self.damage)
+
+
+def scan_segment(data: bytes | memoryview, base: int) -> SegmentScan:
+    """Walk every frame of a segment whose header is valid, resyncing over damage."""
+    pos, offset = HEADER_SIZE, base
+    records = 0
+    last_frame: int | None = None
+    valid_end = HEADER_SIZE
+    damage: list[Damage] = []
+    while True:
+        result = scan_frames(data, pos, offset)
+        if result.records:
+            records += result.records
+            valid_end = result.end
+            last_frame = _last_frame_start(data, pos, result.end)
+        if result.problem is None:
+            return SegmentScan(records, result.next_offset, valid_end, last_frame,
+                               tuple(damage), None)
+        bad = result.end
+        if result.resume_pos is not None and result.resume_offset is not None:
+            damage.append(Damage(bad, result.next_offset, result.resume_offset, result.problem))
+            pos, offset = result.resume_pos, result.resume_offset
+            continue
+        if result.torn:
+            return SegmentScan(records, result.next_offset, valid_end, last_frame,
+                               tuple(damage), bad, result.problem)
+        after = offset_after_garbage(data, bad, result.next_offset)
+        damage.append(Damage(bad, result.next_offset, after, result.problem))
+        return SegmentScan(records, after, valid_end, last_frame, tuple(damage), None)
+
+
+def _last_frame_start(data: bytes | memoryview, pos: int, end: int) -> int:
+    """The start of the last of the valid frames that run from `pos` to `end`."""
+    last = pos
+    while pos < end:
+        last = pos
+        pos += FRAME_HEAD_SIZE + FRAME_HEAD.unpack_from(data, pos)[0]
+    return last
 
 
 def last_offset_after(data: bytes | memoryview, pos: int, offset: int) -> int:

@@ -72,8 +72,9 @@ def verify_spool(directory: Path | str) -> SpoolReport:
     report.quarantined = _quarantined(root)
     if report.quarantined:
         report.warnings.append(
-            f"{len(report.quarantined)} segment(s) in {root / QUARANTINE_DIR}: their records "
-            "were taken out of the log when the writer recovered the spool"
+            f"{len(report.quarantined)} file(s) in {root / QUARANTINE_DIR}: copies of damaged "
+            "segments kept as evidence; their damaged records were counted as lost "
+            "(records_corrupt), their valid records stay in the log"
         )
     previous_end: int | None = None
     previous_name = ""

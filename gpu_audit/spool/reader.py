@@ -2,9 +2,14 @@
 
 Only complete frames with a valid CRC and the expected offset are returned. Offsets that
 no longer exist (deleted by gc, lost to a quarantined or damaged segment) are skipped and
-reported through `ReadResult.skipped_to` so the caller can count the gap. Segment files
-stay open and each keeps a sparse offset -> position index, so sequential reads never
-rescan. This module must never modify, truncate or delete anything in the spool.
+reported through `ReadResult.skipped_to` so the caller can count the gap. Each segment
+keeps a sparse offset -> position index, so sequential reads never rescan.
+
+A reader holds no file open between calls: a segment is opened when a read needs it and
+closed before `read` returns. A long-lived reader (a sink's, the producer's start-up scan)
+would otherwise keep segments that gc or eviction deleted alive on disk, and a full
+filesystem would never get its space back. This module must never modify, truncate or
+delete anything in the spool.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ class ReadResult:
 class _Segment:
     base: int
     path: Path
-    fd: int
     inode: int
+    fd: int | None = None  # open only during a read() call
     index_offsets: list[int] = field(default_factory=list)
     index_positions: list[int] = field(default_factory=list)
     known_pos: int = HEADER_SIZE  # frames before this position are validated
@@ -55,7 +60,17 @@ class _Segment:
     # offset of a damaged frame -> first valid (offset, position) after it, or None when
     # nothing in the rest of the segment could be recognised.
     holes: dict[int, tuple[int, int] | None] = field(default_factory=dict)
-    header_bad: bool = False
+    header_bad: bool = True  # until a valid header has been seen
+
+    def reset(self, inode: int) -> None:
+        """Another file now has this name (recovery rewrote it): forget what was learnt."""
+        self.inode = inode
+        self.index_offsets.clear()
+        self.index_positions.clear()
+        self.known_pos = HEADER_SIZE
+        self.known_offset = self.base
+        self.holes.clear()
+        self.header_bad = True
 
     def add_index(self, offset: int, pos: int) -> None:
         if not self.index_offsets or offset > self.index_offsets[-1]:
@@ -82,6 +97,7 @@ class SpoolReader:
     # -- segment bookkeeping ---------------------------------------------------------
 
     def _refresh(self) -> None:
+        self._release()
         current = {segment.base: segment for segment in self._segments}
         fresh: list[_Segment] = []
         for base, path in list_segments(self._dir):
@@ -93,23 +109,31 @@ class SpoolReader:
             if old is not None and old.inode == inode:
                 fresh.append(old)
                 continue
-            if old is not None:
-                os.close(old.fd)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            segment = _Segment(base, path, fd, inode, known_offset=base)
-            segment.header_bad = header_problem(os.pread(fd, HEADER_SIZE, 0), base) is not None
-            fresh.append(segment)
-        for gone in current.values():
-            os.close(gone.fd)
+            fresh.append(_Segment(base, path, inode, known_offset=base))
         self._segments = fresh
         self._bases = [segment.base for segment in fresh]
 
-    def close(self) -> None:
+    @staticmethod
+    def _fd(seg: _Segment) -> int:
+        """The segment's file, opened for this read() call. FileNotFoundError when gc or
+        eviction deleted it since the last listing (the caller lists again)."""
+        if seg.fd is None:
+            fd = os.open(seg.path, os.O_RDONLY)
+            inode = os.fstat(fd).st_ino
+            if inode != seg.inode:
+                seg.reset(inode)
+            seg.fd = fd
+        return seg.fd
+
+    def _release(self) -> None:
+        """Close every segment file: nothing stays open between calls."""
         for segment in self._segments:
-            os.close(segment.fd)
+            if segment.fd is not None:
+                os.close(segment.fd)
+                segment.fd = None
+
+    def close(self) -> None:
+        self._release()
         self._segments = []
         self._bases = []
 
@@ -149,7 +173,7 @@ class SpoolReader:
         crc32 = zlib.crc32
         want = CHUNK
         while True:
-            buf = os.pread(seg.fd, want, pos)
+            buf = os.pread(self._fd(seg), want, pos)
             eof = len(buf) < want
             i = 0
             while True:
@@ -191,7 +215,8 @@ class SpoolReader:
         """Record a hole at `offset` and find where valid frames resume in this segment."""
         if offset in seg.holes:
             return seg.holes[offset]
-        rest = os.pread(seg.fd, max(os.fstat(seg.fd).st_size - pos, 0), pos)
+        fd = self._fd(seg)
+        rest = os.pread(fd, max(os.fstat(fd).st_size - pos, 0), pos)
         found = find_resync(rest, 1, offset + 1)
         resume = None if found is None else (found[1], pos + found[0])
         seg.holes[offset] = resume
@@ -228,13 +253,13 @@ class SpoolReader:
             at += 1
         return None
 
-    @staticmethod
-    def _header_ok(seg: _Segment) -> bool:
+    def _header_ok(self, seg: _Segment) -> bool:
         """Whether the segment's header is valid, looking again while it is not: a reader
         can see a segment between the writer's create and its header write, and must not
         stall at that boundary for good."""
         if seg.header_bad:
-            seg.header_bad = header_problem(os.pread(seg.fd, HEADER_SIZE, 0), seg.base) is not None
+            header = os.pread(self._fd(seg), HEADER_SIZE, 0)
+            seg.header_bad = header_problem(header, seg.base) is not None
         return not seg.header_bad
 
     def _find_in(self, seg: _Segment, offset: int, is_last: bool) -> tuple[int, int] | None:
@@ -275,6 +300,21 @@ class SpoolReader:
             raise ValueError(f"offset must be >= 0, not {offset}")
         if limit_offset is not None and offset >= limit_offset:
             return ReadResult([], offset)
+        try:
+            for _attempt in range(8):
+                try:
+                    return self._read(offset, max_records, max_bytes, limit_offset)
+                except FileNotFoundError:
+                    # gc deleted a segment this reader had listed: list again and retry.
+                    self._hint = None
+                    self._refresh()
+            return self._read(offset, max_records, max_bytes, limit_offset)
+        finally:
+            self._release()
+
+    def _read(
+        self, offset: int, max_records: int, max_bytes: int, limit_offset: int | None
+    ) -> ReadResult:
         located = self._locate(offset)
         if located is None:
             return ReadResult([], offset)
@@ -298,7 +338,7 @@ class SpoolReader:
                 # Resolved (skipped over) by the next read, which starts at `current`.
                 self._hint = None
                 if not entries:
-                    return self.read(offset, max_records, max_bytes, limit_offset)
+                    return self._read(offset, max_records, max_bytes, limit_offset)
                 return ReadResult([(o, bytes(p)) for o, p in entries], current, skipped)
             if status != _END or len(entries) >= max_records:
                 break

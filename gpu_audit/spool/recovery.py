@@ -1,9 +1,11 @@
 """Crash recovery of a spool directory, run by the writer when it opens the spool.
 
-Truncates a torn tail (an incomplete last write) and moves corrupt segments into
-``quarantine/``, keeping their valid prefix live. It must never delete data that is not
-provably an incomplete write, and never raise for corruption: every finding is counted and
-described, and the spool opens.
+Truncates a torn tail (an incomplete last write: see `format.is_torn_tail`) and keeps a
+copy of every damaged segment in ``quarantine/`` as evidence. A damaged segment stays live
+where its header is valid, so every valid frame in it (before and after the damage) is
+still read; readers skip exactly the damaged records. It must never delete data that is
+not provably an incomplete write, never hand out an offset twice, and never raise for
+corruption: every finding is counted and described, and the spool opens.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from gpu_audit.spool.format import (
     FRAME_HEAD,
     FRAME_HEAD_SIZE,
     HEADER_SIZE,
+    SegmentScan,
     find_resync,
     header_problem,
     last_offset_after,
     parse_segment_name,
-    scan_frames,
+    scan_segment,
     segment_name,
 )
 
@@ -46,6 +49,9 @@ class Recovery:
     torn_bytes: int = 0
     quarantined: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    corrupt_records: int = 0  # records lost to damage first found by this recovery
+    # live segments checked in full and found clean (gc need not read them again)
+    verified: set[int] = field(default_factory=set)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -67,22 +73,61 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     return found
 
 
-def quarantine(path: Path, keep_prefix: bytes | None) -> str:
-    """Move `path` into quarantine/; when `keep_prefix` holds whole valid frames (with
-    the header), write it back under the original name so those records stay readable."""
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def evidence_kept(path: Path, data: bytes) -> bool:
+    """Whether quarantine/ already holds these bytes of `path` (or more: the original
+    before a torn tail was cut off), so they are neither copied nor counted again."""
+    qdir = path.parent / QUARANTINE_DIR
+    if not qdir.is_dir():
+        return False
+    prefix = path.name + "."
+    for entry in os.scandir(qdir):
+        if entry.name.startswith(prefix) and entry.stat().st_size >= len(data):
+            with open(entry.path, "rb") as handle:
+                if handle.read(len(data)) == data:
+                    return True
+    return False
+
+
+def keep_evidence(path: Path, data: bytes) -> str:
+    """Keep the bytes of `path` (`data`) in quarantine/; returns the evidence's name.
+
+    A hard link: it takes no space (the spool may be damaged *and* on a full disk) and
+    the spool never writes to a segment it has stopped appending to, so the bytes stay as
+    found (only a torn tail after the damage may still be cut off the newest segment).
+    Where links are not supported, a copy, written under a temporary name and renamed so
+    a crash never leaves a partial copy that could pass for the evidence."""
+    qdir = path.parent / QUARANTINE_DIR
+    qdir.mkdir(exist_ok=True)
+    name = f"{path.name}.{time.time_ns()}"
+    try:
+        os.link(path, qdir / name)
+    except OSError:
+        tmp = qdir / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        _write_new(tmp, data)
+        os.replace(tmp, qdir / name)
+    fsync_dir(qdir)
+    return name
+
+
+def quarantine(path: Path) -> str:
+    """Move the whole of `path` into quarantine/ (a segment with no usable header, or a
+    damaged one gc is done with)."""
     qdir = path.parent / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
     target = qdir / f"{path.name}.{time.time_ns()}"
     os.replace(path, target)
-    if keep_prefix is not None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-        try:
-            view = memoryview(keep_prefix)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     fsync_dir(qdir)
     fsync_dir(path.parent)
     return target.name
@@ -97,73 +142,78 @@ def _truncate(path: Path, size: int) -> None:
         os.close(fd)
 
 
+def describe_damage(name: str, scan: SegmentScan) -> str:
+    parts = [
+        f"byte {d.pos}: {d.problem}, offsets {d.first}..{d.resume - 1} unreadable"
+        for d in scan.damage
+    ]
+    return f"{name}: " + "; ".join(parts)
+
+
 def recover(directory: Path, full_scan: bool) -> Recovery:
     """Scan the spool (the last segment always, every segment when `full_scan`)."""
     listing = list_segments(directory)
     live: list[LiveSegment] = []
+    found = Recovery([], 0, False)
     floor = 0  # no offset below this may be handed out again
-    torn_tails = torn_bytes = 0
-    quarantined: list[str] = []
-    findings: list[str] = []
     last_next: int | None = None
     last_appendable = False
     for index, (base, path) in enumerate(listing):
         is_last = index == len(listing) - 1
+        next_base = None if is_last else listing[index + 1][0]
         floor = max(floor, base)
         size = path.stat().st_size
         if is_last and size < HEADER_SIZE:
             # Crash while creating the segment: it holds no record.
             path.unlink()
             fsync_dir(directory)
-            torn_tails += 1
-            torn_bytes += size
-            findings.append(f"{path.name}: incomplete segment header ({size} bytes) removed")
+            found.torn_tails += 1
+            found.torn_bytes += size
+            found.findings.append(f"{path.name}: incomplete segment header ({size} bytes) removed")
             continue
         with path.open("rb") as handle:
             data = handle.read() if (is_last or full_scan) else handle.read(HEADER_SIZE)
         problem = header_problem(data, base)
         if problem is not None:
+            if len(data) < size:
+                with path.open("rb") as handle:
+                    data = handle.read()
+            after = max(_offset_after_damage(data, base), base)
             if is_last:
-                floor = max(floor, _offset_after_damage(data, base))
-            quarantined.append(quarantine(path, None))
-            findings.append(f"{path.name}: byte 0: {problem}; segment quarantined")
+                floor = max(floor, after)
+            lost = (next_base if next_base is not None else after) - base
+            found.corrupt_records += lost
+            found.quarantined.append(quarantine(path))
+            found.findings.append(
+                f"{path.name}: byte 0: {problem}; segment moved to quarantine, offsets "
+                f"{base}..{base + lost - 1} lost"
+            )
             continue
         if not (is_last or full_scan):
             live.append(LiveSegment(base, size))
             continue
-        result = scan_frames(data, HEADER_SIZE, base)
-        if result.problem is None:
-            live.append(LiveSegment(base, size))
-            last_next = result.next_offset
-            last_appendable = True
-            continue
-        if result.torn and is_last:
-            _truncate(path, result.end)
-            torn_tails += 1
-            torn_bytes += size - result.end
-            findings.append(
-                f"{path.name}: byte {result.end}: torn tail of {size - result.end} bytes "
-                f"truncated ({result.problem})"
+        scan = scan_segment(data, base)
+        damaged = bool(scan.damage) or (scan.torn_pos is not None and not is_last)
+        if damaged:
+            _note_damage(path, data, scan, next_base, found)
+        if scan.torn_pos is not None and is_last:
+            _truncate(path, scan.torn_pos)
+            found.torn_tails += 1
+            found.torn_bytes += size - scan.torn_pos
+            found.findings.append(
+                f"{path.name}: byte {scan.torn_pos}: torn tail of {size - scan.torn_pos} "
+                f"bytes truncated ({scan.torn_problem})"
             )
-            live.append(LiveSegment(base, result.end))
-            last_next = result.next_offset
-            last_appendable = True
-            continue
-        # Corruption (or a torn tail inside an older segment, which was fsynced before the
-        # next segment was created, so it cannot be an incomplete write).
-        if result.resume_pos is not None and result.resume_offset is not None:
-            floor = max(floor, last_offset_after(data, result.resume_pos, result.resume_offset))
-        floor = max(floor, result.next_offset)
-        prefix = data[: result.end] if result.records else None
-        quarantined.append(quarantine(path, prefix))
-        findings.append(
-            f"{path.name}: byte {result.problem_pos}: {result.problem}; segment quarantined, "
-            f"{result.records} record(s) before the damage kept"
-        )
-        if prefix is not None:
-            live.append(LiveSegment(base, len(prefix)))
-            last_next = result.next_offset
-            last_appendable = False
+            size = scan.torn_pos
+        live.append(LiveSegment(base, size))
+        if not damaged:
+            found.verified.add(base)
+        if is_last:
+            last_next = scan.next_offset
+            # Appending after damage would put new frames behind a hole a reader must
+            # resync over; a fresh segment keeps the newest records easy to find.
+            last_appendable = not scan.damage
+        floor = max(floor, scan.next_offset)
     next_offset = floor
     if live and last_next is not None:
         next_offset = max(next_offset, last_next)
@@ -171,18 +221,41 @@ def recover(directory: Path, full_scan: bool) -> Recovery:
         last_appendable = False
     if not live:
         last_appendable = False
-    return Recovery(
-        live, next_offset, last_appendable, torn_tails, torn_bytes, quarantined, findings
+    found.segments = live
+    found.next_offset = next_offset
+    found.last_appendable = last_appendable
+    return found
+
+
+def _note_damage(
+    path: Path, data: bytes, scan: SegmentScan, next_base: int | None, found: Recovery
+) -> None:
+    """Keep the damaged segment's bytes in quarantine/ and count its lost records, once."""
+    lost = scan.lost
+    detail = describe_damage(path.name, scan) if scan.damage else path.name
+    if scan.torn_pos is not None and next_base is not None:
+        # An older segment was fsynced before the next one was created: an incomplete
+        # frame in it is damage, and every offset up to the next segment is lost.
+        lost += max(next_base - scan.next_offset, 0)
+        detail += (f"; byte {scan.torn_pos}: {scan.torn_problem}, offsets "
+                   f"{scan.next_offset}..{next_base - 1} unreadable")
+    if evidence_kept(path, data):
+        found.findings.append(f"{detail} (already in quarantine)")
+        return
+    found.quarantined.append(keep_evidence(path, data))
+    found.corrupt_records += lost
+    found.findings.append(
+        f"{detail}; copy kept in quarantine, {lost} record(s) lost, the valid frames stay live"
     )
 
 
 def _offset_after_damage(data: bytes, base: int) -> int:
     """A safe next offset for a segment whose header is unreadable: past every frame that
     can still be recognised in it."""
-    found = find_resync(data, 0, base)
-    if found is None:
+    resync = find_resync(data, 0, base)
+    if resync is None:
         return base
-    return last_offset_after(data, found[0], found[1])
+    return last_offset_after(data, resync[0], resync[1])
 
 
 def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | None:
@@ -191,15 +264,11 @@ def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | N
         path = directory / segment_name(segment.base)
         with path.open("rb") as handle:
             data = handle.read(segment.size)
-        result = scan_frames(data, HEADER_SIZE, segment.base)
-        if result.records == 0:
+        if header_problem(data, segment.base) is not None:
             continue
-        pos = HEADER_SIZE
-        last = pos
-        while pos < result.end:
-            last = pos
-            length = FRAME_HEAD.unpack_from(data, pos)[0]
-            pos += FRAME_HEAD_SIZE + length
+        last = scan_segment(data, segment.base).last_frame
+        if last is None:
+            continue
         length = FRAME_HEAD.unpack_from(data, last)[0]
         return bytes(data[last + FRAME_HEAD_SIZE : last + FRAME_HEAD_SIZE + length])
     return None

@@ -22,13 +22,31 @@ from types import TracebackType
 
 from gpu_audit.spool.config import SpoolConfig
 from gpu_audit.spool.errors import SpoolFull, SpoolLocked, SpoolWriteError
-from gpu_audit.spool.format import HEADER_SIZE, MAX_PAYLOAD, encode_frames, encode_header
+from gpu_audit.spool.format import (
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    encode_frames,
+    encode_header,
+    header_problem,
+    scan_segment,
+)
 from gpu_audit.spool.format import segment_name as _segment_name
-from gpu_audit.spool.recovery import LiveSegment, read_last_payload, recover
+from gpu_audit.spool.recovery import (
+    LiveSegment,
+    describe_damage,
+    evidence_kept,
+    quarantine,
+    read_last_payload,
+    recover,
+)
 
 log = logging.getLogger("gpu_audit.spool")
 
 LOCK_FILE = "LOCK"
+# The spool never takes a filesystem's last bytes, whatever min_free_bytes says: the
+# shipper must still be able to commit its cursors and ledgers there (new small files),
+# or gc could never run and a full spool would stay full until a restart.
+RESERVE_BYTES = 64 * 1024
 
 FsyncFn = Callable[[int], None]
 WriteFn = Callable[[int, memoryview], int]
@@ -47,7 +65,10 @@ class SpoolCounters:
     records_evicted: int = 0  # deleted unshipped to make room (when_full: drop_oldest)
     torn_tails_truncated: int = 0
     torn_bytes_truncated: int = 0
-    segments_quarantined: int = 0
+    # Records lost to damage (a corrupt frame, a bad header), counted once, when their
+    # segment's bytes are first kept in quarantine/ (by recovery or by gc's check)
+    records_corrupt: int = 0
+    segments_quarantined: int = 0  # damaged segments kept in quarantine/ (link, copy, move)
     segments_deleted: int = 0
 
 
@@ -120,7 +141,10 @@ class SpoolWriter:
         self.counters.torn_tails_truncated = found.torn_tails
         self.counters.torn_bytes_truncated = found.torn_bytes
         self.counters.segments_quarantined = len(found.quarantined)
+        self.counters.records_corrupt = found.corrupt_records
         self.recovery_findings = list(found.findings)
+        self._verified = set(found.verified)
+        self._gc_lock = threading.Lock()
         self._segments: list[LiveSegment] = found.segments
         self._next = found.next_offset
         self._last_payload = read_last_payload(self._dir, self._segments)
@@ -237,11 +261,15 @@ class SpoolWriter:
         path = self._dir / _segment_name(active.base)
         if self._dirty_tail is not None:
             self._truncate_to(self._dirty_tail, path)
-        try:
-            self._write_all(self._fd, data)
-        except OSError as exc:
-            self._truncate_after_failed_write(active.size, path)
-            raise self._write_error(exc, path, "write") from exc
+        while True:
+            try:
+                self._write_all(self._fd, data)
+                break
+            except OSError as exc:
+                self._truncate_after_failed_write(active.size, path)
+                if self._evict_for(exc):
+                    continue
+                raise self._write_error(exc, path, "write") from exc
         active.size += len(data)
         self._size += len(data)
         if self._free is not None:
@@ -307,9 +335,11 @@ class SpoolWriter:
                 raise self._write_error(exc, self._dir, "statvfs") from exc
             self._free = stat.f_bavail * stat.f_frsize
             self._free_at = now
-        if self._free - nbytes < cfg.min_free_bytes:
+        floor = max(cfg.min_free_bytes, RESERVE_BYTES)
+        if self._free - nbytes < floor:
             return ("min_free", f"{self._free} bytes free on the filesystem of {self._dir}; "
-                                f"min_free_bytes={cfg.min_free_bytes}")
+                                f"min_free_bytes={cfg.min_free_bytes} (at least "
+                                f"{RESERVE_BYTES} are always left free)")
         return None
 
     def _evict_oldest(self) -> bool:
@@ -335,6 +365,17 @@ class SpoolWriter:
         log.warning("spool %s full (when_full: drop_oldest): evicted %d records at offsets "
                     "%d..%d", self._dir, evicted, oldest.base, following.base - 1)
         return True
+
+    def _evict_for(self, exc: OSError) -> bool:
+        """Under drop_oldest a write that found the filesystem full (the cached free space
+        was stale, or another process filled it) evicts the oldest segment and is tried
+        again; False when that does not apply or nothing more may be evicted."""
+        return (
+            exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            and self._config.when_full == "drop_oldest"
+            and self._dirty_tail is None
+            and self._evict_oldest()
+        )
 
     def _refuse(self, reason: str, records: int) -> None:
         self.counters.refused[reason] = self.counters.refused.get(reason, 0) + records
@@ -457,25 +498,79 @@ class SpoolWriter:
     def gc(self, min_offset: int) -> int:
         """Delete whole segments whose records are all below `min_offset`, oldest first.
 
-        Never the active segment, nor the one holding the newest record. Returns bytes freed.
+        Never the active segment, nor the one holding the newest record. Each segment is
+        CRC-checked before it goes (unless recovery already did): a damaged one has its
+        bytes kept in quarantine/ first and its lost records counted, so gc never deletes
+        the only evidence of corruption. Returns bytes freed.
         """
-        freed = 0
-        with self._wlock:
-            self._check_open()
-            keep_from = len(self._segments) - (1 if self._active_records else 2)
-            while len(self._segments) > 1 and keep_from > 0:
-                oldest, following = self._segments[0], self._segments[1]
-                if following.base > min_offset:
-                    break
-                (self._dir / _segment_name(oldest.base)).unlink()
-                self._segments.pop(0)
-                keep_from -= 1
-                self._size -= oldest.size
-                freed += oldest.size
-                self.counters.segments_deleted += 1
-            if freed:
-                self._fsync_dir()
+        with self._gc_lock:
+            with self._wlock:
+                self._check_open()
+                keep_from = max(len(self._segments) - (1 if self._active_records else 2), 0)
+                # bases grow, so this is a prefix: segments go oldest first
+                doomed = [
+                    (seg.base, seg.size, following.base)
+                    for seg, following in zip(
+                        self._segments[:keep_from], self._segments[1:], strict=False
+                    )
+                    if following.base <= min_offset
+                ]
+            # Segments below the active one never change: check them without the lock.
+            keep = {
+                base for base, size, following in doomed
+                if base not in self._verified and self._damaged(base, size, following)
+            }
+            freed = 0
+            with self._wlock:
+                for base, size, _following in doomed:
+                    if not self._segments or self._segments[0].base != base:
+                        continue  # evicted meanwhile (when_full: drop_oldest)
+                    path = self._dir / _segment_name(base)
+                    if base in keep:
+                        # the evidence: moved, which needs no space on a full disk
+                        name = quarantine(path)
+                        self.counters.segments_quarantined += 1
+                        log.error("spool gc: %s kept as quarantine/%s", path.name, name)
+                    else:
+                        path.unlink()
+                        freed += size
+                    self._segments.pop(0)
+                    self._verified.discard(base)
+                    self._size -= size
+                    self.counters.segments_deleted += 1
+                if doomed:
+                    self._fsync_dir()
+                    # ask the filesystem again on the next append: a refusing spool
+                    # (min_free) must see the space come back at once
+                    self._free = None
         return freed
+
+    def _damaged(self, base: int, size: int, following: int) -> bool:
+        """Before gc deletes a segment: whether it is damaged evidence that quarantine/
+        does not hold yet (its lost records are counted here, once)."""
+        path = self._dir / _segment_name(base)
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(size)
+        except FileNotFoundError:
+            return False  # evicted meanwhile (when_full: drop_oldest): nothing to keep
+        problem = header_problem(data, base)
+        if problem is None:
+            scan = scan_segment(data, base)
+            # a segment below the active one was fsynced whole: an incomplete frame in it
+            # is damage too
+            if not scan.damage and scan.torn_pos is None:
+                return False
+            lost = scan.lost + (following - scan.next_offset if scan.torn_pos is not None else 0)
+            detail = describe_damage(path.name, scan)
+        else:
+            lost = following - base
+            detail = f"{path.name}: byte 0: {problem}"
+        if evidence_kept(path, data):
+            return False
+        self.counters.records_corrupt += lost
+        log.error("spool gc: %s; %d record(s) lost", detail, lost)
+        return True
 
     # -- closing -------------------------------------------------------------------------
 

@@ -117,9 +117,10 @@ def _flip(path: Path, pos: int) -> None:
 def test_bit_flip_in_last_segment_is_quarantined_and_numbering_continues(
     tmp_path: Path,
 ) -> None:
-    """A flipped payload byte mid-way through the newest segment: the segment goes to
-    quarantine/, the records before the damage stay readable, the reader skips over the
-    lost ones and new records never reuse an offset that was handed out."""
+    """A flipped payload byte mid-way through the newest segment: a copy of the segment is
+    kept in quarantine/, every valid record (before and after the damage) stays readable,
+    the reader skips just the damaged one, and new records never reuse an offset that was
+    handed out."""
     directory = tmp_path / "spool"
     layout = _build(directory)
     path, _size, ends = layout[-1]
@@ -133,15 +134,19 @@ def test_bit_flip_in_last_segment_is_quarantined_and_numbering_continues(
         assert writer.commit([b"new"]) == len(PAYLOADS)
     assert len(list((directory / QUARANTINE_DIR).iterdir())) == 1
     entries, skips = read_all(directory)
-    assert skips == [len(PAYLOADS)]
-    assert entries == [*enumerate(PAYLOADS[:damaged]), (len(PAYLOADS), b"new")]
+    assert skips == [damaged + 1]
+    assert entries == [
+        *((o, p) for o, p in enumerate(PAYLOADS) if o != damaged),
+        (len(PAYLOADS), b"new"),
+    ]
 
 
 def test_bit_flip_in_older_segment_reader_resyncs_and_full_scan_quarantines(
     tmp_path: Path,
 ) -> None:
     """Damage inside an older segment: a reader skips just the damaged record (resync on the
-    next frame), and a writer opened with recovery_scan=full quarantines that segment."""
+    next frame), and a writer opened with recovery_scan=full keeps a copy of that segment
+    in quarantine/ while its valid frames stay readable."""
     directory = tmp_path / "spool"
     layout = _build(directory)
     path, _size, ends = layout[1]
@@ -162,10 +167,8 @@ def test_bit_flip_in_older_segment_reader_resyncs_and_full_scan_quarantines(
         assert writer.counters.segments_quarantined == 1
         assert writer.next_offset == len(PAYLOADS)
     entries, skips = read_all(directory)
-    assert skips == [len(layout[0][2]) + len(ends)]
-    assert [o for o, _ in entries] == [
-        o for o in range(len(PAYLOADS)) if not base + 1 <= o < base + len(ends)
-    ]
+    assert skips == [base + 2]
+    assert [o for o, _ in entries] == [o for o in range(len(PAYLOADS)) if o != base + 1]
 
 
 def test_bad_magic_segment_is_quarantined(tmp_path: Path) -> None:

@@ -65,3 +65,42 @@ def test_drop_oldest_still_refuses_a_batch_larger_than_the_whole_spool(tmp_path:
     assert writer.counters.refused["max_bytes"] == 60
     assert writer.last_payload() == RECORD
     writer.close()
+
+
+def test_drop_oldest_evicts_on_enospc_too(tmp_path: Path) -> None:
+    """A write that fails with ENOSPC (the filesystem filled faster than the cached free
+    space said, e.g. by another process) makes drop_oldest evict and write again instead
+    of losing the batch; under refuse it is a counted SpoolWriteError, nothing written."""
+    import errno
+    import os
+
+    from gpu_audit.spool import SpoolWriteError
+
+    failures = [0]
+
+    def write(fd: int, data: memoryview) -> int:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+    for policy in ("drop_oldest", "refuse"):
+        cfg = SpoolConfig(directory=tmp_path / policy, segment_bytes=8192,
+                          min_free_bytes=0, when_full=policy)  # type: ignore[arg-type]
+        writer = SpoolWriter(cfg, write=write)
+        for _ in range(20):
+            writer.commit([RECORD] * 4)
+        failures[0] = 1
+        if policy == "drop_oldest":
+            first = writer.commit([b"fits after eviction"])
+            assert writer.counters.records_evicted > 0
+            assert writer.counters.write_errors == {}
+            entries = SpoolReader(cfg.directory).read(first, 10).entries
+            assert entries == [(first, b"fits after eviction")]
+        else:
+            with pytest.raises(SpoolWriteError) as caught:
+                writer.commit([b"refused"])
+            assert caught.value.reason == "ENOSPC"
+            assert writer.counters.records_evicted == 0
+            assert writer.counters.write_errors == {"ENOSPC": 1}
+        writer.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_audit.spool import SpoolFull, SpoolLocked, SpoolReader, SpoolWriteError, SpoolWriter
+from gpu_audit.spool.writer import RESERVE_BYTES
 from tests.spool.conftest import read_all
 
 
@@ -106,8 +107,9 @@ def test_min_free_refuses_and_statvfs_is_cached(make_config) -> None:  # type: i
     """Below min_free_bytes the append raises SpoolFull("min_free") with nothing written;
     statvfs is consulted at most once per interval and writes in between are subtracted."""
     now = [0.0]
-    fake = FakeStatvfs(free=10_000)
-    cfg = make_config(min_free_bytes=5_000, statvfs_interval_s=1.0)
+    # (offset by the reserve the writer always leaves, so min_free_bytes is what bites)
+    fake = FakeStatvfs(free=RESERVE_BYTES + 10_000)
+    cfg = make_config(min_free_bytes=RESERVE_BYTES + 5_000, statvfs_interval_s=1.0)
     with SpoolWriter(cfg, statvfs=fake, clock=lambda: now[0]) as writer:
         writer.commit([b"a" * 1000] * 2)
         writer.commit([b"a" * 1000] * 2)  # cached free shrinks by what was written
@@ -123,6 +125,20 @@ def test_min_free_refuses_and_statvfs_is_cached(make_config) -> None:  # type: i
         now[0] = 2.0
         assert writer.commit([b"c"]) == 4
         assert fake.calls == 2
+
+
+def test_last_bytes_of_the_filesystem_are_never_taken(make_config) -> None:  # type: ignore[no-untyped-def]
+    """Even with min_free_bytes: 0 the spool refuses (reason min_free) before the
+    filesystem is full, so the shipper can still commit its cursors there and gc can
+    free space; otherwise a spool that filled its disk stayed full until a restart."""
+    fake = FakeStatvfs(free=RESERVE_BYTES + 1_500)
+    cfg = make_config(min_free_bytes=0)
+    with SpoolWriter(cfg, statvfs=fake, clock=lambda: 0.0) as writer:
+        writer.commit([b"a" * 1000])
+        with pytest.raises(SpoolFull) as caught:
+            writer.commit([b"b" * 1000])
+        assert caught.value.reason == "min_free"
+        assert writer.counters.refused == {"min_free": 1}
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS])

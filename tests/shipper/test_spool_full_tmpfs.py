@@ -1,0 +1,206 @@
+"""A really full filesystem recovers without a restart (issue 7, defect 1).
+
+The spool lives on a 2 MiB tmpfs (a loop-mounted ext4 image where tmpfs cannot be
+mounted) with `max_bytes` far above the disk size, so the filesystem's free space
+(`min_free_bytes`) is what bites, as in production. The real `SpoolWriter` and `Shipper`
+run with an in-process sink that the test takes down and brings back. Space only comes
+back when no spool reader keeps a handle on a segment that GC or eviction deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_audit.spool import SpoolFull, SpoolWriter
+from gpu_audit.spool.config import SpoolConfig
+from gpu_audit.spool.recovery import list_segments
+from shipper.config import ShipperConfig
+from shipper.engine import Shipper
+from tests.shipper.conftest import eventually
+from tests.shipper.memsinks import MemorySink, record
+
+DISK = 2 * 1024 * 1024
+RECORD = 400  # bytes per record payload
+BATCH = 5
+
+
+def _mount(target: Path, image: Path) -> str | None:
+    """Mount a 2 MiB filesystem on `target`; None when it worked, else why not."""
+    if os.geteuid() != 0:
+        return "mounting a small filesystem needs root"
+    tmpfs = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(target)],
+        capture_output=True, text=True, check=False,
+    )
+    if tmpfs.returncode == 0:
+        return None
+    if shutil.which("mkfs.ext4") is None:
+        return f"tmpfs mount refused ({tmpfs.stderr.strip()}) and no mkfs.ext4 for a loop image"
+    with image.open("wb") as handle:
+        handle.truncate(DISK)
+    steps = [
+        ["mkfs.ext4", "-q", "-F", str(image)],
+        ["mount", "-o", "loop", str(image), str(target)],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return (f"tmpfs mount refused ({tmpfs.stderr.strip()}); loop image failed at "
+                    f"{step[0]}: {done.stderr.strip()}")
+    return None
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    target = tmp_path / "mnt"
+    target.mkdir()
+    why = _mount(target, tmp_path / "disk.img")
+    if why is not None:
+        pytest.skip(why)
+    try:
+        yield target
+    finally:
+        if subprocess.run(["umount", str(target)], check=False).returncode != 0:
+            # something (a thread of a failed test) still holds a file: detach it anyway so
+            # no mount outlives the test
+            subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def _deleted_segments_open(directory: Path) -> list[str]:
+    """Segment files this process still holds open although they were deleted."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed between the listing and the readlink
+        if target.startswith(str(directory)) and target.endswith(".seg (deleted)"):
+            found.append(target)
+    return found
+
+
+def _used(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _live_bytes(directory: Path) -> int:
+    """What the live segments take on the filesystem (whole blocks)."""
+    return sum(path.stat().st_blocks * 512 for _base, path in list_segments(directory))
+
+
+class _Producer:
+    """Commits fixed-size batches; remembers what was acknowledged and what was refused."""
+
+    def __init__(self, writer: SpoolWriter) -> None:
+        self.writer = writer
+        self.seq = 0
+        self.acked: list[int] = []
+        self.refused = 0
+
+    def batch(self) -> bool:
+        first = self.seq
+        payloads = [record(first + i, size=RECORD) for i in range(BATCH)]
+        try:
+            self.writer.commit(payloads)
+        except SpoolFull:
+            self.refused += BATCH
+            return False
+        self.acked.extend(range(first, first + BATCH))
+        self.seq += BATCH
+        return True
+
+
+@pytest.mark.parametrize("min_free", [256 * 1024, 0])
+@pytest.mark.parametrize("when_full", ["refuse", "drop_oldest"])
+def test_full_filesystem_recovers_without_restart(
+    small_fs: Path, fast_config: ShipperConfig, when_full: str, min_free: int
+) -> None:
+    """Fill a real 2 MiB filesystem with the sink down, bring the sink back: with no
+    restart the deleted segments' space is returned (no deleted segment is held open),
+    and new records are written again. Under drop_oldest every eviction frees its bytes
+    on the filesystem while the sink is still down. With min_free_bytes: 0 the spool
+    still leaves the shipper room to commit its cursor, or gc could never free a byte."""
+    spool_dir = small_fs / "spool"
+    cfg = SpoolConfig(
+        directory=spool_dir,
+        segment_bytes=32 * 1024,
+        max_bytes=64 * DISK,  # far above the disk: the filesystem is what fills up
+        min_free_bytes=min_free,
+        statvfs_interval_s=1e-6,  # every append asks the filesystem
+        fsync_window_ms=1,
+        when_full=when_full,
+    )
+    writer = SpoolWriter(cfg)
+    sink = MemorySink("archive")
+    shipper = Shipper(fast_config, cfg, writer=writer, sinks=[sink])
+    shipper.start()
+    producer = _Producer(writer)
+    try:
+        # Phase 0: the sink keeps up over several segments, and GC deletes them behind it.
+        while len(list_segments(spool_dir)) < 6:
+            assert producer.batch()
+        eventually(lambda: sink.count() == len(producer.acked), what="first records delivered")
+        eventually(lambda: shipper.gc() >= 0 and len(list_segments(spool_dir)) <= 2,
+                   what="delivered segments collected")
+        assert _deleted_segments_open(spool_dir) == []
+
+        # Phase 1: the sink is down until the filesystem is full.
+        sink.down = True
+        if when_full == "refuse":
+            while producer.batch():
+                assert producer.seq < 100_000, "the filesystem never filled up"
+            assert producer.refused
+        else:
+            while writer.counters.records_evicted == 0:
+                assert producer.batch(), "drop_oldest refused instead of evicting"
+            # Keep writing well past a disk's worth: every batch fits because each
+            # eviction really frees its bytes on the filesystem.
+            for _ in range(2 * DISK // (BATCH * RECORD)):
+                assert producer.batch(), (
+                    f"refused although {writer.counters.records_evicted} records were evicted; "
+                    f"deleted segments still open: {_deleted_segments_open(spool_dir)}"
+                )
+            assert _deleted_segments_open(spool_dir) == []
+            # What the filesystem uses is the live segments plus small files (cursor,
+            # ledger, directories), not the evicted segments.
+            assert _used(spool_dir) <= _live_bytes(spool_dir) + 64 * 1024
+
+        # Phase 2: the sink returns; the backlog is delivered, GC frees it, and with no
+        # restart the spool accepts records again.
+        sink.down = False
+        eventually(lambda: _caught_up(shipper, writer), what="backlog delivered")
+        eventually(lambda: shipper.gc() >= 0 and _deleted_segments_open(spool_dir) == [],
+                   what=f"no deleted segment held open ({_deleted_segments_open(spool_dir)})")
+        before = len(producer.acked)
+        eventually(producer.batch, what="the spool accepting records again")
+        for _ in range(20):
+            assert producer.batch()
+        assert len(producer.acked) == before + 21 * BATCH
+        eventually(lambda: _caught_up(shipper, writer), what="the new records delivered")
+        assert _used(spool_dir) <= _live_bytes(spool_dir) + 64 * 1024
+    finally:
+        shipper.stop(5)
+        writer.close()
+    assert sink.duplicates() == 0
+    assert _deleted_segments_open(spool_dir) == []
+    missing = {record_id(seq) for seq in producer.acked} - set(sink.docs)
+    if when_full == "refuse":
+        assert missing == set()
+    else:
+        # evicted unshipped records are the only ones missing, and each was counted
+        assert 0 < len(missing) <= writer.counters.records_evicted
+
+
+def record_id(seq: int) -> str:
+    return f"test-{seq:012d}"
+
+
+def _caught_up(shipper: Shipper, writer: SpoolWriter) -> bool:
+    return all(status.position >= writer.durable_offset for status in shipper.statuses())
