@@ -23,6 +23,7 @@ from gpu_audit.errors import ConfigError, Problem
 from gpu_audit.yamlload import (
     Document,
     Loc,
+    YamlSyntaxError,
     dotted,
     load_yaml,
     parse_yaml,
@@ -50,14 +51,9 @@ def _env_path(name: str) -> KeyPath:
     return tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__") if p)
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[KeyPath, Any]:
-    """GPU_AUDIT__EXPORTER__LISTEN=127.0.0.1:9945 -> {("exporter", "listen"): "..."}.
-
-    Values are parsed as YAML scalars/lists (with the same loader as files, so an alias
-    bomb in a variable is refused too) so numbers and booleans work; a value that is
-    not valid YAML is taken as a string.
-    """
-    out: dict[KeyPath, Any] = {}
+def _env_values(environ: Mapping[str, str]) -> tuple[dict[KeyPath, Any], list[Problem]]:
+    values: dict[KeyPath, Any] = {}
+    problems: list[Problem] = []
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -65,10 +61,22 @@ def env_overrides(environ: Mapping[str, str]) -> dict[KeyPath, Any]:
         if not path:
             continue
         try:
-            out[path] = load_yaml(raw, name)[0] if raw else raw
-        except ConfigError:
-            out[path] = raw
-    return out
+            values[path] = load_yaml(raw, name)[0] if raw else raw
+        except YamlSyntaxError:
+            values[path] = raw  # not YAML: the text itself
+        except ConfigError as exc:  # YAML, but refused (an alias bomb, a duplicate key)
+            problems += [Problem(p.message, dotted(path), origin=name) for p in exc.located()]
+    return values, problems
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[KeyPath, Any]:
+    """GPU_AUDIT__EXPORTER__LISTEN=127.0.0.1:9945 -> {("exporter", "listen"): "..."}.
+
+    Values are parsed as YAML scalars/lists so numbers and booleans work, with the same
+    loader as files (an alias bomb in a variable is refused too, and left out here); a
+    value that is not valid YAML is taken as a string.
+    """
+    return _env_values(environ)[0]
 
 
 @dataclass
@@ -79,6 +87,7 @@ class Layers:
     doc: Document
     data: dict[str, Any]
     origins: dict[KeyPath, str] = field(default_factory=dict)
+    env_problems: list[Problem] = field(default_factory=list)
 
     @property
     def source(self) -> str:
@@ -101,8 +110,9 @@ class Layers:
         return Problem(message, dotted(loc), file=str(self.path), line=line)
 
     def load_problems(self) -> list[Problem]:
+        """What the loader refused in the file and in the variables."""
         return [Problem(msg, dotted(loc), file=self.source, line=line)
-                for loc, line, msg in self.doc.problems]
+                for loc, line, msg in self.doc.problems] + self.env_problems
 
 
 def gather(
@@ -128,7 +138,7 @@ def gather(
     for name in sorted(env):
         if name.startswith(ENV_PREFIX) and _env_path(name):
             layers.origins[_env_path(name)] = name
-    layered: dict[KeyPath, Any] = dict(env_overrides(env))
+    layered, layers.env_problems = _env_values(env)
     for key_path, value in (overrides or {}).items():
         layered[key_path] = value
         layers.origins[key_path] = (labels or {}).get(key_path, "command line")

@@ -37,6 +37,10 @@ MAX_NODES = 100_000
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+class YamlSyntaxError(ConfigError):
+    """The text is not YAML at all (as opposed to YAML that is refused)."""
+
+
 @dataclass
 class Document:
     """A parsed YAML file: the data, the line of each key path, and load problems."""
@@ -139,7 +143,7 @@ def parse_yaml(text: str, source: str) -> Document:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
             problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(source, [f"{where}not valid YAML: {problem}"]) from None
+            raise YamlSyntaxError(source, [f"{where}not valid YAML: {problem}"]) from None
         except RecursionError:
             raise ConfigError(source, ["nested too deeply to read"]) from None
         if node is None:
@@ -220,8 +224,8 @@ def validation_problems(exc: ValidationError, data: Any) -> list[tuple[Loc, str]
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (not a setting; check the spelling)"
-        elif err["type"] == "value_error" and "error" in err.get("ctx", {}):
-            msg = str(err["ctx"]["error"])  # our own message, without "Value error, "
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]  # our own validators' message, as written
         problems.append((user_loc(err["loc"], data), msg))
     return problems
 

@@ -92,7 +92,7 @@ class ShipperConfig(Section):
             name = sink_name(sink)
             if name in seen:
                 problems.append(
-                    f"sinks[{i}] and sinks[{seen[name]}] are both named {name!r}: each sink "
+                    f"sinks.{i} and sinks.{seen[name]} are both named {name!r}: each sink "
                     "needs its own name (it names the sink's cursor)"
                 )
             else:

@@ -148,3 +148,19 @@ def test_a_valid_configuration_is_ok(tmp_path: Path) -> None:
     res = _check("--config", str(cfg))
     assert res.returncode == 0, res.stderr
     assert "configuration OK" in res.stdout
+
+
+def test_scenario_problems_name_the_scenario_file_and_line(tmp_path: Path) -> None:
+    """With the sim backend, the scenario file is loaded too; its problems carry its own
+    file name and line, beside the configuration's."""
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: t\ngpus:\n  - count: 0\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"exporter:\n  backend: sim\n  scenario: {scen}\n  listen: x\n"
+                   f"spool:\n  directory: {tmp_path / 'spool'}\n")
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg, environ={})
+    assert info.value.problems == [
+        f"{cfg}:4: exporter.listen: listen address 'x' is not HOST:PORT",
+        f"{scen}:3: gpus.0.count: Input should be greater than or equal to 1",
+    ]

@@ -116,13 +116,16 @@ _LOADERS = {
     "config": "from gpu_audit.settings import load_settings; load_settings(p, environ={})",
     "scenario": "from exporter.sim.scenario import load_scenario; load_scenario(str(p))",
     "web-config": "from exporter.webconfig import load_web_config; load_web_config(p)",
+    "environment": "from gpu_audit.settings import load_settings; load_settings(None, "
+                   "environ={'GPU_AUDIT__ATTRIBUTION__ENVIRON_KEYS': p.read_text()})",
 }
 
 
 @pytest.mark.parametrize("kind", sorted(_LOADERS))
 def test_an_alias_bomb_is_refused_quickly_with_bounded_memory(tmp_path: Path, kind: str) -> None:
-    """A billion-laughs file is refused with a message about aliases; the loader runs
-    under a 1 GiB address-space limit and a time limit, so expanding it would fail."""
+    """A billion-laughs file (or environment variable) is refused with a message about
+    aliases; the loader runs under a 1 GiB address-space limit and a time limit, so
+    expanding it would fail."""
     path = tmp_path / "bomb.yaml"
     path.write_text(_bomb())
     script = textwrap.dedent(f"""\
