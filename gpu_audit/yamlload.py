@@ -58,38 +58,30 @@ def _expanded_size(root: yaml.Node, source: str) -> None:
     memoised per node so the count itself is linear in the file's size.
     """
     sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    # iterative post-order: (node, children-pushed?)
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()  # on the current path from the root: a cycle if met again
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]  # (node, children counted?)
     while stack:
-        node, expanded = stack.pop()
+        node, children_done = stack.pop()
         key = id(node)
-        if expanded:
-            on_path.discard(key)
+        if children_done:
+            open_nodes.discard(key)
             total = 1 + sum(sizes[id(c)] for c in _children(node))
             if total > MAX_NODES:
-                line = node.start_mark.line + 1
                 raise ConfigError(source, [
-                    f"line {line}: anchors and aliases expand this document to more than "
-                    f"{MAX_NODES:,} values (an alias bomb?); write the values out or use "
-                    "fewer aliases"])
+                    f"line {node.start_mark.line + 1}: this document holds more than "
+                    f"{MAX_NODES:,} values, counting each use of an alias (an alias "
+                    "bomb?); write the values out or use fewer aliases"])
             sizes[key] = total
             continue
         if key in sizes:
             continue
-        if key in on_path:
-            line = node.start_mark.line + 1
-            raise ConfigError(source, [
-                f"line {line}: an alias refers to a node that contains it (a cycle); "
-                "aliases must not be recursive"])
-        on_path.add(key)
+        open_nodes.add(key)
         stack.append((node, True))
         for child in _children(node):
-            if id(child) in on_path:
-                line = child.start_mark.line + 1
+            if id(child) in open_nodes:
                 raise ConfigError(source, [
-                    f"line {line}: an alias refers to a node that contains it (a cycle); "
-                    "aliases must not be recursive"])
+                    f"line {child.start_mark.line + 1}: an alias refers to a node that "
+                    "contains it (a cycle); aliases must not be recursive"])
             if id(child) not in sizes:
                 stack.append((child, False))
 
