@@ -19,17 +19,19 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
+import re
 import ssl
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import bcrypt
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.model_base import Section
@@ -59,6 +61,8 @@ _CIPHERS = {
 }
 _CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1",
            "X25519": "X25519"}
+log = logging.getLogger(__name__)
+
 _HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options",
             "X-XSS-Protection", "Strict-Transport-Security")
 
@@ -172,19 +176,42 @@ def _parse_duration(text: str) -> float:
     raise ValueError(f"{text!r} is not a duration like 1s, 500ms, 2m")
 
 
+# bcrypt's own alphabet; a hash is $2b$NN$ then 22 salt and 31 digest characters
+_BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+# Cost bounds. 4 is bcrypt's own minimum. Each step doubles the work: cost 16 is about
+# 4 s of one core per check here (BENCHMARKS-style measurement on the CI machine), under
+# Prometheus' default 10 s scrape timeout for the first, uncached login; 17 would be ~8 s
+# and anything higher turns every unknown user's login into a CPU-bound denial of service
+# (cost 31 is days per check).
+MIN_BCRYPT_COST = 4
+MAX_BCRYPT_COST = 16
+
+
+def _bcrypt_hash(value: str) -> str:
+    """A bcrypt hash bcrypt can check in bounded time; the error never shows the hash."""
+    if not value.startswith(("$2a$", "$2b$", "$2y$")):
+        raise ValueError("not a bcrypt hash (one starting $2a$, $2b$ or $2y$, e.g. from "
+                         "`htpasswd -nBC 10 USER`)")
+    match = _BCRYPT.match(value)
+    if match is None:
+        raise ValueError("not a complete bcrypt hash: expected $2b$NN$ and 53 characters of "
+                         "bcrypt's base-64 (was it truncated or quoted wrongly?)")
+    cost = int(match.group(1))
+    if not MIN_BCRYPT_COST <= cost <= MAX_BCRYPT_COST:
+        raise ValueError(f"cost {cost} is outside {MIN_BCRYPT_COST}..{MAX_BCRYPT_COST}: above "
+                         f"{MAX_BCRYPT_COST} one login takes longer than a scrape timeout")
+    return value
+
+
+BcryptHash = Annotated[str, AfterValidator(_bcrypt_hash)]
+
+
 class WebConfig(Section):
     tls_server_config: TlsServerConfig | None = None
     http_server_config: HttpServerConfig = Field(default_factory=HttpServerConfig)
-    basic_auth_users: dict[str, str] = Field(default_factory=dict)
+    basic_auth_users: dict[str, BcryptHash] = Field(default_factory=dict)
     rate_limit: RateLimitConfig = RateLimitConfig()
 
-    @field_validator("basic_auth_users")
-    @classmethod
-    def _bcrypt_hashes(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [u for u, h in v.items() if not h.startswith(("$2a$", "$2b$", "$2y$"))]
-        if bad:
-            raise ValueError(f"password of user(s) {', '.join(bad)} is not a bcrypt hash")
-        return v
 
 
 def load_web_config(path: Path) -> WebConfig:
@@ -263,11 +290,11 @@ def allowed_san(peer_cert: Mapping[str, Any] | None, allowed: list[str]) -> bool
 
 
 def _bcrypt_cost(hashed: bytes) -> int:
-    # $2b$10$... : the cost is the third field; clamp to what bcrypt.gensalt accepts.
+    # $2b$10$... : the cost is the third field
     try:
-        return min(31, max(4, int(hashed.split(b"$")[2])))
+        return int(hashed.split(b"$")[2])
     except (IndexError, ValueError):
-        return 4
+        return 0
 
 
 class BasicAuth:
@@ -283,10 +310,11 @@ class BasicAuth:
         self._key = os.urandom(32)
         self._ok: set[bytes] = set()
         self._lock = threading.Lock()
-        # A hash at the users' own cost to spend bcrypt time on for unknown users, so
-        # timing does not tell which user names exist.
-        rounds = max((_bcrypt_cost(h) for h in self._users.values()), default=4)
-        self._dummy = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=rounds)) if users else b""
+        # Unknown users are checked against the costliest configured hash (and refused
+        # whatever the outcome), so timing does not tell which user names exist. Reusing
+        # a configured hash, rather than computing a dummy one here, keeps start-up free
+        # of bcrypt work: a slow hash cannot delay start-up or a SIGTERM during it.
+        self._dummy = max(self._users.values(), key=_bcrypt_cost, default=b"")
 
     @property
     def enabled(self) -> bool:
@@ -310,7 +338,14 @@ class BasicAuth:
         if cached:
             return True
         hashed = self._users.get(user)
-        ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy)
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy)
+        except ValueError:
+            # a hash bcrypt cannot use (load-time validation was bypassed): refuse, as
+            # for a wrong password; a 500 would tell the client more than a 401
+            log.error("basic auth: the configured hash for a user is not a usable bcrypt "
+                      "hash; refusing the login")
+            return False
         if ok and hashed is not None:
             with self._lock:
                 self._ok.add(tag)

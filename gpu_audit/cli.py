@@ -96,18 +96,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# command-line option (argparse dest) -> the setting it overrides
+_OPTIONS = {
+    "listen": ("exporter", "listen"),
+    "backend": ("exporter", "backend"),
+    "scenario": ("exporter", "scenario"),
+    "time_scale": ("exporter", "time_scale"),
+    "interval": ("exporter", "interval_seconds"),
+    "spool_dir": ("spool", "directory"),
+    "log_level": ("log_level",),
+}
+
+
+def _labels() -> dict[tuple[str, ...], str]:
+    """Each override's option, to blame a bad value on it."""
+    return {path: "--" + attr.replace("_", "-") for attr, path in _OPTIONS.items()}
+
+
 def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
-    mapping = {
-        "listen": ("exporter", "listen"),
-        "backend": ("exporter", "backend"),
-        "scenario": ("exporter", "scenario"),
-        "time_scale": ("exporter", "time_scale"),
-        "interval": ("exporter", "interval_seconds"),
-        "spool_dir": ("spool", "directory"),
-        "log_level": ("log_level",),
-    }
     out: dict[tuple[str, ...], Any] = {}
-    for attr, path in mapping.items():
+    for attr, path in _OPTIONS.items():
         value = getattr(args, attr, None)
         if value is not None:
             out[path] = str(value) if isinstance(value, Path) else value
@@ -141,15 +149,16 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from gpu_audit.settings import load_settings
 
     cmd = args.command
-    if cmd in ("run", "exporter", "check-config", "shipper"):
-        config = load_settings(getattr(args, "config", None), _overrides(args))
-        _setup_logging(config.log_level)
-        if cmd == "check-config":
-            from gpu_audit.checks import check_all
+    if cmd == "check-config":
+        from gpu_audit.checks import check_config
 
-            check_all(config)
-            print(f"configuration OK ({args.config or 'defaults'})")
-            return EXIT_OK
+        check_config(args.config, _overrides(args), labels=_labels())
+        print(f"configuration OK ({args.config or 'defaults'})")
+        return EXIT_OK
+    if cmd in ("run", "exporter", "shipper"):
+        config = load_settings(getattr(args, "config", None), _overrides(args),
+                               labels=_labels())
+        _setup_logging(config.log_level)
         if cmd == "shipper":
             from shipper.standalone import run_shipper
 

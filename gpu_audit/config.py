@@ -1,7 +1,8 @@
 """The whole gpu-audit configuration: one YAML file, one section per component.
 
 Every key has a default, so the exporter runs with no file at all. Unknown keys are
-errors. `load_config` raises ConfigError listing every problem with its line.
+errors. `load_config` raises ConfigError listing every problem with its line; it is
+`gpu_audit.settings.load_settings` without the environment layer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from exporter.config import ExporterConfig
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.model_base import Section
 from gpu_audit.spool.config import SpoolConfig
-from gpu_audit.yamlload import load_file, validate
 from shipper.config import ShipperConfig
 
 
@@ -31,7 +31,8 @@ class Config(Section):
 
 
 def load_config(path: Path | None) -> Config:
-    """Load and validate the configuration file; defaults when path is None."""
-    if path is None:
-        return validate(Config, {}, "(defaults)")
-    return load_file(Config, path)
+    """Load and validate the configuration file (no environment overrides); defaults
+    when path is None."""
+    from gpu_audit.settings import load_settings  # noqa: PLC0415 (settings imports this module)
+
+    return load_settings(path, environ={})

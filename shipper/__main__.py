@@ -4,6 +4,8 @@ It reads a spool another process writes, delivers to the configured sinks, and s
 cleanly on SIGTERM/SIGINT (exit 0). `gpu-audit shipper` is the user-facing command; this
 entry point exists so tests and operators can run the engine alone. It never writes the
 spool and never prints a secret (configuration errors name variables and files only).
+It reads the configuration exactly as `gpu-audit shipper` does (file, then the
+GPU_AUDIT__* environment overrides), through the one loader both use.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from gpu_audit.config import load_config
 from gpu_audit.errors import EXIT_USAGE, ConfigError
+from gpu_audit.settings import load_settings
 from shipper.standalone import run_shipper
 
 
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="gpu-audit YAML configuration file")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_settings(args.config)
         logging.basicConfig(
             level=config.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -4,8 +4,9 @@ Validation (pydantic) already rejected unknown keys, unknown sink types, bad val
 duplicate sink names. This adds the checks that look at the machine, all of them at
 once: every secret's environment variable is set / file is readable, every URL parses
 with a scheme and host, TLS files exist, and the dead-letter and archive directories can
-be created. It never returns or logs a secret's value: problems name the variable or the
-file only.
+be created. Each problem is (key path, message), the key path in the file's own terms
+(`shipper.sinks.2.hosts.0`), so the caller can add the file and line. It never returns
+or logs a secret's value: problems name the variable or the file only.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from pydantic import BaseModel
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.spool.config import SpoolConfig
+from gpu_audit.yamlload import Loc
 from shipper.config import ShipperConfig
-from shipper.sinks.config import ArchiveSinkConfig, TlsConfig, resolve_secret, sink_name
+from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, TlsConfig, resolve_secret
 from shipper.sinks.factory import default_archive_dir
 
+Finding = tuple[Loc, str]
+_SINKS: Loc = ("shipper", "sinks")
 
-def _secret_problems(where: str, model: BaseModel) -> list[str]:
-    problems: list[str] = []
-    fields = type(model).model_fields
-    for field in fields:
+
+def _secret_problems(where: Loc, model: BaseModel) -> list[Finding]:
+    problems: list[Finding] = []
+    for field in type(model).model_fields:
         if not field.endswith("_env"):
             continue
         label = field[: -len("_env")]
@@ -35,40 +39,41 @@ def _secret_problems(where: str, model: BaseModel) -> list[str]:
         if env is None and file is None:
             continue
         try:
-            resolve_secret(f"{where}.{label}", env, file)
+            resolve_secret(label, env, file)
         except ConfigError as exc:
-            problems.extend(f"{where}: {p}" for p in exc.problems)
+            key = field if env is not None else f"{label}_file"
+            problems.extend(((*where, key), p) for p in exc.problems)
     return problems
 
 
-def _url_problems(where: str, url: str) -> list[str]:
+def _url_problems(where: Loc, url: str) -> list[Finding]:
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError for a port that is not a number in range
     except ValueError as exc:
-        return [f"{where}: {url!r} is not a valid URL ({exc})"]
+        return [(where, f"{url!r} is not a valid URL ({exc})")]
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return [f"{where}: {url!r} must be an http:// or https:// URL with a host"]
+        return [(where, f"{url!r} must be an http:// or https:// URL with a host")]
     return []
 
 
-def _tls_problems(where: str, tls: TlsConfig) -> list[str]:
-    problems: list[str] = []
+def _tls_problems(where: Loc, tls: TlsConfig) -> list[Finding]:
+    problems: list[Finding] = []
     for label in ("ca_file", "client_cert", "client_key"):
         path: Path | None = getattr(tls, label)
         if path is not None and not os.access(path, os.R_OK):
-            problems.append(f"{where}.tls.{label}: cannot read {path}")
+            problems.append(((*where, "tls", label), f"cannot read {path}"))
     return problems
 
 
-def _dir_problem(where: str, directory: Path) -> list[str]:
+def _dir_problem(where: Loc, directory: Path) -> list[Finding]:
     probe = directory
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        return [f"{where}: cannot create or write {directory} ({probe} is not writable)"]
+        return [(where, f"cannot create or write {directory} ({probe} is not writable)")]
     return []
 
 
@@ -77,25 +82,44 @@ def archive_directory(cfg: ArchiveSinkConfig, spool: SpoolConfig) -> Path:
     return cfg.directory or default_archive_dir(Path(spool.directory))
 
 
-def check_shipper(config: ShipperConfig, spool: SpoolConfig) -> list[str]:
-    """Every problem the shipper would meet at start, as `shipper.sinks[i] (name): ...`."""
-    problems: list[str] = []
+def check_sink(i: int, sink: SinkConfig, spool: SpoolConfig | None) -> list[Finding]:
+    """Every problem sink number i would meet at start. Without a usable spool section
+    (it failed validation) the default archive directory cannot be known and is skipped."""
+    where: Loc = (*_SINKS, i)
+    problems = _secret_problems(where, sink)
+    if isinstance(sink, ArchiveSinkConfig):
+        directory = sink.directory
+        if directory is None and spool is not None:
+            directory = default_archive_dir(Path(spool.directory))
+        if directory is not None:
+            problems += _dir_problem((*where, "directory"), directory)
+        return problems
+    for j, url in enumerate(getattr(sink, "hosts", None) or []):
+        problems += _url_problems((*where, "hosts", j), url)
+    url = getattr(sink, "url", None)
+    if isinstance(url, str):
+        problems += _url_problems((*where, "url"), url)
+    tls = getattr(sink, "tls", None)
+    if isinstance(tls, TlsConfig):
+        problems += _tls_problems(where, tls)
+    return problems
+
+
+def check_engine(deadletter_dir: Path | None, spool: SpoolConfig | None) -> list[Finding]:
+    """The dead-letter directory can be created (skipped when it defaults into a spool
+    section that failed validation)."""
+    directory = deadletter_dir
+    if directory is None and spool is not None:
+        directory = Path(spool.directory) / "deadletter"
+    return [] if directory is None else _dir_problem(("shipper", "deadletter_dir"), directory)
+
+
+def check_shipper(config: ShipperConfig, spool: SpoolConfig) -> list[Finding]:
+    """Every problem the shipper would meet at start, as (key path, message)."""
+    problems: list[Finding] = []
     if config.enabled and not config.sinks:
-        problems.append("shipper.sinks: empty; records would pile up in the spool unsent")
-    deadletter = config.deadletter_dir or Path(spool.directory) / "deadletter"
-    problems += _dir_problem("shipper.deadletter_dir", deadletter)
+        problems.append((_SINKS, "empty; records would pile up in the spool unsent"))
+    problems += check_engine(config.deadletter_dir, spool)
     for i, sink in enumerate(config.sinks):
-        where = f"shipper.sinks[{i}] ({sink_name(sink)})"
-        problems += _secret_problems(where, sink)
-        if isinstance(sink, ArchiveSinkConfig):
-            problems += _dir_problem(f"{where}.directory", archive_directory(sink, spool))
-            continue
-        for url in getattr(sink, "hosts", None) or []:
-            problems += _url_problems(f"{where}.hosts", url)
-        url = getattr(sink, "url", None)
-        if isinstance(url, str):
-            problems += _url_problems(f"{where}.url", url)
-        tls = getattr(sink, "tls", None)
-        if isinstance(tls, TlsConfig):
-            problems += _tls_problems(where, tls)
+        problems += check_sink(i, sink, spool)
     return problems

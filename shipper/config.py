@@ -61,8 +61,15 @@ class ShipperConfig(Section):
         None,
         pattern=r"^[^:]*:\d{1,5}$",
         description="Standalone `gpu-audit shipper` only: serve its metrics on HOST:PORT, "
-        "with the TLS and basic auth of exporter.web_config_file (the embedded shipper's "
+        "with the TLS and basic auth of shipper.web_config_file (the embedded shipper's "
         "metrics are on the exporter's /metrics).",
+    )
+    web_config_file: Path | None = Field(
+        None,
+        description="Standalone `gpu-audit shipper` only: TLS and basic auth of its "
+        "metrics endpoint, in the Prometheus exporter-toolkit format (the exporter's "
+        "exporter.web_config_file is not used: the shipper may run on another host, "
+        "with other certificates).",
     )
     deadletter_dir: Path | None = Field(
         None, description="Dead-letter files; default: <spool directory>/deadletter."
@@ -85,7 +92,7 @@ class ShipperConfig(Section):
             name = sink_name(sink)
             if name in seen:
                 problems.append(
-                    f"sinks[{i}] and sinks[{seen[name]}] are both named {name!r}: each sink "
+                    f"sinks.{i} and sinks.{seen[name]} are both named {name!r}: each sink "
                     "needs its own name (it names the sink's cursor)"
                 )
             else:

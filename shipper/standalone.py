@@ -1,9 +1,9 @@
 """`gpu-audit shipper`: the shipper as its own process, beside an exporter that writes the spool.
 
 Builds the engine from the whole configuration, optionally serves its metrics
-(`shipper.metrics_listen`, through the exporter's HTTP endpoint code so the same
-web-config gives it TLS and basic auth), runs until SIGTERM/SIGINT and returns the exit
-code. It never
+(`shipper.metrics_listen`, through the exporter's HTTP endpoint code, with TLS and basic
+auth from its own `shipper.web_config_file`), runs until SIGTERM/SIGINT and returns the
+exit code. It never
 opens the spool for writing (the exporter holds the single-writer lock and runs the
 segment GC with `shipper.engine.gc_floor`).
 """
@@ -30,7 +30,7 @@ def run_shipper(config: Config) -> int:
 
     Raises ConfigError (a sink's missing secret, ...) before anything is started.
     """
-    web_file = config.exporter.web_config_file
+    web_file = config.shipper.web_config_file
     web = load_web_config(web_file) if web_file is not None else WebConfig()
     shipper = Shipper(config.shipper, config.spool)
     server: MetricsServer | None = None

@@ -128,7 +128,7 @@ def parse_scenario(text: str, source: str) -> Scenario:
         spec: ScenarioSpec | None = ScenarioSpec.model_validate(data)
     except ValidationError as exc:
         spec = None
-        checker.problems.extend(format_validation_error(exc, marks))
+        checker.problems.extend(format_validation_error(exc, marks, data))
     if spec is not None:
         gpus = list(enumerate(spec.gpus))
         procs = list(enumerate(spec.processes))

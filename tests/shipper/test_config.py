@@ -39,7 +39,7 @@ def test_yaml_problems_are_all_listed_with_lines(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     text = info.value.render()
-    assert "line 2: shipper.batch_max_records" in text
+    assert f"{path}:2: shipper.batch_max_records" in text
     assert "both named 'archive'" in text
     assert "spool.segment_bytes" in text
     assert len(info.value.problems) == 3
@@ -47,7 +47,7 @@ def test_yaml_problems_are_all_listed_with_lines(tmp_path: Path) -> None:
     path.write_text("shipper:\n  sinks:\n    - type: kafka\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert "line 3" in info.value.render()
+    assert f"{path}:3: shipper.sinks.0" in info.value.render()
     assert "kafka" in info.value.render()
 
 
@@ -74,7 +74,8 @@ def test_check_names_missing_secrets_and_bad_urls_never_values(
         }
     )
     spool = SpoolConfig(directory=tmp_path / "spool")
-    problems = check_shipper(cfg, spool)
+    findings = check_shipper(cfg, spool)
+    problems = [f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in findings]
     text = "\n".join(problems)
     assert "MISSING_PASSWORD is not set" in text
     assert str(tmp_path / "nope") in text
@@ -82,7 +83,11 @@ def test_check_names_missing_secrets_and_bad_urls_never_values(
     assert "http://127.0.0.1:99999" in text
     assert str(blocker / "archive") in text
     assert "s3cr3t-value" not in text
-    assert not any("(vm)" in p for p in problems)
+    assert not any(p.startswith("shipper.sinks.0") for p in problems)
+    assert "shipper.sinks.1.password_env: environment variable MISSING_PASSWORD" in text
+    assert "shipper.sinks.1.hosts.0: 'http://:9200'" in text
+    assert "shipper.sinks.2.password_file: cannot read secret file" in text
+    assert "shipper.sinks.3.directory: cannot create" in text
     assert len(problems) == 6
 
 

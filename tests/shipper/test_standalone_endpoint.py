@@ -1,5 +1,6 @@
 """The standalone shipper's metrics endpoint has the exporter's TLS and basic-auth
-options: with a web-config naming users, /metrics and /readyz need credentials."""
+options, from its own setting `shipper.web_config_file`: with a web-config naming users,
+/metrics and /readyz need credentials."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import urllib.request
 from pathlib import Path
 
 import bcrypt
+import pytest
 import yaml
 
+from gpu_audit.config import Config
 from tests.netutil import free_port, wait_for
 from tests.shipper.test_crash import ROOT, _env, _wait_for_signal_handler
 
@@ -31,8 +34,9 @@ def _get(url: str, auth: str | None = None) -> tuple[int, bytes]:
 
 
 def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
-    """401 without credentials or with a wrong password; 200 with the right ones, and the
-    body carries the shipper's counters; SIGTERM still exits 0."""
+    """With `shipper.web_config_file`: 401 without credentials or with a wrong password;
+    200 with the right ones, and the body carries the shipper's counters; SIGTERM still
+    exits 0. The exporter's web-config (another file, another user) does not apply."""
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), "50"],
         cwd=ROOT, env=_env(), check=True, capture_output=True,
@@ -40,13 +44,15 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed}}))
+    exporter_web = tmp_path / "exporter-web.yml"
+    exporter_web.write_text(yaml.safe_dump({"basic_auth_users": {"other": hashed}}))
     port = free_port()
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
         "log_level": "warning",
-        "exporter": {"web_config_file": str(web)},
+        "exporter": {"web_config_file": str(exporter_web)},
         "spool": {"directory": str(tmp_path / "spool"), "min_free_bytes": 0},
-        "shipper": {"metrics_listen": f"127.0.0.1:{port}",
+        "shipper": {"metrics_listen": f"127.0.0.1:{port}", "web_config_file": str(web),
                     "sinks": [{"type": "archive", "directory": str(tmp_path / "archive")}]},
     }))
     proc = subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", "shipper", "--config",
@@ -57,6 +63,7 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
         wait_for(lambda: _get(url + "/healthz")[0] != 0, 20, "endpoint up")
         assert _get(url + "/metrics")[0] == 401
         assert _get(url + "/metrics", "prom:wrong")[0] == 401
+        assert _get(url + "/metrics", "other:s3cret")[0] == 401
         status, body = _get(url + "/metrics", "prom:s3cret")
         assert status == 200 and b"gpu_audit_shipper_records_delivered_total" in body
         assert _get(url + "/readyz", "prom:s3cret")[0] == 200
@@ -64,3 +71,45 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def test_python_m_shipper_applies_the_environment_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m shipper` reads the configuration as `gpu-audit shipper` does: the
+    GPU_AUDIT__* variables override the file, and a bad one is reported by name."""
+    import shipper.__main__ as entry
+
+    seen: list[Config] = []
+
+    def fake_run(config: Config) -> int:
+        seen.append(config)
+        return 0
+
+    monkeypatch.setattr(entry, "run_shipper", fake_run)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"spool:\n  directory: {tmp_path / 'from-file'}\n")
+    monkeypatch.setenv("GPU_AUDIT__SPOOL__DIRECTORY", str(tmp_path / "from-env"))
+    monkeypatch.setenv("GPU_AUDIT__SHIPPER__BATCH_MAX_RECORDS", "7")
+    assert entry.main(["--config", str(config)]) == 0
+    assert seen[0].spool.directory == tmp_path / "from-env"
+    assert seen[0].shipper.batch_max_records == 7
+
+    monkeypatch.setenv("GPU_AUDIT__SHIPPER__BATCH_MAX_RECORDS", "0")
+    assert entry.main(["--config", str(config)]) == 2
+    assert len(seen) == 1
+
+
+def test_check_config_checks_the_shippers_web_config(tmp_path: Path) -> None:
+    """`shipper.web_config_file` is checked like the exporter's: a bad hash in it is
+    reported with that file's name and line."""
+    web = tmp_path / "web.yml"
+    web.write_text("rate_limit:\n  burst: 1\nbasic_auth_users:\n  prom: $2b$04$short\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"spool:\n  directory: {tmp_path / 'spool'}\n"
+                      f"shipper:\n  web_config_file: {web}\n")
+    res = subprocess.run([sys.executable, "-m", "gpu_audit.cli", "check-config", "--config",
+                          str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert res.returncode == 2
+    assert f"{web}:4: basic_auth_users.prom: not a complete bcrypt hash" in res.stderr
