@@ -80,10 +80,13 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     start = _parse_time(args.time_from, "--from")
     end = _parse_time(args.time_to, "--to")
     config = load_settings(args.config)
-    wanted = [s for s in config.shipper.sinks if s.name == args.sink]
+    # a sink's name defaults to its type (the name of its cursor in `spool stats`)
+    names = config.shipper.sink_names()
+    wanted = [s for s, name in zip(config.shipper.sinks, names, strict=True)
+              if name == args.sink]
     if not wanted:
-        names = ", ".join(s.name for s in config.shipper.sinks) or "none"
-        print(f"gpu-audit audit verify: no sink named {args.sink!r} (configured: {names})",
+        listed = ", ".join(names) or "none"
+        print(f"gpu-audit audit verify: no sink named {args.sink!r} (configured: {listed})",
               file=sys.stderr)
         return EXIT_USAGE
     sink = create_sink(wanted[0], spool_dir=config.spool.directory)
