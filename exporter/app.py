@@ -321,8 +321,12 @@ def run_exporter(config: Config, *, with_shipper: bool) -> int:
         return EXIT_FAILURE
     except OSError as exc:
         app.stop()
-        print(f"gpu-audit: cannot listen on {config.exporter.listen}: {exc.strerror or exc}",
-              file=sys.stderr)
+        if exc.filename is not None:  # a file (spool, archive), not the listening socket
+            print(f"gpu-audit: cannot start: {exc.filename}: {exc.strerror or exc}",
+                  file=sys.stderr)
+        else:
+            print(f"gpu-audit: cannot listen on {config.exporter.listen}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILURE
     except BaseException:
         app.stop()

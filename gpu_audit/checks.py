@@ -38,9 +38,17 @@ def check_all(config: Config) -> None:
     key_file = config.audit.hmac_key_file
     if key_file is not None and not os.access(key_file, os.R_OK):
         problems.append(f"audit.hmac_key_file: {key_file} is not a readable file")
+    problems += spool_path_problems(config)
     if config.shipper.enabled:
         from shipper.check import check_shipper
 
         problems += check_shipper(config.shipper, config.spool)
     if problems:
         raise ConfigError("configuration", problems)
+
+
+def spool_path_problems(config: Config) -> list[str]:
+    """The spool directory exists as a directory or can be created, on a disk."""
+    from gpu_audit.paths import directory_problems
+
+    return directory_problems("spool.directory", config.spool.directory)

@@ -158,6 +158,21 @@ def _closed_pipe() -> int:
     return EXIT_SIGPIPE
 
 
+def _refuse_wrong_spool_path(cmd: str, config: Any) -> None:
+    """A spool path that can never work (a file, inside /proc) is exit 2 before anything
+    starts. Permissions are left to the running spool, which retries (a disk may be
+    remounted); check-config reports those too."""
+    uses_spool = cmd == "shipper" or config.audit.enabled or (
+        cmd == "run" and config.shipper.enabled)
+    if uses_spool:
+        from gpu_audit.paths import directory_problems
+
+        problems = directory_problems("spool.directory", config.spool.directory,
+                                      writable=False)
+        if problems:
+            raise ConfigError("configuration", problems)
+
+
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from gpu_audit.settings import load_settings
 
@@ -171,6 +186,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             check_all(config)
             print(f"configuration OK ({args.config or 'defaults'})")
             return EXIT_OK
+        _refuse_wrong_spool_path(cmd, config)
         if cmd == "shipper":
             from shipper.standalone import run_shipper
 

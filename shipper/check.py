@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from gpu_audit.errors import ConfigError
+from gpu_audit.paths import directory_problems
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.sinks.config import ArchiveSinkConfig, TlsConfig, resolve_secret, sink_name
@@ -62,14 +63,7 @@ def _tls_problems(where: str, tls: TlsConfig) -> list[str]:
 
 
 def _dir_problem(where: str, directory: Path) -> list[str]:
-    probe = directory
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        return [f"{where}: cannot create or write {directory} ({probe} is not writable)"]
-    return []
+    return directory_problems(where, directory)  # a file in the way, /proc, permissions
 
 
 def archive_directory(cfg: ArchiveSinkConfig, spool: SpoolConfig) -> Path:
