@@ -3,7 +3,8 @@
 Hints such as "run the simulator instead" must name a command the user can type: after
 `make run` in a clone, `gpu-audit` is not on PATH (it lives in the clone's `.venv/bin`),
 and `make run ARGS="..."` is the form the user already knows. The Makefile marks its
-`run` recipe with MAKE_RUN_ENV so hints for `run` can use that form.
+`run` recipe with MAKE_RUN_ENV so hints for `run` can use that form, and installs of an
+extra go into the clone's `.venv`.
 """
 
 from __future__ import annotations
@@ -46,3 +47,10 @@ def command(args: str) -> str:
         rest = args[len("run"):].strip()
         return f'make run ARGS="{rest}"' if rest else "make run"
     return f"{_program()} {args}"
+
+
+def pip_install(extra: str) -> str:
+    """The command that adds gpu-audit's `extra` to the environment this process runs in."""
+    if os.environ.get(MAKE_RUN_ENV):
+        return f".venv/bin/python -m pip install -e '.[{extra}]'"
+    return f"{shlex.quote(sys.executable)} -m pip install 'gpu-audit[{extra}]'"

@@ -21,7 +21,7 @@ from gpu_audit.paths import directory_problems
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.sinks.config import ArchiveSinkConfig, TlsConfig, resolve_secret, sink_name
-from shipper.sinks.factory import default_archive_dir
+from shipper.sinks.factory import default_archive_dir, missing_sdk
 
 
 def _secret_problems(where: str, model: BaseModel) -> list[str]:
@@ -81,6 +81,9 @@ def check_shipper(config: ShipperConfig, spool: SpoolConfig) -> list[str]:
     for i, sink in enumerate(config.sinks):
         where = f"shipper.sinks[{i}] ({sink_name(sink)})"
         problems += _secret_problems(where, sink)
+        sdk = missing_sdk(sink.type)
+        if sdk is not None:
+            problems.append(f"{where}: {sdk}")
         if isinstance(sink, ArchiveSinkConfig):
             problems += _dir_problem(f"{where}.directory", archive_directory(sink, spool))
             continue

@@ -90,3 +90,16 @@ def test_the_no_gpu_hint_is_a_command_that_works_from_the_cwd(tmp_path: Path) ->
     program = hint.split(" run ", 1)[0]
     assert program == str(VENV_SCRIPT)
     assert (tmp_path / program).exists()
+
+
+def test_an_extra_is_installed_into_the_environment_that_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pip command for an extra uses this interpreter (so it lands in the venv that
+    runs gpu-audit), and under `make run` the clone's `.venv` and project."""
+    from gpu_audit.invocation import pip_install
+
+    monkeypatch.delenv(MAKE_RUN_ENV, raising=False)
+    assert pip_install("fluentd") == f"{sys.executable} -m pip install 'gpu-audit[fluentd]'"
+    monkeypatch.setenv(MAKE_RUN_ENV, "1")
+    assert pip_install("fluentd") == ".venv/bin/python -m pip install -e '.[fluentd]'"
