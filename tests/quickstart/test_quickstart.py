@@ -88,6 +88,7 @@ def test_the_readme_quick_start_is_what_this_test_runs() -> None:
     assert readme_quick_start_commands() == ["make run", "make test", SIM_COMMAND]
 
 
+@pytest.mark.timeout(SETUP_DEADLINE_S + 120)
 def test_make_run_with_the_simulator_serves_metrics_on_a_fresh_clone(
     clone: Path, started: tuple[subprocess.Popen[str], int]
 ) -> None:
@@ -113,6 +114,7 @@ def test_make_run_with_the_simulator_serves_metrics_on_a_fresh_clone(
     assert (clone / ".venv" / ".gpu-audit-installed").is_file(), "setup wrote no stamp"
 
 
+@pytest.mark.timeout(SETUP_DEADLINE_S + 120)
 def test_plain_make_run_without_a_gpu_reaches_gpu_audits_nvml_message(
     clone: Path, tmp_path: Path
 ) -> None:
