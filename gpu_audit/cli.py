@@ -159,16 +159,18 @@ def _closed_pipe() -> int:
 
 
 def _refuse_wrong_spool_path(cmd: str, config: Any) -> None:
-    """A spool path that can never work (a file, inside /proc) is exit 2 before anything
-    starts. Permissions are left to the running spool, which retries (a disk may be
-    remounted); check-config reports those too."""
+    """A spool path that cannot work (it is a file, it is inside /proc) is exit 2 before
+    anything starts. The exporter alone keeps serving through a spool it cannot write
+    yet (a file in place of a parent, permissions: it counts and retries), so only
+    `run` and `shipper`, which need the spool at start, refuse a parent that is a file.
+    Permissions are left to the running process; check-config reports them all."""
     uses_spool = cmd == "shipper" or config.audit.enabled or (
         cmd == "run" and config.shipper.enabled)
     if uses_spool:
         from gpu_audit.paths import directory_problems
 
         problems = directory_problems("spool.directory", config.spool.directory,
-                                      writable=False)
+                                      writable=False, parents=cmd != "exporter")
         if problems:
             raise ConfigError("configuration", problems)
 

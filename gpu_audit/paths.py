@@ -53,11 +53,15 @@ def filesystem_type(path: Path, *, mountinfo: Path = MOUNTINFO) -> str | None:
     return mount[1] if mount else None
 
 
-def directory_problems(where: str, path: Path, *, writable: bool = True) -> list[str]:
+def directory_problems(
+    where: str, path: Path, *, writable: bool = True, parents: bool = True
+) -> list[str]:
     """Why `path` cannot be (or become) a directory gpu-audit writes; [] when it can.
 
-    writable=False leaves out permissions, which can change while the process runs (the
-    spool keeps retrying); what is checked then cannot fix itself.
+    Always checked: the path itself is a file, or it lies in a kernel file system.
+    writable=False leaves out permissions and parents=False a file where a parent
+    directory should be: both can be fixed while the process runs, and the exporter's
+    spool keeps retrying through them (tests/integration/test_spool_unwritable.py).
     """
     path = Path(os.path.abspath(path))
     if path.exists() and not path.is_dir():
@@ -67,6 +71,8 @@ def directory_problems(where: str, path: Path, *, writable: bool = True) -> list
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
+        if not parents:
+            return []
         return [f"{where}: cannot create {path}: {probe} is a file, not a directory"]
     mount = _mount_of(probe.resolve(), MOUNTINFO)
     if mount is not None and mount[1] in VIRTUAL_FILESYSTEMS:
