@@ -4,6 +4,8 @@
 # The main job: exporter + shipper in one process, archive sink by default.
 # On a machine without an NVIDIA GPU it stops with a clear message and the simulator
 # command to use instead (it never fakes data by itself). Extra options: ARGS="...".
+# gpu-audit's hints say `make run ARGS="..."` when it runs from here (gpu_audit/invocation.py).
+run: export GPU_AUDIT_VIA_MAKE_RUN = 1
 run:
 	@scripts/setup
 	.venv/bin/gpu-audit run $(ARGS)

@@ -40,13 +40,14 @@ from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
+from gpu_audit.invocation import command
 from gpu_audit.spool import SpoolError, SpoolReader, SpoolWriteError, SpoolWriter
 
 log = logging.getLogger("gpu_audit.exporter")
 
 NO_GPU_HINT = (
     "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
-    "  gpu-audit run --backend sim --scenario busy\n"
+    "  {command}\n"
     "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
     'carries simulated="true").'
 )
@@ -315,12 +316,17 @@ def run_exporter(config: Config, *, with_shipper: bool) -> int:
         print(f"gpu-audit: cannot start the {config.exporter.backend} backend: {exc}",
               file=sys.stderr)
         if config.exporter.backend != "sim":
-            print(NO_GPU_HINT, file=sys.stderr)
+            sim = command("run --backend sim --scenario busy")
+            print(NO_GPU_HINT.format(command=sim), file=sys.stderr)
         return EXIT_FAILURE
     except OSError as exc:
         app.stop()
-        print(f"gpu-audit: cannot listen on {config.exporter.listen}: {exc.strerror or exc}",
-              file=sys.stderr)
+        if exc.filename is not None:  # a file (spool, archive), not the listening socket
+            print(f"gpu-audit: cannot start: {exc.filename}: {exc.strerror or exc}",
+                  file=sys.stderr)
+        else:
+            print(f"gpu-audit: cannot listen on {config.exporter.listen}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILURE
     except BaseException:
         app.stop()

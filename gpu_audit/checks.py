@@ -102,6 +102,12 @@ def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
     if key_file is not None and not os.access(key_file, os.R_OK):
         problems.append(layers.locate(("audit", "hmac_key_file"),
                                       f"{key_file} is not a readable file"))
+    spool_dir = sections["spool"].get("directory")
+    if spool_dir is not None:
+        from gpu_audit.paths import path_problems
+
+        problems += [layers.locate(("spool", "directory"), message)
+                     for message in path_problems(Path(spool_dir))]
     spool_raw = data.get("spool", {})
     spool = _valid(SpoolConfig, spool_raw)
     if spool is _INVALID:

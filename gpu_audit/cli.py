@@ -1,7 +1,8 @@
 """The `gpu-audit` command: one entry point, a subcommand per component.
 
 Exit codes: 0 success; 1 runtime failure (backend unavailable, verify found problems);
-2 bad configuration, scenario or arguments (nothing was started).
+2 bad configuration, scenario or arguments, or nothing to inspect (nothing was started);
+141 (128 + SIGPIPE) when the reader of the output went away (`... | head`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +21,8 @@ from gpu_audit import __version__
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 
 log = logging.getLogger("gpu_audit")
+
+EXIT_SIGPIPE = 128 + signal.SIGPIPE  # what a shell reports for a process ended by SIGPIPE
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -137,12 +142,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return _dispatch(parser, args)
+        code = _dispatch(parser, args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except ConfigError as exc:
         print(f"gpu-audit: configuration error in {exc.render()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _closed_pipe() -> int:
+    """`gpu-audit ... | head` after head left: end quietly, as a tool killed by SIGPIPE.
+
+    Python ignores SIGPIPE, so the write raises instead; stdout is pointed at /dev/null
+    so the interpreter's final flush does not raise again ("Exception ignored ...").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_SIGPIPE
+
+
+def _refuse_wrong_spool_path(cmd: str, config: Any) -> None:
+    """A spool path that cannot work (it is a file, it is inside /proc) is exit 2 before
+    anything starts. The exporter alone keeps serving through a spool it cannot write
+    yet (a file in place of a parent, permissions: it counts and retries), so only
+    `run` and `shipper`, which need the spool at start, refuse a parent that is a file.
+    Permissions are left to the running process; check-config reports them all."""
+    uses_spool = cmd == "shipper" or config.audit.enabled or (
+        cmd == "run" and config.shipper.enabled)
+    if uses_spool:
+        from gpu_audit.paths import directory_problems
+
+        problems = directory_problems("spool.directory", config.spool.directory,
+                                      writable=False, parents=cmd != "exporter")
+        if problems:
+            raise ConfigError("configuration", problems)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -159,6 +197,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = load_settings(getattr(args, "config", None), _overrides(args),
                                labels=_labels())
         _setup_logging(config.log_level)
+        _refuse_wrong_spool_path(cmd, config)
         if cmd == "shipper":
             from shipper.standalone import run_shipper
 
@@ -176,22 +215,25 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return verify_command(args)
     if cmd == "spool":
         _setup_logging("warning")
-        from gpu_audit.spool import spool_stats, verify_spool
+        from gpu_audit.spool import render_stats, spool_dir_problem, spool_stats, verify_spool
 
+        if args.spool_command not in ("verify", "stats"):
+            parser.parse_args(["spool", "--help"])
+            return EXIT_USAGE
+        problem = spool_dir_problem(args.directory)
+        if problem is not None:
+            print(f"gpu-audit spool {args.spool_command}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         if args.spool_command == "verify":
             report = verify_spool(args.directory)
             print(report.render())
             return EXIT_OK if report.ok else EXIT_FAILURE
-        if args.spool_command == "stats":
-            stats = spool_stats(args.directory)
-            if args.json:
-                print(json.dumps(stats, indent=2, sort_keys=True, default=str))
-            else:
-                for key, value in sorted(stats.items()):
-                    print(f"{key}: {value}")
-            return EXIT_OK
-        parser.parse_args(["spool", "--help"])
-        return EXIT_USAGE
+        stats = spool_stats(args.directory)
+        if args.json:
+            print(json.dumps(stats, indent=2, sort_keys=True, default=str))
+        else:
+            print(render_stats(stats))
+        return EXIT_OK
     parser.print_help()
     return EXIT_USAGE
 

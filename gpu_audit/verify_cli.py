@@ -3,7 +3,8 @@
 PATH may be a spool directory, an archive directory (every .jsonl / .jsonl.gz in it, in
 name order) or one JSON Lines file. With --sink NAME the records are read back from that
 configured sink for the --from/--to range. Exit 0 when the trail is intact, 1 when a
-problem was found (each one printed with where it is), 2 for bad arguments.
+problem was found (each one printed with where it is), 2 for bad arguments and when
+there is no record to verify (a wrong folder must not read as a healthy, empty trail).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpu_audit.audit.verify import (
     verify_spool_dir,
 )
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from gpu_audit.spool.fsck import spool_dir_problem
 
 
 def _parse_time(text: str, what: str) -> int:
@@ -35,8 +37,16 @@ def _parse_time(text: str, what: str) -> int:
     return int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1000
 
 
-def _is_spool(path: Path) -> bool:
-    return any(path.glob("*.seg")) or (path / "LOCK").exists()
+EXPECTED_PATH = ("expected a spool directory, an archive directory with .jsonl / .jsonl.gz "
+                 "files, or a JSON Lines file of audit records")
+
+
+def _nothing_to_verify(report: VerifyReport, where: str, expected: str) -> bool:
+    """No record and no problem proves nothing: say so (exit 2) instead of OK."""
+    if report.records or not report.ok:
+        return False
+    print(f"gpu-audit audit verify: no audit records in {where}; {expected}", file=sys.stderr)
+    return True
 
 
 def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
@@ -61,10 +71,16 @@ def verify_command(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"gpu-audit audit verify: {path} does not exist", file=sys.stderr)
         return EXIT_USAGE
-    if path.is_dir():
-        report = verify_spool_dir(path, key) if _is_spool(path) else verify_archive_dir(path, key)
+    if path.is_dir() and spool_dir_problem(path) is None:
+        report = verify_spool_dir(path, key)
+        expected = ("the spool holds none (none written yet, or every segment shipped and "
+                    "deleted); expected records to verify: read the sinks' copy with --sink NAME")
+    elif path.is_dir():
+        report, expected = verify_archive_dir(path, key), EXPECTED_PATH
     else:
-        report = verify_jsonl(path, key)
+        report, expected = verify_jsonl(path, key), EXPECTED_PATH
+    if _nothing_to_verify(report, str(path), expected):
+        return EXIT_USAGE
     print(report.render())
     return EXIT_OK if report.ok else EXIT_FAILURE
 
@@ -80,10 +96,13 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     start = _parse_time(args.time_from, "--from")
     end = _parse_time(args.time_to, "--to")
     config = load_settings(args.config)
-    wanted = [s for s in config.shipper.sinks if s.name == args.sink]
+    # a sink's name defaults to its type (the name of its cursor in `spool stats`)
+    names = config.shipper.sink_names()
+    wanted = [s for s, name in zip(config.shipper.sinks, names, strict=True)
+              if name == args.sink]
     if not wanted:
-        names = ", ".join(s.name for s in config.shipper.sinks) or "none"
-        print(f"gpu-audit audit verify: no sink named {args.sink!r} (configured: {names})",
+        listed = ", ".join(names) or "none"
+        print(f"gpu-audit audit verify: no sink named {args.sink!r} (configured: {listed})",
               file=sys.stderr)
         return EXIT_USAGE
     sink = create_sink(wanted[0], spool_dir=config.spool.directory)
@@ -96,5 +115,8 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
         return EXIT_USAGE
     finally:
         sink.close()
+    if _nothing_to_verify(report, f"sink {args.sink} from {args.time_from} to {args.time_to}",
+                          "expected the records shipped to it in that range"):
+        return EXIT_USAGE
     print(report.render())
     return EXIT_OK if report.ok else EXIT_FAILURE

@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from gpu_audit.errors import ConfigError
+from gpu_audit.paths import path_problems
 from gpu_audit.spool.config import SpoolConfig
 from gpu_audit.yamlload import Loc
 from shipper.config import ShipperConfig
 from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, TlsConfig, resolve_secret
-from shipper.sinks.factory import default_archive_dir
+from shipper.sinks.factory import default_archive_dir, missing_sdk
 
 Finding = tuple[Loc, str]
 _SINKS: Loc = ("shipper", "sinks")
@@ -67,14 +68,8 @@ def _tls_problems(where: Loc, tls: TlsConfig) -> list[Finding]:
 
 
 def _dir_problem(where: Loc, directory: Path) -> list[Finding]:
-    probe = directory
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        return [(where, f"cannot create or write {directory} ({probe} is not writable)")]
-    return []
+    # a file in the way, a kernel filesystem (/proc, /sys), permissions
+    return [(where, message) for message in path_problems(directory)]
 
 
 def archive_directory(cfg: ArchiveSinkConfig, spool: SpoolConfig) -> Path:
@@ -87,6 +82,9 @@ def check_sink(i: int, sink: SinkConfig, spool: SpoolConfig | None) -> list[Find
     (it failed validation) the default archive directory cannot be known and is skipped."""
     where: Loc = (*_SINKS, i)
     problems = _secret_problems(where, sink)
+    sdk = missing_sdk(sink.type)
+    if sdk is not None:
+        problems.append(((*where, "type"), sdk))
     if isinstance(sink, ArchiveSinkConfig):
         directory = sink.directory
         if directory is None and spool is not None:

@@ -171,8 +171,8 @@ class Shipper:
         for orphan in sorted(set(self._cursors.names()) - set(names)):
             log.warning(
                 "spool %s has a cursor for sink %r, which is not configured: it no longer "
-                "holds back segment deletion (remove it with `gpu-audit spool` tooling "
-                "once that sink is gone for good)", self.spool_dir, orphan,
+                "holds back segment deletion (delete %s once that sink is gone for good)",
+                self.spool_dir, orphan, self._cursors.path(orphan),
             )
 
     # ---- spool positions ---------------------------------------------------------

@@ -14,7 +14,13 @@ from gpu_audit.spool.errors import (
     SpoolLocked,
     SpoolWriteError,
 )
-from gpu_audit.spool.fsck import SpoolReport, spool_stats, verify_spool
+from gpu_audit.spool.fsck import (
+    SpoolReport,
+    render_stats,
+    spool_dir_problem,
+    spool_stats,
+    verify_spool,
+)
 from gpu_audit.spool.reader import ReadResult, SpoolReader
 from gpu_audit.spool.writer import SpoolCounters, SpoolWriter
 
@@ -31,6 +37,8 @@ __all__ = [
     "SpoolReport",
     "SpoolWriteError",
     "SpoolWriter",
+    "render_stats",
+    "spool_dir_problem",
     "spool_stats",
     "verify_spool",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpu_audit.spool.cursors import CURSOR_DIR, CursorStore, parse_cursor
 from gpu_audit.spool.errors import CursorError
-from gpu_audit.spool.format import HEADER_SIZE, header_problem, scan_frames
+from gpu_audit.spool.format import HEADER_SIZE, header_problem, parse_segment_name, scan_frames
 from gpu_audit.spool.recovery import QUARANTINE_DIR, list_segments
 from gpu_audit.spool.writer import LOCK_FILE
 
@@ -53,6 +53,68 @@ class SpoolReport:
         lines.extend(f"  problem: {problem}" for problem in self.problems)
         lines.extend(f"  warning: {warning}" for warning in self.warnings)
         return "\n".join(lines)
+
+
+SPOOL_EXPECTED = (
+    "expected a spool directory: the spool.directory an exporter writes, holding a LOCK "
+    "file, NNNNNNNNNNNNNNNNNNNN.seg segments or a cursors/ folder"
+)
+
+
+def spool_dir_problem(directory: Path) -> str | None:
+    """Why `directory` is not a spool the tools can inspect, or None when it is one.
+
+    A spool is what a writer leaves: its LOCK file, segments, or the shippers' cursors.
+    Anything else (a typo, /tmp, an archive folder) must not be reported as a healthy,
+    empty spool.
+    """
+    try:
+        if not directory.is_dir():
+            what = "does not exist" if not directory.exists() else "is not a directory"
+            return f"{directory} {what}; {SPOOL_EXPECTED}"
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
+    except OSError as exc:
+        return f"{directory}: cannot read it ({exc.strerror or exc})"
+    if (LOCK_FILE in names or CURSOR_DIR in names
+            or any(parse_segment_name(name) is not None for name in names)):
+        return None
+    return f"{directory} is not a spool directory; {SPOOL_EXPECTED}"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def render_stats(stats: dict[str, Any]) -> str:
+    """`spool stats` for a person: aligned lines, then one row per sink cursor."""
+    writer = "writer running" if stats["writer_active"] else "no writer running"
+    lines = [
+        f"spool {stats['directory']} ({writer})",
+        f"  {'segments':<12} {stats['segments']} ({_size(stats['bytes'])})",
+        f"  {'records':<12} {stats['records']} "
+        f"(offsets {stats['first_offset']}..{stats['next_offset'] - 1})"
+        if stats["records"] else f"  {'records':<12} 0 (next offset {stats['next_offset']})",
+        f"  {'quarantined':<12} {stats['quarantined_segments']} segment(s) "
+        f"({_size(stats['quarantined_bytes'])})",
+    ]
+    cursors: dict[str, dict[str, Any]] = stats["cursors"]
+    if not cursors:
+        lines.append("  no sink cursors yet (no shipper has committed a position)")
+        return "\n".join(lines)
+    width = max(len("sink"), *(len(name) for name in cursors))
+    lines += ["", f"  {'sink':<{width}}  {'cursor':>12}  {'lag (records)':>13}"]
+    for name, cursor in sorted(cursors.items()):
+        if "error" in cursor:
+            lines.append(f"  {name:<{width}}  {'?':>12}  {'?':>13}  {cursor['error']}")
+        else:
+            lines.append(f"  {name:<{width}}  {cursor['offset']:>12}  "
+                         f"{cursor['lag_records']:>13}")
+    return "\n".join(lines)
 
 
 def _quarantined(directory: Path) -> list[str]:

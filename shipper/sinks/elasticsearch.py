@@ -5,6 +5,9 @@ check), so OpenSearch goes through `opensearch-py`. Both sit behind a small adap
 turns every answer into (status, headers, body) or a connection failure, so the bulk
 logic (shipper/sinks/bulk.py) and the classification below are one code path. Both
 clients have their own retries switched off: the shipper engine owns retries.
+Each client library is an optional extra (`gpu-audit[elasticsearch]`, `[opensearch]`):
+this module imports `elasticsearch` only inside ElasticClient, and the OpenSearch client
+lives in shipper/sinks/opensearch.py, so either works without the other installed.
 
 Whole-request outcomes: 401/403 and 404 (missing index, auto-create off) hold; 429, 5xx,
 timeouts and connection errors retry (with Retry-After); 413 splits the batch in halves;
@@ -17,16 +20,10 @@ values resolved by the factory) and never give a record no outcome.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-import elastic_transport
-import elasticsearch
-import opensearchpy
-from opensearchpy.connection import Urllib3HttpConnection
 from pydantic import SecretStr
-from typing_extensions import override
 
 from shipper.sinks import bulk
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
@@ -102,9 +99,14 @@ class ElasticClient:
         if tls.client_cert is not None:
             kwargs["client_cert"] = str(tls.client_cert)
             kwargs["client_key"] = str(tls.client_key)
+        import elasticsearch  # the [elasticsearch] extra (the factory checks it is there)
+
         self._es = elasticsearch.Elasticsearch(**kwargs)
 
     def _call(self, fn: Any, **kw: Any) -> Mapping[str, Any]:
+        import elastic_transport
+        import elasticsearch
+
         try:
             resp = fn(**kw)
         except elasticsearch.UnsupportedProductError as exc:
@@ -135,87 +137,6 @@ class ElasticClient:
 
     def close(self) -> None:
         self._es.close()
-
-
-class _StatusConnection(Urllib3HttpConnection):
-    """opensearch-py drops response headers on errors; keep them (Retry-After)."""
-
-    @override
-    def perform_request(
-        self,
-        method: str,
-        url: str,
-        params: Mapping[str, Any] | None = None,
-        body: bytes | None = None,
-        timeout: float | None = None,
-        ignore: Collection[int] = (),
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, Mapping[str, str], str]:
-        status, resp_headers, data = super().perform_request(
-            method, url, params, body, timeout, tuple(range(300, 600)), headers
-        )
-        if not 200 <= status < 300:
-            try:
-                parsed: Any = json.loads(data)
-            except ValueError:
-                parsed = data
-            raise HttpFailure(status, dict(resp_headers), parsed)
-        return status, resp_headers, data
-
-
-class OpenSearchClient:
-    """opensearch-py with retries off and errors mapped like ElasticClient's."""
-
-    def __init__(self, cfg: OpenSearchSinkConfig, *, password: SecretStr | None = None) -> None:
-        kwargs: dict[str, Any] = {
-            "hosts": list(cfg.hosts),
-            "timeout": cfg.timeout_s,
-            "max_retries": 0,
-            "retry_on_timeout": False,
-            "http_compress": cfg.gzip,
-            "connection_class": _StatusConnection,
-        }
-        if cfg.username is not None and password is not None:
-            kwargs["http_auth"] = (cfg.username, password.get_secret_value())
-        tls = cfg.tls
-        if tls.enabled or any(h.startswith("https") for h in cfg.hosts):
-            kwargs["use_ssl"] = True
-            kwargs["verify_certs"] = tls.verify
-            kwargs["ssl_show_warn"] = False
-            if not tls.verify:
-                kwargs["ssl_assert_hostname"] = False
-        if tls.ca_file is not None:
-            kwargs["ca_certs"] = str(tls.ca_file)
-        if tls.client_cert is not None:
-            kwargs["client_cert"] = str(tls.client_cert)
-            kwargs["client_key"] = str(tls.client_key)
-        self._os = opensearchpy.OpenSearch(**kwargs)
-
-    def _call(self, fn: Any, *args: Any, **kw: Any) -> Mapping[str, Any]:
-        try:
-            body = fn(*args, **kw)
-        except HttpFailure:
-            raise
-        except opensearchpy.exceptions.TransportError as exc:
-            raise ConnFailure(exception_reason(exc)) from None
-        return body if isinstance(body, Mapping) else {}
-
-    def bulk(self, body: bytes) -> Mapping[str, Any]:
-        return self._call(self._os.bulk, body=body)
-
-    def put_template(self, name: str, body: dict[str, Any]) -> None:
-        self._call(self._os.indices.put_index_template, name=name, body=body)
-
-    def search(self, index: str, body: dict[str, Any]) -> Mapping[str, Any]:
-        return self._call(self._os.search, index=index, body=body,
-                          params={"ignore_unavailable": "true", "allow_no_indices": "true"})
-
-    def refresh(self, index: str) -> None:
-        self._call(self._os.indices.refresh, index=index,
-                   params={"ignore_unavailable": "true", "allow_no_indices": "true"})
-
-    def close(self) -> None:
-        self._os.close()
 
 
 class SearchSink:

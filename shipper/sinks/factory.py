@@ -3,15 +3,20 @@
 The only place where secrets are read (from the environment or files named in the
 config). It must never log or return a secret except inside a SecretStr handed to the
 sink, and it reports every missing secret of a sink at once as a ConfigError.
+
+Client libraries of some sink families are optional extras; a configured sink whose
+library is missing is a ConfigError naming the extra to install, not an ImportError.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from pydantic import SecretStr
 
 from gpu_audit.errors import ConfigError
+from gpu_audit.invocation import pip_install
 from shipper.sinks.archive import ArchiveSink
 from shipper.sinks.base import Sink
 from shipper.sinks.config import (
@@ -46,6 +51,28 @@ class _Secrets:
             raise ConfigError(self.source, self.problems)
 
 
+# Sink types whose client library is an optional extra of gpu-audit: the modules the sink
+# imports, and the extra that installs them. The archive and InfluxDB sinks need only the
+# default install (urllib3, orjson).
+OPTIONAL_SDKS: dict[str, tuple[tuple[str, ...], str]] = {
+    "elasticsearch": (("elasticsearch", "elastic_transport"), "elasticsearch"),
+    "opensearch": (("opensearchpy",), "opensearch"),
+    "fluentd": (("fluent.sender", "msgpack"), "fluentd"),
+}
+
+
+def missing_sdk(sink_type: str) -> str | None:
+    """What to install when the client library of `sink_type` cannot be imported."""
+    modules, extra = OPTIONAL_SDKS.get(sink_type, ((), ""))
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return (f"the {sink_type} sink's client library is not installed (cannot import "
+                    f"{module}); install the extra: {pip_install(extra)}")
+    return None
+
+
 def default_archive_dir(spool_dir: Path) -> Path:
     """`archive` beside the spool directory (same disk, outside the spool's own files)."""
     return spool_dir.parent / "archive"
@@ -55,6 +82,9 @@ def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
     """A ready-to-start sink for one configuration entry."""
     name = sink_name(cfg)
     secrets = _Secrets(name)
+    sdk = missing_sdk(cfg.type)
+    if sdk is not None:
+        secrets.problems.append(sdk)
     sink: Sink
     if isinstance(cfg, ElasticsearchSinkConfig):
         password = secrets.get("password", cfg.password_env, cfg.password_file)
@@ -70,7 +100,8 @@ def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
                 "api_key: OpenSearch has no Elasticsearch-style API keys; use username + "
                 "password_env/password_file")
         secrets.check()
-        from shipper.sinks.elasticsearch import OpenSearchClient, SearchSink  # noqa: PLC0415 (lazy: see above)
+        from shipper.sinks.elasticsearch import SearchSink  # noqa: PLC0415 (lazy: see above)
+        from shipper.sinks.opensearch import OpenSearchClient  # noqa: PLC0415 (lazy: see above)
 
         sink = SearchSink(cfg, name, OpenSearchClient(cfg, password=password))
     elif isinstance(cfg, InfluxV1SinkConfig):

@@ -143,3 +143,28 @@ def test_verify_reads_back_from_a_configured_sink(
     assert main([*argv, "--sink", "fl"]) == 2
     assert "cannot give records back" in capsys.readouterr().err
     assert main([*argv, "--sink", "nope"]) == 2
+
+
+def test_the_default_archive_sink_is_named_archive(
+    spool_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no sinks configured the default archive sink exists, and its name is its type
+    (the name `spool stats` shows for its cursor): `audit verify --sink archive` reads it."""
+    from gpu_audit.settings import load_settings
+    from shipper.engine import Shipper
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"spool: {{directory: {spool_dir}, min_free_bytes: 0}}\n")
+    config = load_settings(cfg, environ={})
+    shipper = Shipper(config.shipper, config.spool)
+    shipper.start()
+    assert shipper.drain(30)
+    shipper.stop()
+    assert main(["spool", "stats", str(spool_dir), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["cursors"]) == ["archive"]
+    assert main(["audit", "verify", "--config", str(cfg), "--sink", "archive",
+                 "--from", "2020-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["audit", "verify", "--config", str(cfg), "--sink", "nope",
+                 "--from", "2020-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"]) == 2
+    assert "configured: archive" in capsys.readouterr().err

@@ -21,9 +21,10 @@ from shipper.sinks.config import (
     InfluxV2SinkConfig,
     OpenSearchSinkConfig,
 )
-from shipper.sinks.elasticsearch import ElasticClient, OpenSearchClient, SearchSink
+from shipper.sinks.elasticsearch import ElasticClient, SearchSink
 from shipper.sinks.fluentd import FluentdSink
 from shipper.sinks.influxdb import InfluxV2Sink
+from shipper.sinks.opensearch import OpenSearchClient
 from tests.sinks.records import BASE_NS, make_batch
 
 

@@ -12,7 +12,8 @@ from pydantic import SecretStr
 from shipper.sinks import bulk
 from shipper.sinks.base import Outcome, SinkError
 from shipper.sinks.config import ElasticsearchSinkConfig, OpenSearchSinkConfig
-from shipper.sinks.elasticsearch import ElasticClient, OpenSearchClient, SearchSink
+from shipper.sinks.elasticsearch import ElasticClient, SearchSink
+from shipper.sinks.opensearch import OpenSearchClient
 from tests.sinks.records import BASE_NS, make_batch, make_record
 from tests.sinks.servers.http_base import Fault
 from tests.sinks.servers.search import SearchServer
