@@ -6,9 +6,10 @@ import gzip
 from pathlib import Path
 
 import orjson
+import pytest
 
 from shipper.sinks.archive import STATE_FILE, ArchiveSink
-from shipper.sinks.base import Outcome, SinkRecord
+from shipper.sinks.base import Outcome, SinkError, SinkRecord
 from shipper.sinks.config import ArchiveSinkConfig
 from tests.sinks.records import BASE_NS, make_batch, make_record
 
@@ -85,20 +86,24 @@ def test_resend_after_restart_is_not_written_twice(tmp_path: Path) -> None:
     assert len(all_lines(tmp_path)) == 15
 
 
-def test_crash_between_lines_and_state_skips_lines_already_written(tmp_path: Path) -> None:
-    """Lines written but not recorded in the state (crash) are recognised on resend."""
+def test_lines_the_state_does_not_account_for_hold_the_sink(tmp_path: Path) -> None:
+    """Complete lines past what the write-ahead state planned cannot come from a crash of
+    this sink (the plan is on disk before any line): start refuses with HOLD, names the
+    part, and changes nothing, instead of guessing which lines are duplicates."""
     s = sink(tmp_path)
     s.send(make_batch(3))
     state = (tmp_path / STATE_FILE).read_bytes()
     s.send(make_batch(4, start=3))
     s.close()
-    (tmp_path / STATE_FILE).write_bytes(state)  # the state of before the second batch
-    s2 = sink(tmp_path)
-    s2.send(make_batch(6, start=3))
-    lines = all_lines(tmp_path)
-    assert len(lines) == 9
-    assert len(set(lines)) == 9
-    assert s2.skipped == 4
+    (tmp_path / STATE_FILE).write_bytes(state)  # a state from before the second batch
+    before = all_lines(tmp_path)
+    s2 = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s2.start()
+    assert err.value.outcome is Outcome.HOLD
+    assert "gpu-audit-2026-09-21.jsonl" in err.value.reason
+    assert all_lines(tmp_path) == before
 
 
 def test_torn_tail_is_truncated_and_the_record_resent(tmp_path: Path) -> None:
