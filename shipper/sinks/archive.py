@@ -173,10 +173,17 @@ class ArchiveSink:
                 "whole, so something else wrote it: restore it, or delete it to make the "
                 "archive append everything the shipper sends from its cursor"
             ) from None
-        if state.get("version") == 1:
-            return self._apply_v1(state)
-        last = int(state["last_offset"])
-        planned = [(str(n), int(s), _expand(r)) for n, s, r in state.get("files", [])]
+        try:
+            if state.get("version") == 1:
+                return self._apply_v1(state)
+            last = int(state["last_offset"])
+            planned = [(str(n), int(s), _expand(r)) for n, s, r in state.get("files", [])]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArchiveInconsistent(
+                f"archive state {state_path} is not a state this sink writes "
+                f"({type(exc).__name__}: {exc}); restore it, or delete it to make the "
+                "archive append everything the shipper sends from its cursor"
+            ) from None
         found: list[tuple[Path, int, list[int], list[int], int | None]] = []
         cut = None  # the first planned offset that is not complete on disk
         for name, start, offsets in planned:

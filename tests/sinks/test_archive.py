@@ -155,3 +155,55 @@ def test_bad_records_are_dead_letters_not_drops(tmp_path: Path) -> None:
     assert [r.outcome for r in out] == [Outcome.DELIVERED, Outcome.DEAD_LETTER,
                                         Outcome.DEAD_LETTER]
     assert out[1].reason and out[2].reason
+
+
+def test_a_state_file_it_did_not_write_holds_the_sink(tmp_path: Path) -> None:
+    """A state file of the wrong shape stops the sink with HOLD naming the file (the
+    worker retries start), rather than crashing its thread or guessing."""
+    (tmp_path / STATE_FILE).write_bytes(b'{"version": 2}')
+    s = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s.start()
+    assert err.value.outcome is Outcome.HOLD
+    assert STATE_FILE in err.value.reason
+
+
+def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC in the middle of a batch: the torn line is cut at once (the lines completed
+    before it stay and count as archived), the batch is answered RETRY, and the re-send
+    writes only what is missing: every record once, in order."""
+    import errno
+    import os
+
+    import shipper.sinks.archive as archive_mod
+
+    s = sink(tmp_path)
+    first, second = make_batch(3), make_batch(3, start=3)
+    s.send(first)
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls.append(fd)
+        if len(calls) == 4:  # journal (2 halves), then the second half of the lines
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    class Os:
+        def __getattr__(self, name: str) -> object:
+            return full_disk if name == "write" else getattr(os, name)
+
+    monkeypatch.setattr(archive_mod, "os", Os())
+    with pytest.raises(SinkError) as err:
+        s.send(second)
+    monkeypatch.undo()
+    assert err.value.outcome is Outcome.RETRY
+    kept = all_lines(tmp_path)
+    assert kept[:3] == [r.raw for r in first] and len(kept) < 6
+    assert kept[3:] == [r.raw for r in second[: len(kept) - 3]]
+    assert (tmp_path / "gpu-audit-2026-09-21.jsonl").read_bytes().endswith(b"\n")
+    s.send(first + second)
+    assert all_lines(tmp_path) == [r.raw for r in first + second]
