@@ -217,6 +217,11 @@ class ArchiveSink:
                     "parts are compressed only after that, so another process changed "
                     "this directory"
                 ) from None
+            if start > 0:
+                raise ArchiveInconsistent(
+                    f"archive part {path} held {start} bytes before its last batch and is "
+                    "gone: it was deleted or moved by something else"
+                ) from None
             return [], None
         if size < start:
             raise ArchiveInconsistent(

@@ -207,3 +207,34 @@ def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
     assert (tmp_path / "gpu-audit-2026-09-21.jsonl").read_bytes().endswith(b"\n")
     s.send(first + second)
     assert all_lines(tmp_path) == [r.raw for r in first + second]
+
+
+def test_a_version_1_state_is_upgraded(tmp_path: Path) -> None:
+    """The state of earlier releases (saved after the lines) is upgraded: bytes past the
+    sizes it recorded were never acknowledged and are cut, its last offset is kept, and
+    the re-sent records are archived once."""
+    batch = make_batch(6)
+    active = tmp_path / "gpu-audit-2026-09-21.jsonl"
+    acked = b"".join(r.raw + b"\n" for r in batch[:3])
+    active.write_bytes(acked + batch[3].raw + b"\n" + batch[4].raw[:20])
+    (tmp_path / STATE_FILE).write_bytes(orjson.dumps(
+        {"version": 1, "last_offset": 2, "files": {active.name: len(acked)}, "recent": []}))
+    s = sink(tmp_path)
+    assert active.read_bytes() == acked
+    s.send(batch)
+    assert all_lines(tmp_path) == [r.raw for r in batch]
+    assert s.skipped == 3
+
+
+def test_a_part_deleted_behind_the_sinks_back_holds_it(tmp_path: Path) -> None:
+    """The part the last batch appended to is gone: HOLD naming it, nothing guessed."""
+    s = sink(tmp_path)
+    s.send(make_batch(2))
+    s.send(make_batch(2, start=2))
+    s.close()
+    (tmp_path / "gpu-audit-2026-09-21.jsonl").unlink()
+    s2 = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s2.start()
+    assert err.value.outcome is Outcome.HOLD and "gone" in err.value.reason
