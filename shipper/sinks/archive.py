@@ -11,10 +11,13 @@ Exactly once, in order, after any sequence of crashes
 -----------------------------------------------------
 The engine sends records in spool-offset order, resends after a crash from its last
 committed cursor, and commits a cursor only past records this sink answered DELIVERED.
-The sink keeps one number, L: every record with a spool offset <= L is in the archive
-exactly once, and no record above L is. A record with offset <= L is answered DELIVERED
-without being written again; one above L is appended. That is exactly-once as long as
-L is exact after a crash at any point, which is what the state file is for.
+The sink keeps one number, L: every record with a spool offset <= L that the archive
+takes (not a dead letter) is in the archive exactly once, and no record above L is. A
+record with offset <= L is answered DELIVERED without being written again; one above L
+is appended. L never falls below an acknowledged offset (a batch is acknowledged only
+once it is complete on disk), so the engine's cursor is never past L + 1 and every
+record above L is sent again. That is exactly-once as long as L is exact after a crash
+at any point, which is what the state file is for.
 
 The state file `.archive-state.json` is a write-ahead journal, replaced atomically (tmp,
 fsync, rename, fsync of the directory). Before a batch's first byte is written it holds
