@@ -1,7 +1,8 @@
 """`gpu-audit audit verify`: check an audit trail wherever it lives.
 
-PATH may be a spool directory, an archive directory (every .jsonl / .jsonl.gz in it, in
-name order) or one JSON Lines file. With --sink NAME the records are read back from that
+PATH may be a spool directory, an archive directory (its parts in archive order, read by
+gpu_audit.archive; other .jsonl / .jsonl.gz files after them, in name order) or one JSON
+Lines file. With --sink NAME the records are read back from that
 configured sink for the --from/--to range. Exit 0 when the trail is intact, 1 when a
 problem was found (each one printed with where it is), 2 for bad arguments and when
 there is no record to verify (a wrong folder must not read as a healthy, empty trail).
@@ -14,6 +15,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from gpu_audit.archive import list_parts, parse_name, read_lines
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import (
     Verifier,
@@ -50,13 +52,24 @@ def _nothing_to_verify(report: VerifyReport, where: str, expected: str) -> bool:
 
 
 def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
-    """Every JSON Lines file of an archive directory, oldest first, as one trail."""
-    files = sorted(p for p in path.iterdir()
-                   if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith("."))
+    """An archive directory as one trail, in the order it was written.
+
+    The archive's parts come in archive order (day, then part number: `.2` before `.10`,
+    the base file before `.1`). The newest part's last line, when it has no newline yet,
+    is a line still being written and is left out. Other JSON Lines files follow in name
+    order.
+    """
     v = Verifier(hmac_key=key, complete=True, source=str(path))
-    for f in files:
-        for n, line in jsonl_lines(f):
-            v.feed(line, f"{f.name} line {n}")
+    parts = list_parts(path)
+    for line in read_lines(path, parts=parts):
+        if line.complete or line.part != parts[-1]:
+            v.feed(line.raw, line.where)
+    others = sorted(p for p in path.iterdir()
+                    if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
+                    and parse_name(p.name) is None)
+    for f in others:
+        for n, line_raw in jsonl_lines(f):
+            v.feed(line_raw, f"{f.name} line {n}")
     return v.report()
 
 

@@ -6,9 +6,10 @@ import gzip
 from pathlib import Path
 
 import orjson
+import pytest
 
 from shipper.sinks.archive import STATE_FILE, ArchiveSink
-from shipper.sinks.base import Outcome, SinkRecord
+from shipper.sinks.base import Outcome, SinkError, SinkRecord
 from shipper.sinks.config import ArchiveSinkConfig
 from tests.sinks.records import BASE_NS, make_batch, make_record
 
@@ -85,20 +86,24 @@ def test_resend_after_restart_is_not_written_twice(tmp_path: Path) -> None:
     assert len(all_lines(tmp_path)) == 15
 
 
-def test_crash_between_lines_and_state_skips_lines_already_written(tmp_path: Path) -> None:
-    """Lines written but not recorded in the state (crash) are recognised on resend."""
+def test_lines_the_state_does_not_account_for_hold_the_sink(tmp_path: Path) -> None:
+    """Complete lines past what the write-ahead state planned cannot come from a crash of
+    this sink (the plan is on disk before any line): start refuses with HOLD, names the
+    part, and changes nothing, instead of guessing which lines are duplicates."""
     s = sink(tmp_path)
     s.send(make_batch(3))
     state = (tmp_path / STATE_FILE).read_bytes()
     s.send(make_batch(4, start=3))
     s.close()
-    (tmp_path / STATE_FILE).write_bytes(state)  # the state of before the second batch
-    s2 = sink(tmp_path)
-    s2.send(make_batch(6, start=3))
-    lines = all_lines(tmp_path)
-    assert len(lines) == 9
-    assert len(set(lines)) == 9
-    assert s2.skipped == 4
+    (tmp_path / STATE_FILE).write_bytes(state)  # a state from before the second batch
+    before = all_lines(tmp_path)
+    s2 = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s2.start()
+    assert err.value.outcome is Outcome.HOLD
+    assert "gpu-audit-2026-09-21.jsonl" in err.value.reason
+    assert all_lines(tmp_path) == before
 
 
 def test_torn_tail_is_truncated_and_the_record_resent(tmp_path: Path) -> None:
@@ -150,3 +155,86 @@ def test_bad_records_are_dead_letters_not_drops(tmp_path: Path) -> None:
     assert [r.outcome for r in out] == [Outcome.DELIVERED, Outcome.DEAD_LETTER,
                                         Outcome.DEAD_LETTER]
     assert out[1].reason and out[2].reason
+
+
+def test_a_state_file_it_did_not_write_holds_the_sink(tmp_path: Path) -> None:
+    """A state file of the wrong shape stops the sink with HOLD naming the file (the
+    worker retries start), rather than crashing its thread or guessing."""
+    (tmp_path / STATE_FILE).write_bytes(b'{"version": 2}')
+    s = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s.start()
+    assert err.value.outcome is Outcome.HOLD
+    assert STATE_FILE in err.value.reason
+
+
+def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC in the middle of a batch: the torn line is cut at once (the lines completed
+    before it stay and count as archived), the batch is answered RETRY, and the re-send
+    writes only what is missing: every record once, in order."""
+    import errno
+    import os
+
+    import shipper.sinks.archive as archive_mod
+
+    s = sink(tmp_path)
+    first, second = make_batch(3), make_batch(3, start=3)
+    s.send(first)
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls.append(fd)
+        if len(calls) == 4:  # journal (2 halves), then the second half of the lines
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    class Os:
+        def __getattr__(self, name: str) -> object:
+            return full_disk if name == "write" else getattr(os, name)
+
+    monkeypatch.setattr(archive_mod, "os", Os())
+    with pytest.raises(SinkError) as err:
+        s.send(second)
+    monkeypatch.undo()
+    assert err.value.outcome is Outcome.RETRY
+    kept = all_lines(tmp_path)
+    assert kept[:3] == [r.raw for r in first] and len(kept) < 6
+    assert kept[3:] == [r.raw for r in second[: len(kept) - 3]]
+    assert (tmp_path / "gpu-audit-2026-09-21.jsonl").read_bytes().endswith(b"\n")
+    s.send(first + second)
+    assert all_lines(tmp_path) == [r.raw for r in first + second]
+
+
+def test_a_version_1_state_is_upgraded(tmp_path: Path) -> None:
+    """The state of earlier releases (saved after the lines) is upgraded: bytes past the
+    sizes it recorded were never acknowledged and are cut, its last offset is kept, and
+    the re-sent records are archived once."""
+    batch = make_batch(6)
+    active = tmp_path / "gpu-audit-2026-09-21.jsonl"
+    acked = b"".join(r.raw + b"\n" for r in batch[:3])
+    active.write_bytes(acked + batch[3].raw + b"\n" + batch[4].raw[:20])
+    (tmp_path / STATE_FILE).write_bytes(orjson.dumps(
+        {"version": 1, "last_offset": 2, "files": {active.name: len(acked)}, "recent": []}))
+    s = sink(tmp_path)
+    assert active.read_bytes() == acked
+    s.send(batch)
+    assert all_lines(tmp_path) == [r.raw for r in batch]
+    assert s.skipped == 3
+
+
+def test_a_part_deleted_behind_the_sinks_back_holds_it(tmp_path: Path) -> None:
+    """The part the last batch appended to is gone: HOLD naming it, nothing guessed."""
+    s = sink(tmp_path)
+    s.send(make_batch(2))
+    s.send(make_batch(2, start=2))
+    s.close()
+    (tmp_path / "gpu-audit-2026-09-21.jsonl").unlink()
+    s2 = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
+    with pytest.raises(SinkError) as err:
+        s2.start()
+    assert err.value.outcome is Outcome.HOLD and "gone" in err.value.reason
