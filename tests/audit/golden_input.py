@@ -86,10 +86,10 @@ def _gpu(index: int, cycle: int, procs: tuple[ProcessSample, ...], *, util: floa
     return GpuSample(info=_info(index), values=values, processes=procs, new_xids=xids)
 
 
-def snapshots() -> Iterator[Snapshot]:
-    """The three cycles of the golden trail."""
+def snapshots(t0: float = T0) -> Iterator[Snapshot]:
+    """The three cycles of the golden trail (the first at `t0`)."""
     for cycle in range(3):
-        ts = T0 + 5.0 * cycle
+        ts = t0 + 5.0 * cycle
         g0_procs = [_proc(101, mem=8 * GIB, sm=0.5, memu=0.25),
                     _proc(102, mem=2 * GIB, sm=0.2, memu=0.125)]
         # 103 (nobody's) runs in cycles 0 and 1; 104 (bob's) starts in cycle 2
@@ -117,30 +117,33 @@ def snapshots() -> Iterator[Snapshot]:
 class _Clock:
     """exporter_start one second before the first cycle, exporter_stop after the last."""
 
-    def __init__(self) -> None:
-        self._times = iter((T0 - 1.0, T0 + 11.0))
+    def __init__(self, t0: float) -> None:
+        self._times = iter((t0 - 1.0, t0 + 11.0))
 
     def __call__(self) -> float:
         return next(self._times)
 
 
-def produce(hmac_key: bytes | None, spool: MemorySpool | None = None) -> list[bytes]:
-    """The stored bytes of every record of the golden trail, in order."""
+def produce(
+    hmac_key: bytes | None, spool: MemorySpool | None = None, t0: float = T0
+) -> list[bytes]:
+    """The stored bytes of every record of the golden trail, in order (with another
+    `t0`: the same trail later, for a producer that continues an existing spool)."""
     spool = spool if spool is not None else MemorySpool()
     config = AuditConfig()
     producer = AuditProducer(config, spool, host=HOST, exporter_version=VERSION,
-                             simulated=False, clock=_Clock())
+                             simulated=False, clock=_Clock(t0))
     if hmac_key is not None:
-        producer._key = hmac_key  # noqa: SLF001 - the golden key, without a temp file
+        producer._key = hmac_key
     producer.start()
-    for snap in snapshots():
+    for snap in snapshots(t0):
         producer.on_snapshot(snap)
     producer.stop()
     return list(spool.payloads)
 
 
 def golden_key() -> bytes:
-    from gpu_audit.audit import load_hmac_key  # noqa: PLC0415
+    from gpu_audit.audit import load_hmac_key
 
     return load_hmac_key(HMAC_KEY_FILE)
 
