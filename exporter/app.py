@@ -48,8 +48,8 @@ log = logging.getLogger("gpu_audit.exporter")
 NO_GPU_HINT = (
     "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
     "  gpu-audit run --backend sim --scenario busy\n"
-    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
-    'carries simulated="true").'
+    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every GPU and process "
+    'series made from simulated data carries simulated="true").'
 )
 
 
@@ -200,8 +200,9 @@ class ExporterApp:
         info = backend.open()
         self._backend = backend
         if info.simulated:
-            log.warning("SIMULATED DATA: backend 'sim' (%s); every series carries "
-                        'simulated="true"', info.detail)
+            log.warning("SIMULATED DATA: backend 'sim' (%s); every GPU and process "
+                        'series carries simulated="true", every audit record '
+                        '"simulated": true', info.detail)
 
         attribution = cfg.attribution
         before = None

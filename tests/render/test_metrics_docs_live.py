@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.catalogue import CATALOGUE
 from exporter.families import FAMILIES
@@ -50,7 +51,8 @@ def _families(body: str) -> dict[str, tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+def scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One /metrics body of a live `gpu-audit run --backend sim` with an archive sink."""
     tmp = tmp_path_factory.mktemp("live")
     cfg = tmp / "gpu-audit.yaml"
     cfg.write_text(
@@ -86,7 +88,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    return _families(body.decode())
+    return body.decode()
+
+
+@pytest.fixture(scope="module")
+def served(scrape: str) -> dict[str, tuple[str, str]]:
+    return _families(scrape)
 
 
 def test_every_served_family_is_documented(served: dict[str, tuple[str, str]]) -> None:
@@ -115,3 +122,12 @@ def test_every_documented_name_is_declared() -> None:
     catalogue, the fixed families, their dcgm-exporter names, the self-metrics)."""
     assert sorted(_documented() - _declared()) == []
     assert sorted(_declared() - _documented()) == []
+
+
+def test_live_simulated_series_all_say_simulated(scrape: str) -> None:
+    """On a live simulator run every sample except gpu-audit's own carries
+    simulated="true" (before: 4 of 912 did, the gpu_info ones)."""
+    data = [(s.name, s.labels) for f in text_string_to_metric_families(scrape)
+            for s in f.samples if not s.name.startswith("gpu_audit_")]
+    assert len(data) > 100
+    assert sorted({n for n, lb in data if lb.get("simulated") != "true"}) == []
