@@ -15,6 +15,7 @@ silently breaking every stored archive.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 from pathlib import Path
@@ -33,6 +34,7 @@ from gpu_audit.audit import AuditConfig, AuditProducer, verify_jsonl, verify_spo
 from gpu_audit.audit.builder import build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, seal_reference
 from gpu_audit.audit.schema import record_schema
+from gpu_audit.cli import main
 from gpu_audit.spool import SpoolWriter
 from gpu_audit.spool.config import SpoolConfig
 from tests.audit import golden_input as gi
@@ -272,3 +274,17 @@ def test_upgrade_in_a_spool_directory_verifies(tmp_path: Path) -> None:
     report = verify_spool_dir(spool_dir, None, complete=True)
     assert report.ok, report.render()
     assert report.streams["exporter"].first_seq == 1
+
+
+def test_audit_verify_cli_accepts_an_archive_upgraded_from_v1_to_v2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpu-audit audit verify ARCHIVE_DIR` on an archive whose older day file holds v1
+    records and whose newer (compressed) day file holds the v2 records that continue the
+    chain: exit 0, one stream, seq 1..75."""
+    v1, v2 = _v1_then_v2(None)
+    (tmp_path / "gpu-audit-2026-11-30.jsonl").write_bytes(b"".join(x + b"\n" for x in v1))
+    (tmp_path / "gpu-audit-2026-12-01.jsonl.gz").write_bytes(
+        gzip.compress(b"".join(x + b"\n" for x in v2)))
+    assert main(["audit", "verify", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "seq 1..75" in out
