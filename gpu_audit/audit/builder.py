@@ -1,7 +1,10 @@
 """Turn one sampling cycle (a Snapshot, and the one before it) into audit records.
 
 Pure: a snapshot in, a list of plain dicts out, without `seq`, `prev_hash` and `hash`
-(the producer chains them). Per cycle, in this order, for each GPU of the snapshot:
+(the producer chains them). Records follow schema version 2: one value name per
+quantity in every kind, unknown fields absent (never ""). Per cycle, in this order, for
+each GPU of the snapshot (usage records only when the cycle measured an interval, i.e.
+not on the first snapshot after a start):
 
 - one `gpu` record (down GPUs too, with `gpu.up` false, no values, 0 GPU-seconds);
 - for an up GPU, one `process` record per process NVML reports (attributed or not:
@@ -553,7 +556,8 @@ def build_records(
     """All audit records of one cycle, unchained (no seq / prev_hash / hash).
 
     `prev` is the previous snapshot of this exporter run (None for the first): it gives
-    the energy baseline, the elapsed time and the event diffs. `host` defaults to the
+    the energy baseline, the elapsed time and the event diffs. Without it (or when no
+    time passed) only events are built: no interval was measured. `host` defaults to the
     snapshot's host; `simulated` to what the backend says (the producer may only turn
     it on, never off). `parts`: a cache kept by the caller across cycles (speed only;
     the records are the same without it).
