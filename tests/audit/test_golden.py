@@ -41,6 +41,7 @@ from tests.audit import golden_input as gi
 from tests.audit.fakes import MemorySpool
 
 KEYS: dict[str, bytes | None] = {"plain": None, "hmac": gi.golden_key()}
+_V2 = Draft202012Validator(record_schema(2))
 
 
 def _golden(version: int, mode: str) -> Path:
@@ -212,7 +213,9 @@ def _snapshots(draw: st.DrawFn) -> list[Snapshot]:
 def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
                                                         keyed: bool) -> None:
     """For any input, the producer's fast path (fragments, presorted templates, cached
-    parts across cycles, spliced hash) stores exactly the bytes of the plain path."""
+    parts across cycles, spliced hash) stores exactly the bytes of the plain path, and
+    every record it stores satisfies the v2 schema (no empty string, no non-finite
+    number, no usage row for an interval of 0)."""
     key = b"k" if keyed else None
     spool = MemorySpool()
     producer = AuditProducer(AuditConfig(), spool, host=gi.HOST, exporter_version=gi.VERSION,
@@ -223,6 +226,8 @@ def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
         producer.on_snapshot(snap)
     producer.stop()
     assert spool.payloads == _plain_trail(key, snaps)
+    for payload in spool.payloads:  # and whatever the input, a valid v2 record
+        assert list(_V2.iter_errors(orjson.loads(payload))) == []
 
 
 def _v1_then_v2(key: bytes | None) -> tuple[list[bytes], list[bytes]]:
