@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter.attribution.fakeproc import write_fake_proc
@@ -36,6 +36,7 @@ from exporter.serving import LatestState
 from exporter.snapshot import Snapshot
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
+from gpu_audit import selfmetrics as selfm
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
@@ -48,8 +49,8 @@ log = logging.getLogger("gpu_audit.exporter")
 NO_GPU_HINT = (
     "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
     "  {command}\n"
-    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every simulated series "
-    'carries simulated="true").'
+    "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every GPU and process "
+    'series made from simulated data carries simulated="true").'
 )
 
 
@@ -164,24 +165,13 @@ class SamplerCollector(Collector):
         self._sampler = sampler
         self._resolver = resolver
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         s = self._sampler.stats
-        yield CounterMetricFamily("gpu_audit_sample_cycles", "Sampling cycles completed.",
-                                  value=s.cycles)
-        yield CounterMetricFamily("gpu_audit_sample_failed_cycles",
-                                  "Sampling cycles that raised (logged; sampling went on).",
-                                  value=s.failed_cycles)
-        yield CounterMetricFamily("gpu_audit_sample_cpu_seconds",
-                                  "CPU time the sampling thread spent in cycles "
-                                  "(sampling, attribution, rendering, audit records).",
-                                  value=s.cpu_seconds)
-        yield CounterMetricFamily("gpu_audit_snapshot_listener_errors",
-                                  "Snapshot consumers (audit producer) that raised.",
-                                  value=s.listener_errors)
-        attr = CounterMetricFamily("gpu_audit_attribution_events",
-                                   "Attribution counters by kind (cache hits and misses, "
-                                   "vanished processes, unreadable files, ...).",
-                                   labels=["kind"])
+        yield selfm.SAMPLE_CYCLES.counter(value=s.cycles)
+        yield selfm.SAMPLE_FAILED_CYCLES.counter(value=s.failed_cycles)
+        yield selfm.SAMPLE_CPU_SECONDS.counter(value=s.cpu_seconds)
+        yield selfm.SNAPSHOT_LISTENER_ERRORS.counter(value=s.listener_errors)
+        attr = selfm.ATTRIBUTION_EVENTS.counter()
         for kind, n in sorted(self._resolver.stats().items()):
             attr.add_metric([kind], n)
         yield attr
@@ -211,8 +201,9 @@ class ExporterApp:
         info = backend.open()
         self._backend = backend
         if info.simulated:
-            log.warning("SIMULATED DATA: backend 'sim' (%s); every series carries "
-                        'simulated="true"', info.detail)
+            log.warning("SIMULATED DATA: backend 'sim' (%s); every GPU and process "
+                        'series carries simulated="true", every audit record '
+                        '"simulated": true', info.detail)
 
         attribution = cfg.attribution
         before = None

@@ -68,6 +68,8 @@ def _labels(g: GpuSample, snap: Snapshot, exact: bool) -> str:
         parts.append(f'modelName="{escape_label_value(i.name)}"')
     parts.append(f'Hostname="{escape_label_value(snap.host)}"')
     parts.append(f'DCGM_FI_DRIVER_VERSION="{escape_label_value(driver)}"')
+    if snap.backend.simulated:  # as on every other series made from simulated data
+        parts.append('simulated="true"')
     return ",".join(parts)
 
 

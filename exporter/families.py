@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporter.catalogue import CATALOGUE, GPU_LABELS
+from gpu_audit import selfmetrics as sm
 
 FamilyType = Literal["gauge", "counter"]
 Group = Literal["gpu", "process", "allocation", "self", "live", "compat"]
@@ -51,7 +52,7 @@ class FamilyDef:
 
     @property
     def full_help(self) -> str:
-        return f"{self.help} Source: {self.source}."
+        return f"{self.help} Source: {self.source}." if self.source else self.help
 
 
 def _f(name: str, type_: FamilyType, help_: str, source: str,  # noqa: PLR0917 - a table
@@ -148,27 +149,22 @@ ALLOCATION_INFO = _f("gpu_allocation_info", "gauge",
                      (*GPU_LABELS, "job", "user", "project", "namespace", "pod", "container",
                       "slurm_job", "source"), "allocation")
 
-SAMPLE_DURATION = _f("gpu_audit_sample_duration_seconds", "gauge",
-                     "Wall time the latest sampling cycle took.", "the sampler loop",
-                     (), "self", "seconds")
-SNAPSHOT_TIMESTAMP = _f("gpu_audit_snapshot_timestamp_seconds", "gauge",
-                        "Unix time the latest sampling cycle started (scenario time under the"
-                        " simulator).", "the sampler loop", (), "self", "seconds")
-SAMPLE_ERRORS = _f("gpu_audit_sample_errors_total", "counter",
-                   "Sampling errors by kind since the exporter started.",
-                   "the backend's per-kind error counts", ("kind",), "self")
-SERIES = _f("gpu_audit_series", "gauge",
-            "Samples in the cached exposition of the latest cycle (this one included).",
-            "the renderer", (), "self")
+# gpu-audit's own families that the exporter serves: declared once in core
+# (gpu_audit.selfmetrics, with every other component's self-metrics), used here so the
+# renderer and the HTTP endpoint keep taking names, types and HELP from this list.
+def _self(m: sm.SelfMetric, group: Group) -> FamilyDef:
+    assert m.type != "histogram", m.name
+    return FamilyDef(m.name, m.type, m.help, m.source, m.labels, group, m.unit)
 
-SNAPSHOT_AGE = _f("gpu_audit_snapshot_age_seconds", "gauge",
-                  "Seconds since the exposition served now was rendered; computed at scrape"
-                  " time.", "the HTTP endpoint", (), "live", "seconds")
-SCRAPES = _f("gpu_audit_scrapes_total", "counter", "Requests served on /metrics.",
-             "the HTTP endpoint", (), "live")
-PROCESS_SERIES_DROPPED = _f("gpu_audit_process_series_dropped_total", "counter",
-                            "Per-process label sets left out by the per-GPU series cap,"
-                            " summed over cycles.", "the renderer's cap", GPU_LABELS, "live")
+
+SAMPLE_DURATION = _self(sm.SAMPLE_DURATION, "self")
+SNAPSHOT_TIMESTAMP = _self(sm.SNAPSHOT_TIMESTAMP, "self")
+SAMPLE_ERRORS = _self(sm.SAMPLE_ERRORS, "self")
+SERIES = _self(sm.SERIES, "self")
+
+SNAPSHOT_AGE = _self(sm.SNAPSHOT_AGE, "live")
+SCRAPES = _self(sm.SCRAPES, "live")
+PROCESS_SERIES_DROPPED = _self(sm.PROCESS_SERIES_DROPPED, "live")
 
 DCGM_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                                 "DCGM_FI_DRIVER_VERSION")

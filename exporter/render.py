@@ -131,8 +131,13 @@ def _lv(value: str) -> str:
     return escape_label_value(value)
 
 
-def _gpu_prefix(g: GpuSample) -> str:
-    return f'gpu="{g.info.index}",uuid="{_lv(g.info.uuid)}"'
+def _gpu_prefix(g: GpuSample, simulated: bool = False) -> str:
+    # Under the simulator every GPU, process, unattributed and allocation series says
+    # so, so anything that sums usage can leave it out with {simulated!="true"}. Real
+    # data gets no such label (its exposition is unchanged). Built once per GPU and
+    # cycle, like the prefix itself, so the label costs nothing per series.
+    base = f'gpu="{g.info.index}",uuid="{_lv(g.info.uuid)}"'
+    return base + ',simulated="true"' if simulated else base
 
 
 class _Agg:
@@ -229,7 +234,7 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     catalogue_out: list[str] = []
     series = 0
     up_gpus = [g for g in snap.gpus if g.up]
-    prefixes = {g.info.uuid: _gpu_prefix(g) for g in snap.gpus}
+    prefixes = {g.info.uuid: _gpu_prefix(g, snap.backend.simulated) for g in snap.gpus}
 
     for m in CATALOGUE:
         f = _Family(m.name, m.type, m.full_help)
@@ -270,8 +275,8 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     for g in snap.gpus:
         i, prefix = g.info, prefixes[g.info.uuid]
         up.add(prefix, 1 if g.up else 0)
-        info.add(
-            f'{prefix},name="{_lv(i.name)}",serial="{_lv(i.serial)}",'
+        info.add(  # gpu_info has its own simulated label, "true" or "false"
+            f'{_gpu_prefix(g)},name="{_lv(i.name)}",serial="{_lv(i.serial)}",'
             f'pci_bus_id="{_lv(i.pci_bus_id)}",'
             f'driver_version="{_lv(i.driver_version or backend.driver_version)}",'
             f'cuda_version="{_lv(i.cuda_version or backend.cuda_version)}",'

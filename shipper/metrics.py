@@ -10,7 +10,9 @@ they agree with the conservation check:
 
 where produced is the spool's next offset (offsets are dense and start at 0, so it is the
 number of records ever acknowledged into this spool) and pending = produced - the sink's
-position. This module never touches the spool or a sink; it only reads statuses.
+position. This module never touches the spool or a sink; it only reads statuses. Names,
+types, HELP and label names come from gpu_audit.selfmetrics (documented in
+docs/METRICS.md; a test scrapes a live run and compares).
 """
 
 from __future__ import annotations
@@ -22,12 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
 from prometheus_client.registry import Collector
+
+from gpu_audit import selfmetrics as sm
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -121,70 +120,18 @@ class ShipperCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         statuses = list(self._statuses())
         spool = self._spool()
-        sink = ["sink"]
-        delivered = CounterMetricFamily(
-            "gpu_audit_shipper_records_delivered",
-            "Records the sink's backend acknowledged (a 409 already-exists counts).",
-            labels=sink,
-        )
-        retried = CounterMetricFamily(
-            "gpu_audit_shipper_records_retried",
-            "Record sends that got a transient or hold outcome and were sent again.",
-            labels=sink,
-        )
-        redelivered = CounterMetricFamily(
-            "gpu_audit_shipper_records_redelivered",
-            "Record sends that repeat an earlier send of the same record: after a restart "
-            "(cursor not yet committed), a retry, a failed delivery round, or inside the "
-            "sink (a bisected partial write, a split 413). The idempotent sink stores each "
-            "record once.",
-            labels=sink,
-        )
-        dead = CounterMetricFamily(
-            "gpu_audit_shipper_records_dead_lettered",
-            "Records the backend rejected for good, written to the sink's dead-letter file.",
-            labels=sink,
-        )
-        dropped = CounterMetricFamily(
-            "gpu_audit_shipper_records_dropped",
-            "Records this sink will never get, by reason (expected to stay 0).",
-            labels=["sink", "reason"],
-        )
-        lag_records = GaugeMetricFamily(
-            "gpu_audit_shipper_cursor_lag_records",
-            "Records in the spool not yet delivered to the sink.",
-            labels=sink,
-        )
-        lag_seconds = GaugeMetricFamily(
-            "gpu_audit_shipper_cursor_lag_seconds",
-            "Age of the oldest record not yet delivered to the sink (0 when caught up).",
-            labels=sink,
-        )
-        cursor = GaugeMetricFamily(
-            "gpu_audit_shipper_cursor_offset",
-            "The sink's committed (durable) cursor in the spool.",
-            labels=sink,
-        )
-        last_success = GaugeMetricFamily(
-            "gpu_audit_shipper_last_success_timestamp_seconds",
-            "Unix time of the sink's last batch with a delivered record.",
-            labels=sink,
-        )
-        blocked = GaugeMetricFamily(
-            "gpu_audit_shipper_sink_blocked",
-            "1 while the sink holds data because of an auth or configuration error.",
-            labels=["sink", "reason"],
-        )
-        conservation = GaugeMetricFamily(
-            "gpu_audit_shipper_conservation_ok",
-            "1 when produced = delivered + dead_lettered + dropped + pending for the sink.",
-            labels=sink,
-        )
-        batches = HistogramMetricFamily(
-            "gpu_audit_shipper_batch_duration_seconds",
-            "Time of one send of a batch to the sink, whatever its outcome.",
-            labels=sink,
-        )
+        delivered = sm.SHIPPER_DELIVERED.counter()
+        retried = sm.SHIPPER_RETRIED.counter()
+        redelivered = sm.SHIPPER_REDELIVERED.counter()
+        dead = sm.SHIPPER_DEAD_LETTERED.counter()
+        dropped = sm.SHIPPER_DROPPED.counter()
+        lag_records = sm.SHIPPER_LAG_RECORDS.gauge()
+        lag_seconds = sm.SHIPPER_LAG_SECONDS.gauge()
+        cursor = sm.SHIPPER_CURSOR.gauge()
+        last_success = sm.SHIPPER_LAST_SUCCESS.gauge()
+        blocked = sm.SHIPPER_BLOCKED.gauge()
+        conservation = sm.SHIPPER_CONSERVATION.gauge()
+        batches = sm.SHIPPER_BATCH_DURATION.histogram()
         for st in statuses:
             labels = [st.sink]
             delivered.add_metric(labels, st.delivered)
@@ -205,42 +152,15 @@ class ShipperCollector(Collector):
         yield from (delivered, retried, redelivered, dead, dropped, lag_records, lag_seconds)
         yield from (cursor, last_success, blocked, conservation, batches)
 
-        yield GaugeMetricFamily(
-            "gpu_audit_spool_bytes", "Bytes the spool's segments take on disk.", value=spool.bytes
-        )
-        yield GaugeMetricFamily(
-            "gpu_audit_spool_segments", "Segment files in the spool.", value=spool.segments
-        )
-        yield CounterMetricFamily(
-            "gpu_audit_records_produced",
-            "Records ever acknowledged into the spool (its next offset).",
-            value=spool.produced,
-        )
-        full = GaugeMetricFamily(
-            "gpu_audit_spool_full",
-            "1 while the spool refuses new records (max_bytes or min_free_bytes reached).",
-            labels=["reason"],
-        )
+        yield sm.SPOOL_BYTES.gauge(value=spool.bytes)
+        yield sm.SPOOL_SEGMENTS.gauge(value=spool.segments)
+        yield sm.RECORDS_PRODUCED.counter(value=spool.produced)
+        full = sm.SPOOL_FULL.gauge()
         full.add_metric([spool.full_reason or ""], 1 if spool.full_reason else 0)
         yield full
-        refused = CounterMetricFamily(
-            "gpu_audit_spool_refused_records",
-            "Records the spool refused because it was full, by reason (max_bytes, min_free).",
-            labels=["reason"],
-        )
+        refused = sm.SPOOL_REFUSED.counter()
         for reason in sorted({"max_bytes", "min_free", *spool.refused}):
             refused.add_metric([reason], spool.refused.get(reason, 0))
         yield refused
-        yield CounterMetricFamily(
-            "gpu_audit_spool_evicted_records",
-            "Records deleted before every sink had them, to make room (spool.when_full: "
-            "drop_oldest). Each sink also counts them as dropped{reason=spool_skipped}.",
-            value=spool.evicted,
-        )
-        yield CounterMetricFamily(
-            "gpu_audit_spool_corrupt_records",
-            "Records lost to damage in the spool (a corrupt frame or segment header), counted "
-            "once when the damaged segment's bytes are kept in quarantine/. Each sink also "
-            "counts them as dropped{reason=spool_skipped}.",
-            value=spool.corrupt,
-        )
+        yield sm.SPOOL_EVICTED.counter(value=spool.evicted)
+        yield sm.SPOOL_CORRUPT.counter(value=spool.corrupt)

@@ -1,7 +1,10 @@
 """Turn one sampling cycle (a Snapshot, and the one before it) into audit records.
 
 Pure: a snapshot in, a list of plain dicts out, without `seq`, `prev_hash` and `hash`
-(the producer chains them). Per cycle, in this order, for each GPU of the snapshot:
+(the producer chains them). Records follow schema version 2: one value name per
+quantity in every kind, unknown fields absent (never ""). Per cycle, in this order, for
+each GPU of the snapshot (usage records only when the cycle measured an interval, i.e.
+not on the first snapshot after a start):
 
 - one `gpu` record (down GPUs too, with `gpu.up` false, no values, 0 GPU-seconds);
 - for an up GPU, one `process` record per process NVML reports (attributed or not:
@@ -22,6 +25,7 @@ and never do I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from math import isfinite
@@ -79,19 +83,18 @@ def gpu_values(gpu: GpuSample) -> dict[str, Any]:
 
 
 def _gpu_part(gpu: GpuSample) -> dict[str, Any]:
-    part: dict[str, Any] = {
-        "uuid": gpu.info.uuid,
-        "index": gpu.info.index,
-        "name": gpu.info.name,
-        "up": gpu.up,
-    }
+    part: dict[str, Any] = {"uuid": gpu.info.uuid, "index": gpu.info.index, "up": gpu.up}
+    if gpu.info.name:  # unknown is absent, never ""
+        part["name"] = gpu.info.name
     if gpu.error:
         part["error"] = gpu.error
     return part
 
 
 def _process_part(p: ProcessSample) -> dict[str, Any]:
-    part: dict[str, Any] = {"pid": p.pid, "name": p.name, "type": p.type}
+    part: dict[str, Any] = {"pid": p.pid, "type": p.type}
+    if p.name:  # unknown is absent, never ""
+        part["name"] = p.name
     uid = p.uid if p.uid is not None else (p.identity.uid if p.identity else None)
     if uid is not None:
         part["uid"] = uid
@@ -105,31 +108,43 @@ def _process_part(p: ProcessSample) -> dict[str, Any]:
 
 
 def _attribution_dict(a: Attribution) -> dict[str, Any]:
-    part: dict[str, Any] = {f: getattr(a, f) for f in IDENTITY_FIELDS}
-    part["sources"] = {f: s for f, s in a.sources.items() if f in IDENTITY_FIELDS}
+    # Only what is known: an unknown field is absent (never ""), so a chart grouped by
+    # owner gets no empty bucket; a source is listed only for a field that is there.
+    part: dict[str, Any] = {}
+    for f in IDENTITY_FIELDS:
+        v = getattr(a, f)
+        if v:
+            part[f] = v
+    part["sources"] = {f: s for f, s in a.sources.items() if f in part}
     return part
 
 
-_EMPTY_ATTRIBUTION: dict[str, Any] = {**{f: "" for f in IDENTITY_FIELDS}, "sources": {}}
+# Value names shared by every record kind: one name per quantity, the name the gpu
+# record uses (the catalogue metric name without `gpu_`), so one query charts them all.
+MEMORY_USED = "memory_used_bytes"
+UTILIZATION = "utilization_ratio"  # process: its SM share of the GPU's busy time
+MEMORY_CONTROLLER_UTILIZATION = "memory_controller_utilization_ratio"
+ENCODER_UTILIZATION = "encoder_utilization_ratio"
+DECODER_UTILIZATION = "decoder_utilization_ratio"
 
 
 def _process_values(p: ProcessSample) -> dict[str, Any]:
     # Written out field by field: this runs once per process per cycle.
     out: dict[str, Any] = {}
     if p.used_memory_bytes is not None:
-        out["used_memory_bytes"] = p.used_memory_bytes
+        out[MEMORY_USED] = p.used_memory_bytes
     v = p.sm_util_ratio
     if v is not None and isfinite(v):
-        out["sm_utilization_ratio"] = v
+        out[UTILIZATION] = v
     v = p.memory_util_ratio
     if v is not None and isfinite(v):
-        out["memory_utilization_ratio"] = v
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
     v = p.encoder_util_ratio
     if v is not None and isfinite(v):
-        out["encoder_utilization_ratio"] = v
+        out[ENCODER_UTILIZATION] = v
     v = p.decoder_util_ratio
     if v is not None and isfinite(v):
-        out["decoder_utilization_ratio"] = v
+        out[DECODER_UTILIZATION] = v
     return out
 
 
@@ -138,18 +153,18 @@ def _process_values_sorted(p: ProcessSample) -> dict[str, Any]:
     out: dict[str, Any] = {}
     v = p.decoder_util_ratio
     if v is not None and isfinite(v):
-        out["decoder_utilization_ratio"] = v
+        out[DECODER_UTILIZATION] = v
     v = p.encoder_util_ratio
     if v is not None and isfinite(v):
-        out["encoder_utilization_ratio"] = v
+        out[ENCODER_UTILIZATION] = v
     v = p.memory_util_ratio
     if v is not None and isfinite(v):
-        out["memory_utilization_ratio"] = v
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
+    if p.used_memory_bytes is not None:
+        out[MEMORY_USED] = p.used_memory_bytes
     v = p.sm_util_ratio
     if v is not None and isfinite(v):
-        out["sm_utilization_ratio"] = v
-    if p.used_memory_bytes is not None:
-        out["used_memory_bytes"] = p.used_memory_bytes
+        out[UTILIZATION] = v
     return out
 
 
@@ -190,10 +205,6 @@ class PartsCache:
 
     def __init__(self, *, fragments: bool = False) -> None:
         self.fragments = fragments
-        self._empty: Any = (
-            orjson.Fragment(canonical_bytes(_EMPTY_ATTRIBUTION)) if fragments
-            else _EMPTY_ATTRIBUTION
-        )
         self._parts: dict[int, tuple[Attribution, bool, Any]] = {}
         self._used: dict[int, tuple[Attribution, bool, Any]] = {}
         self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
@@ -203,22 +214,19 @@ class PartsCache:
         self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
         self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
 
-    @property
-    def empty_attribution(self) -> Any:
-        return self._empty
-
     def shared(self, part: dict[str, Any]) -> Any:
         """`part` as it goes into records: itself, or its canonical bytes as a Fragment."""
         return orjson.Fragment(canonical_bytes(part)) if self.fragments else part
 
     def get(self, a: Attribution) -> tuple[bool, Any]:
+        """(attributed, record part): the part is None for an unknown owner."""
         key = id(a)
         hit = self._used.get(key)
         if hit is None:
             hit = self._parts.get(key)
             if hit is None or hit[0] is not a:
                 owned = a.attributed
-                hit = (a, owned, self.shared(_attribution_dict(a)) if owned else self._empty)
+                hit = (a, owned, self.shared(_attribution_dict(a)) if owned else None)
             self._used[key] = hit
         return hit[1], hit[2]
 
@@ -311,21 +319,21 @@ class _Cycle:
         return r
 
     def attribution(self, ap: AttributedProcess) -> tuple[bool, Any]:
-        """(attributed, record part) of a process's owner."""
+        """(attributed, record part or None) of a process's owner."""
         return self.parts.get(ap.attribution)
+
+
+def _finite(v: float | None) -> float | None:
+    # A non-finite reading is "not measured" (as in `values`), never a number to use.
+    return v if v is not None and isfinite(v) else None
 
 
 def _energy_of(
     gpu: GpuSample, prev_gpu: GpuSample | None, elapsed: float, counter_share: float
 ) -> tuple[int, str] | None:
-    counter, power = gpu.scalar("energy"), gpu.scalar("power_usage")
-    if elapsed <= 0:
-        # First snapshot or no time passed: nothing to account. Still say 0 (not
-        # "unknown") when the GPU can measure energy at all.
-        if counter is not None:
-            return 0, "counter"
-        return (0, "power") if power is not None else None
-    prev_counter = prev_gpu.scalar("energy") if prev_gpu is not None and prev_gpu.up else None
+    counter, power = _finite(gpu.scalar("energy")), _finite(gpu.scalar("power_usage"))
+    prev_counter = (_finite(prev_gpu.scalar("energy"))
+                    if prev_gpu is not None and prev_gpu.up else None)
     return energy_units(counter, prev_counter, power, elapsed, counter_share=counter_share)
 
 
@@ -362,12 +370,12 @@ def _usage_records(
     shares: list[int] = []
     if energy is not None:
         weights = energy_weights(
-            attributed_sm=[ap.process.sm_util_ratio for ap in owned],
+            attributed_sm=[_finite(ap.process.sm_util_ratio) for ap in owned],
             attributed_mem=[_f(ap.process.used_memory_bytes) for ap in owned],
-            unattributed_sm=[ap.process.sm_util_ratio for ap in unowned],
+            unattributed_sm=[_finite(ap.process.sm_util_ratio) for ap in unowned],
             unattributed_mem=[_f(ap.process.used_memory_bytes) for ap in unowned],
-            gpu_util=gpu.scalar("utilization_gpu"),
-            gpu_mem_used=gpu.scalar("memory_used"),
+            gpu_util=_finite(gpu.scalar("utilization_gpu")),
+            gpu_mem_used=_finite(gpu.scalar("memory_used")),
         )
         shares = split_units(energy[0], weights)
     owned_share = iter(shares)
@@ -386,9 +394,9 @@ def _usage_records(
         energy_j = joules(next(owned_share)) if is_owned and shares else None
         if templates is not None:
             # A copy of the template keeps its (sorted) key order; then fill it in.
-            rec = templates[busy is not None, energy_j is not None].copy()
-            rec["attributed"] = is_owned
-            rec["attribution"] = owner_part
+            rec = templates[busy is not None, energy_j is not None, is_owned].copy()
+            if is_owned:
+                rec["attribution"] = owner_part
             if busy is not None:
                 rec["busy_gpu_seconds"] = busy
             if energy_j is not None:
@@ -404,7 +412,8 @@ def _usage_records(
         rec["gpu"] = gpu_part
         rec["process"] = proc_part
         rec["attributed"] = is_owned
-        rec["attribution"] = owner_part
+        if is_owned:
+            rec["attribution"] = owner_part
         rec["values"] = _process_values(p)
         rec["gpu_seconds"] = elapsed
         if busy is not None:
@@ -415,16 +424,15 @@ def _usage_records(
 
     un = cyc.record("unattributed", gpu_uuid=uuid)
     un["gpu"] = gpu_part
-    un["attribution"] = cyc.parts.empty_attribution
     uvals: dict[str, Any] = {"processes": len(unowned)}
-    mem_used = gpu.scalar("memory_used")
+    mem_used = _finite(gpu.scalar("memory_used"))
     if mem_used is not None:
         explained = sum(ap.process.used_memory_bytes or 0 for ap in owned)
-        uvals["used_memory_bytes"] = max(0.0, mem_used - explained)
-    util = gpu.scalar("utilization_gpu")
+        uvals[MEMORY_USED] = max(0.0, mem_used - explained)
+    util = _finite(gpu.scalar("utilization_gpu"))
     if util is not None:
-        explained_sm = math.fsum(ap.process.sm_util_ratio or 0.0 for ap in owned)
-        uvals["sm_utilization_ratio"] = max(0.0, util - explained_sm)
+        explained_sm = math.fsum(_finite(ap.process.sm_util_ratio) or 0.0 for ap in owned)
+        uvals[UTILIZATION] = max(0.0, util - explained_sm)
     un["values"] = uvals
     un["gpu_seconds"] = 0.0 if owned else elapsed
     if shares:
@@ -435,37 +443,38 @@ def _usage_records(
 
 def _presorted_templates(
     cyc: _Cycle, gpu_part: Any, elapsed: float
-) -> dict[tuple[bool, bool], Record]:
+) -> dict[tuple[bool, bool, bool], Record]:
     """`process` records of one GPU and cycle, per (has busy_gpu_seconds, has
-    energy_joules), with every member in sorted key order, the per-cycle ones filled in
-    and `seq` / `prev_hash` as placeholders (PENDING: seal() relies on the order; a
-    test checks it). The per-process members are set on a copy."""
-    out: dict[tuple[bool, bool], Record] = {}
-    for busy in (False, True):
-        for energy in (False, True):
-            rec: Record = {"attributed": False, "attribution": None}
-            if busy:
-                rec["busy_gpu_seconds"] = 0.0
-            rec["elapsed_seconds"] = cyc.common["elapsed_seconds"]
-            if energy:
-                rec["energy_joules"] = 0.0
-            rec["exporter_version"] = cyc.exporter_version
-            rec["gpu"] = gpu_part
-            rec["gpu_seconds"] = elapsed
-            rec["host"] = cyc.host
-            rec["id"] = ""
-            rec["interval_seconds"] = cyc.interval_seconds
-            rec["kind"] = "process"
-            rec["prev_hash"] = PENDING
-            rec["process"] = None
-            rec["schema"] = SCHEMA_ID
-            rec["seq"] = 0
-            rec["simulated"] = cyc.simulated
-            rec["stream"] = cyc.stream
-            rec["time"] = cyc.time
-            rec["time_ns"] = cyc.time_ns
-            rec["values"] = None
-            out[busy, energy] = rec
+    energy_joules, attributed), with every member in sorted key order, the per-cycle
+    ones filled in and `seq` / `prev_hash` as placeholders (PENDING: seal() relies on
+    the order; a test checks it). The per-process members are set on a copy."""
+    out: dict[tuple[bool, bool, bool], Record] = {}
+    for busy, energy, owned in itertools.product((False, True), repeat=3):
+        rec: Record = {"attributed": owned}
+        if owned:
+            rec["attribution"] = None
+        if busy:
+            rec["busy_gpu_seconds"] = 0.0
+        rec["elapsed_seconds"] = cyc.common["elapsed_seconds"]
+        if energy:
+            rec["energy_joules"] = 0.0
+        rec["exporter_version"] = cyc.exporter_version
+        rec["gpu"] = gpu_part
+        rec["gpu_seconds"] = elapsed
+        rec["host"] = cyc.host
+        rec["id"] = ""
+        rec["interval_seconds"] = cyc.interval_seconds
+        rec["kind"] = "process"
+        rec["prev_hash"] = PENDING
+        rec["process"] = None
+        rec["schema"] = SCHEMA_ID
+        rec["seq"] = 0
+        rec["simulated"] = cyc.simulated
+        rec["stream"] = cyc.stream
+        rec["time"] = cyc.time
+        rec["time_ns"] = cyc.time_ns
+        rec["values"] = None
+        out[busy, energy, owned] = rec
     return out
 
 
@@ -482,7 +491,10 @@ def _process_event(
     )
     rec["gpu"] = gpu_part
     rec["process"] = _process_part(p)
-    rec["attributed"], rec["attribution"] = cyc.attribution(ap)
+    owned, part = cyc.attribution(ap)
+    rec["attributed"] = owned
+    if owned:
+        rec["attribution"] = part
     return rec
 
 
@@ -544,7 +556,8 @@ def build_records(
     """All audit records of one cycle, unchained (no seq / prev_hash / hash).
 
     `prev` is the previous snapshot of this exporter run (None for the first): it gives
-    the energy baseline, the elapsed time and the event diffs. `host` defaults to the
+    the energy baseline, the elapsed time and the event diffs. Without it (or when no
+    time passed) only events are built: no interval was measured. `host` defaults to the
     snapshot's host; `simulated` to what the backend says (the producer may only turn
     it on, never off). `parts`: a cache kept by the caller across cycles (speed only;
     the records are the same without it).
@@ -576,12 +589,16 @@ def build_records(
     for gpu in snap.gpus:
         prev_gpu = prev_gpus.get(gpu.info.uuid)
         part = cyc.parts.shared(_gpu_part(gpu))
-        out.extend(
-            _usage_records(
-                cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,
-                counter_share=counter_share, gpu_part=part,
+        # A cycle that measured no interval (the first after a start; the clock went
+        # backwards) has no usage to report: a row of zeros would only be noise in
+        # every chart. Its snapshot still is the baseline of the next interval.
+        if elapsed > 0:
+            out.extend(
+                _usage_records(
+                    cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,
+                    counter_share=counter_share, gpu_part=part,
+                )
             )
-        )
         events.extend(
             _event_records(cyc, snap, prev, gpu=gpu, prev_gpu=prev_gpu, gpu_part=part)
         )

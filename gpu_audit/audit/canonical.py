@@ -28,7 +28,11 @@ from typing import Any
 
 import orjson
 
-SCHEMA_ID = "gpu-audit.record/1"
+SCHEMA_ID = "gpu-audit.record/2"
+SCHEMA_V1 = "gpu-audit.record/1"
+# Every version `audit verify` reads: the chain rule is the same for all of them, so one
+# stream may hold v1 records followed by v2 records (an upgrade) and stays one chain.
+KNOWN_SCHEMAS: frozenset[str] = frozenset({SCHEMA_V1, SCHEMA_ID})
 ZERO_HASH = "0" * 64
 
 _SORT = orjson.OPT_SORT_KEYS
@@ -101,6 +105,20 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     ):
         return orjson.dumps(record, option=_SORT)
     return b"".join((body[:at], b',"hash":"', digest.encode("ascii"), b'"', body[at:]))
+
+
+def seal_reference(
+    record: Mapping[str, Any], seq: int, prev_hash: str, hmac_key: bytes | None
+) -> bytes:
+    """The plain, obviously-correct form of seal(): the stored bytes of `record` chained
+    at (`seq`, `prev_hash`), without any fast path (no presorted records, no spliced
+    hash, `record` left unchanged). Tests hold seal() and the builder's cached parts to
+    it byte for byte; nothing on the production path calls it."""
+    body = {k: v for k, v in record.items() if k != "hash"}
+    body["seq"] = seq
+    body["prev_hash"] = prev_hash
+    digest = chain_hash(prev_hash, orjson.dumps(body, option=_SORT), hmac_key)
+    return orjson.dumps({**body, "hash": digest}, option=_SORT)
 
 
 def expected_hash(record: Mapping[str, Any], hmac_key: bytes | None) -> str:

@@ -1,16 +1,18 @@
 """Self-metrics of the audit producer for the live /metrics registry.
 
 A custom collector: fresh metric families on every collect, read from the producer's
-counters; it must never mutate the producer or hold its lock across a scrape.
+counters; it must never mutate the producer or hold its lock across a scrape. Names,
+types and HELP come from gpu_audit.selfmetrics (documented in docs/METRICS.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gpu_audit import selfmetrics as sm
 from gpu_audit.audit.producer import AuditProducer
 
 
@@ -24,32 +26,12 @@ class AuditCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._producer.stats()
         failed = self._producer.failed_by_reason()
-        written = CounterMetricFamily(
-            "gpu_audit_records_written",
-            "Audit records committed to the spool (after the group-commit fsync).",
-        )
-        written.add_metric([], stats["records_written"])
-        yield written
-        fail = CounterMetricFamily(
-            "gpu_audit_records_failed",
-            "Audit records that could not be written to the spool, by reason "
-            "(max_bytes, min_free, or the errno name such as ENOSPC, EACCES).",
-            labels=["reason"],
-        )
+        yield sm.RECORDS_WRITTEN.counter(value=stats["records_written"])
+        fail = sm.RECORDS_FAILED.counter()
         for reason in sorted(failed):
             fail.add_metric([reason], failed[reason])
         yield fail
-        writable = GaugeMetricFamily(
-            "gpu_audit_spool_writable",
-            "1 when the last commit of audit records to the spool succeeded, else 0.",
-        )
-        writable.add_metric([], stats["spool_writable"])
-        yield writable
-        last = GaugeMetricFamily(
-            "gpu_audit_audit_last_seq",
-            "Sequence number of the last audit record written, by stream; compare with the "
-            "last seq `gpu-audit audit verify` finds in a sink to see records not yet there.",
-            labels=["stream"],
-        )
+        yield sm.SPOOL_WRITABLE.gauge(value=stats["spool_writable"])
+        last = sm.AUDIT_LAST_SEQ.gauge()
         last.add_metric([self._producer.stream], stats["last_seq"])
         yield last

@@ -1,4 +1,7 @@
-"""The published JSON Schema of audit records (gpu_audit/schemas/audit-record-v1.json).
+"""The published JSON Schemas of audit records (gpu_audit/schemas/audit-record-v*.json).
+
+Version 2 is what the producer writes; version 1 is kept because archives and sinks hold
+v1 records that `audit verify` still reads.
 
 Loaded from package data so the schema that ships is the one tests check. This module
 must never validate on the production path (the producer builds records that satisfy it
@@ -12,12 +15,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-SCHEMA_FILE = "audit-record-v1.json"
+SCHEMA_FILE = "audit-record-v2.json"
+SCHEMA_FILES = {1: "audit-record-v1.json", 2: SCHEMA_FILE}
 
 
 @cache
-def record_schema() -> dict[str, Any]:
-    """The parsed JSON Schema (draft 2020-12) of version 1 audit records."""
-    text = resources.files("gpu_audit").joinpath("schemas", SCHEMA_FILE).read_text("utf-8")
+def record_schema(version: int = 2) -> dict[str, Any]:
+    """The parsed JSON Schema (draft 2020-12) of audit records of `version` (1 or 2)."""
+    name = SCHEMA_FILES[version]
+    text = resources.files("gpu_audit").joinpath("schemas", name).read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema

@@ -4,8 +4,13 @@ Per stream it checks: `seq` gaps (records missing), the same `seq` twice, the sa
 twice under different seqs (a sample chained twice), `seq` going backwards (reordered),
 a `hash` that does not match the record's content (modified), a `prev_hash` that does not
 match the hash of the previous seq (chain break: a record altered and re-hashed, or
-replaced), and records that are not JSON or not schema gpu-audit.record/1. Every problem
-names where it is (line, spool offset or record position), the stream, seq and id.
+replaced), and records that are not JSON or of no known schema (gpu-audit.record/1 or
+/2). Every problem names where it is (line, spool offset or record position), the
+stream, seq and id.
+
+Versions: the hash of a record is computed the same way whatever its schema, so a
+stream whose producer was upgraded (v1 records, then v2 records) is one chain, verified
+across the change; a v1 record after a v2 one (a downgrade) is accepted the same way.
 
 Memory stays small on month-long trails: seq bookkeeping keeps only the gaps, the chain
 check keeps only unmatched neighbours, and duplicate ids are looked for within a sliding
@@ -28,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gpu_audit.audit.canonical import SCHEMA_ID, ZERO_HASH, expected_hash
+from gpu_audit.audit.canonical import KNOWN_SCHEMAS, ZERO_HASH, expected_hash
 from gpu_audit.audit.ports import SpoolReaderPort
 
 MAX_LISTED = 1000
@@ -213,9 +218,11 @@ class Verifier:
             rec.get("id"),
         )
         rid_s = rid if isinstance(rid, str) else None
-        if rec.get("schema") != SCHEMA_ID:
+        schema = rec.get("schema")
+        if not isinstance(schema, str) or schema not in KNOWN_SCHEMAS:
             self._problem(
-                "bad_schema", where, f"schema is {rec.get('schema')!r}, expected {SCHEMA_ID!r}",
+                "bad_schema", where,
+                f"schema is {schema!r}, expected one of {', '.join(sorted(KNOWN_SCHEMAS))}",
                 stream=stream if isinstance(stream, str) else None,
                 seq=seq if isinstance(seq, int) else None, rid=rid_s,
             )

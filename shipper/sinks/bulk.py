@@ -154,11 +154,13 @@ def template_body(cfg: SearchConfig) -> dict[str, Any]:
         "gpu": {"properties": {"uuid": keyword, "index": {"type": "integer"}, "name": keyword}},
         "process": {"properties": {"pid": {"type": "long"}, "name": keyword,
                                    "uid": {"type": "long"}}},
+        # field names as records have them (tests/audit/test_sink_field_names.py)
         "attribution": {"properties": {"user": keyword, "project": keyword, "job": keyword,
-                                       "department": keyword, "pod": keyword,
-                                       "namespace": keyword}},
+                                       "k8s_pod": keyword, "k8s_namespace": keyword}},
         "gpu_seconds": {"type": "double"}, "energy_joules": {"type": "double"},
-        "xid": {"type": "integer"}, "simulated": {"type": "boolean"},
+        "xid": {"properties": {"code": {"type": "integer"}, "time": {"type": "date_nanos"},
+                               "time_ns": {"type": "long"}}},
+        "simulated": {"type": "boolean"},
     }
     if cfg.index_mode == "data_stream":
         properties["@timestamp"] = {"type": "date_nanos"}

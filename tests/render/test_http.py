@@ -91,7 +91,7 @@ def test_metrics_serves_cached_body_plus_live_metrics(server: MetricsServer,
     assert code == 200
     assert headers["content-type"].startswith("text/plain; version=0.0.4")
     text = body.decode()
-    assert f'gpu_up{{gpu="1",uuid="{UUID1}"}} 0' in text
+    assert f'gpu_up{{gpu="1",uuid="{UUID1}",simulated="true"}} 0' in text
     assert "gpu_audit_snapshot_age_seconds " in text
     assert "gpu_audit_scrapes_total 1.0" in text
     assert f'gpu_audit_process_series_dropped_total{{gpu="0",uuid="{UUID0}"}} 2.0' in text

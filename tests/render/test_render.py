@@ -85,12 +85,13 @@ def test_down_gpu_and_unsupported_fields() -> None:
     unsupported field is never emitted and shows 0 in gpu_field_supported."""
     body = render_snapshot(small_snapshot(), RenderOptions()).body
     s = samples(body)
-    assert s[("gpu_up", (("gpu", "1"), ("uuid", UUID1)))] == 0
-    assert s[("gpu_up", (("gpu", "0"), ("uuid", UUID0)))] == 1
+    sim = ("simulated", "true")  # the snapshot is simulated: every GPU series says so
+    assert s[("gpu_up", (("gpu", "1"), sim, ("uuid", UUID1)))] == 0
+    assert s[("gpu_up", (("gpu", "0"), sim, ("uuid", UUID0)))] == 1
     assert not any(lbl.get("uuid") == UUID1 for lbl, _ in named(body, "gpu_utilization_ratio"))
     assert named(body, "gpu_xid_errors_total") == [
-        ({"gpu": "0", "uuid": UUID0, "xid": "13"}, 2.0),
-        ({"gpu": "1", "uuid": UUID1, "xid": "79"}, 1.0)]
+        ({"gpu": "0", "uuid": UUID0, "simulated": "true", "xid": "13"}, 2.0),
+        ({"gpu": "1", "uuid": UUID1, "simulated": "true", "xid": "79"}, 1.0)]
     assert b"gpu_fan_speed_ratio{" not in body
     assert b"# HELP gpu_fan_speed_ratio" not in body  # no empty families
     fs = {lbl["field"]: v for lbl, v in named(body, "gpu_field_supported")}

@@ -10,8 +10,6 @@ back when no spool reader keeps a handle on a segment that GC or eviction delete
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,52 +22,17 @@ from shipper.config import ShipperConfig
 from shipper.engine import Shipper
 from tests.shipper.conftest import eventually
 from tests.shipper.memsinks import MemorySink, record
+from tests.smallfs import small_filesystem
 
 DISK = 2 * 1024 * 1024
 RECORD = 400  # bytes per record payload
 BATCH = 5
 
 
-def _mount(target: Path, image: Path) -> str | None:
-    """Mount a 2 MiB filesystem on `target`; None when it worked, else why not."""
-    if os.geteuid() != 0:
-        return "mounting a small filesystem needs root"
-    tmpfs = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(target)],
-        capture_output=True, text=True, check=False,
-    )
-    if tmpfs.returncode == 0:
-        return None
-    if shutil.which("mkfs.ext4") is None:
-        return f"tmpfs mount refused ({tmpfs.stderr.strip()}) and no mkfs.ext4 for a loop image"
-    with image.open("wb") as handle:
-        handle.truncate(DISK)
-    steps = [
-        ["mkfs.ext4", "-q", "-F", str(image)],
-        ["mount", "-o", "loop", str(image), str(target)],
-    ]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            return (f"tmpfs mount refused ({tmpfs.stderr.strip()}); loop image failed at "
-                    f"{step[0]}: {done.stderr.strip()}")
-    return None
-
-
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    target = tmp_path / "mnt"
-    target.mkdir()
-    why = _mount(target, tmp_path / "disk.img")
-    if why is not None:
-        pytest.skip(why)
-    try:
+    with small_filesystem(tmp_path, DISK) as target:
         yield target
-    finally:
-        if subprocess.run(["umount", str(target)], check=False).returncode != 0:
-            # something (a thread of a failed test) still holds a file: detach it anyway so
-            # no mount outlives the test
-            subprocess.run(["umount", "-l", str(target)], check=True)
 
 
 def _deleted_segments_open(directory: Path) -> list[str]:
