@@ -235,7 +235,7 @@ class Shipper:
         target = self._end_offset()
         deadline = time.monotonic() + grace
         while True:
-            pending = [s.sink for s in self.statuses()
+            pending = [s.sink for s in (w.status(lag=False) for w in self.workers)
                        if s.blocked_reason is None and s.position < target]
             if not pending:
                 return True
@@ -340,6 +340,7 @@ class Shipper:
                 "lag_seconds": st.lag_seconds,
                 "last_success": st.last_success,
                 "blocked": st.blocked_reason,
+                "state": st.state,
                 "conservation_ok": st.conservation_ok,
             }
         return {

@@ -81,6 +81,9 @@ class SinkStatus:
     blocked_reason: str | None
     conservation_ok: bool
     batches: Histogram = field(compare=False)
+    # "starting" (no attempt ended yet), "up", "down" (nothing got through: the backend
+    # cannot be reached or answers 5xx/429) or "blocked" (HOLD: auth or configuration)
+    state: str = "starting"
 
     @property
     def lag_records(self) -> int:
@@ -172,6 +175,12 @@ class ShipperCollector(Collector):
             "1 while the sink holds data because of an auth or configuration error.",
             labels=["sink", "reason"],
         )
+        up = GaugeMetricFamily(
+            "gpu_audit_shipper_sink_up",
+            "1 when the sink's last attempt got records through (or it started with nothing "
+            "to send), 0 while it is down, blocked or not yet started.",
+            labels=sink,
+        )
         conservation = GaugeMetricFamily(
             "gpu_audit_shipper_conservation_ok",
             "1 when produced = delivered + dead_lettered + dropped + pending for the sink.",
@@ -196,11 +205,12 @@ class ShipperCollector(Collector):
             if st.last_success is not None:
                 last_success.add_metric(labels, st.last_success)
             blocked.add_metric([st.sink, st.blocked_reason or ""], 1 if st.blocked_reason else 0)
+            up.add_metric(labels, 1 if st.state == "up" else 0)
             conservation.add_metric(labels, 1 if st.conservation_ok else 0)
             buckets, total = st.batches.snapshot()
             batches.add_metric(labels, buckets, total)
         yield from (delivered, retried, redelivered, dead, dropped, lag_records, lag_seconds)
-        yield from (cursor, last_success, blocked, conservation, batches)
+        yield from (cursor, last_success, blocked, up, conservation, batches)
 
         yield GaugeMetricFamily(
             "gpu_audit_spool_bytes", "Bytes the spool's segments take on disk.", value=spool.bytes
