@@ -43,6 +43,7 @@ from shipper.deadletter import DeadLetter, DeadLetterFile
 from shipper.ledger import Ledger, LedgerState
 from shipper.metrics import Histogram, SinkStatus
 from shipper.sinks.base import ItemResult, Outcome, Sink, SinkError, SinkRecord
+from shipper.sinks.httputil import exception_reason
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,9 @@ class SinkWorker:
             # nothing can be dead-lettered by a failed start: the records were never sent
             raise SinkError(Outcome.RETRY, exc.reason, exc.retry_after) from None
         except Exception as exc:
-            log.debug("sink %s: start raised", self.name, exc_info=True)
-            raise SinkError(Outcome.RETRY, f"start failed: {type(exc).__name__}: {exc}") from None
+            # a sink bug or an unclassified error is transient (as in _send); its one-line
+            # reason reaches the state log, redacted like every transport error
+            raise SinkError(Outcome.RETRY, f"start failed: {exception_reason(exc)}") from exc
         self._sink_started = True
 
     def _idle_start(self) -> None:

@@ -165,3 +165,27 @@ def test_each_state_change_is_logged_once_each_way(
     down, up = _state_lines(caplog, "influx")
     assert len(down) == 2 and len(up) == 2, (down, up)
     assert "50 records" in up[1]
+
+
+class CrashingStartSink(MemorySink):
+    """A sink whose start raises something that is not a SinkError (a bug, an OSError)."""
+
+    def start(self) -> None:
+        raise OSError(5, "Input/output error")
+
+
+def test_an_unexpected_start_error_is_a_retry_not_a_dead_worker(
+    fast_config: ShipperConfig, spool_config: SpoolConfig, writer: SpoolWriter,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A start that raises OSError keeps the worker alive and retrying: the sink is down
+    with the error in its reason, its records are counted as retried, nothing is lost."""
+    produce(writer, 0, 5)
+    sink = CrashingStartSink("odd")
+    with running(fast_config, spool_config, writer, [sink]) as shipper:
+        eventually(lambda: (value(shipper, "gpu_audit_shipper_records_retried_total",
+                                  {"sink": "odd"}) or 0) >= 10, what="retries")
+        assert shipper.stats()["sinks"]["odd"]["state"] == "down"
+        assert value(shipper, "gpu_audit_shipper_cursor_lag_records", {"sink": "odd"}) == 5
+    down, _ = _state_lines(caplog, "odd")
+    assert len(down) == 1 and "start failed: OSError" in down[0]
