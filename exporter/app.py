@@ -1,13 +1,18 @@
 """Wiring of one exporter process: backend -> sampler -> (renderer, audit producer) ->
 HTTP endpoint, optionally with the shipper in the same process (`gpu-audit run`).
 
-Start-up order matters: configuration and web-config are validated first (exit 2 before
-anything starts), then the backend is opened (a missing driver ends here with a hint,
-never a fallback to the simulator), then the endpoint binds, then sampling begins.
+Start-up order matters, because a failed start must leave no audit record behind:
+configuration, web-config, the sinks' secrets and the audit HMAC key first (exit 2), then
+the backend (a missing driver ends here with a hint, never a fallback to the simulator),
+then the locks (the spool's single writer, the shipper's cursors, archive and dead-letter
+directories: another live gpu-audit there is a refusal naming its pid, exit 1), then the
+listening socket (a port in use, exit 1). Only then is exporter_start written and do
+sampling, serving and shipping begin.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import shutil
@@ -40,9 +45,9 @@ from gpu_audit import selfmetrics as selfm
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
-from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
 from gpu_audit.invocation import command
-from gpu_audit.spool import SpoolError, SpoolReader, SpoolWriteError, SpoolWriter
+from gpu_audit.spool import SpoolError, SpoolLocked, SpoolReader, SpoolWriteError, SpoolWriter
 
 log = logging.getLogger("gpu_audit.exporter")
 
@@ -54,13 +59,23 @@ NO_GPU_HINT = (
 )
 
 
-class ReopeningSpool:
-    """The spool writer, opened lazily and re-opened after failures.
+class ListenError(Exception):
+    """The endpoint's socket could not be bound (port in use, address not local, ...)."""
 
-    A spool that cannot be opened (permission, read-only or full disk, another writer)
-    must not stop the exporter: commits fail with SpoolWriteError, the audit producer
-    counts the records it could not write, /metrics keeps serving, and every cycle tries
-    to open the spool again.
+    def __init__(self, listen: str, cause: OSError) -> None:
+        self.listen = listen
+        self.cause = cause
+        super().__init__(f"cannot listen on {listen}: {cause.strerror or cause}")
+
+
+class ReopeningSpool:
+    """The spool writer, opened at start-up and re-opened after failures.
+
+    A spool another live process writes is a refusal at start-up (`open_at_start` raises
+    SpoolLocked): two writers would duplicate the trail. Any other spool that cannot be
+    opened (permission, read-only or full disk) must not stop the exporter: commits fail
+    with SpoolWriteError, the audit producer counts the records it could not write,
+    /metrics keeps serving, and every cycle tries to open the spool again.
     """
 
     def __init__(self, config: Config) -> None:
@@ -69,7 +84,17 @@ class ReopeningSpool:
         self._lock = threading.Lock()
         self.last_error = ""
 
-    def _get(self) -> SpoolWriter:
+    def open_at_start(self) -> None:
+        """Open the writer (taking the spool's lock) before anything is written.
+
+        Raises SpoolLocked when another live process writes this spool; any other
+        failure is left to the producer to count, and the spool is re-opened lazily.
+        """
+        # the producer logs and counts the failure at its first record
+        with self._lock, contextlib.suppress(SpoolWriteError):
+            self._get(refuse_locked=True)
+
+    def _get(self, *, refuse_locked: bool = False) -> SpoolWriter:
         if self._writer is None:
             try:
                 self._writer = SpoolWriter(self._config)
@@ -82,6 +107,8 @@ class ReopeningSpool:
                 self.last_error = str(exc)
                 raise SpoolWriteError.from_oserror(exc, self._config.directory, "open") from None
             except SpoolError as exc:  # SpoolLocked and friends: same outcome, other reason
+                if refuse_locked and isinstance(exc, SpoolLocked):
+                    raise
                 self.last_error = str(exc)
                 raise SpoolWriteError("unavailable", self._config.directory, str(exc)) from None
         return self._writer
@@ -178,7 +205,8 @@ class SamplerCollector(Collector):
 
 
 class ExporterApp:
-    """One exporter process. `start()` raises BackendUnavailable or ConfigError."""
+    """One exporter process. `start()` raises ConfigError, BackendUnavailable, LockHeld,
+    ListenError or OSError, and when it does no audit record has been written."""
 
     def __init__(self, config: Config, *, with_shipper: bool) -> None:
         self.config = config
@@ -195,8 +223,18 @@ class ExporterApp:
     def start(self) -> None:
         cfg = self.config
         ex = cfg.exporter
+        # 1. everything a configuration error can stop (exit 2): nothing is opened yet
         host, port = parse_listen(ex.listen)
         web = load_web_config(ex.web_config_file) if ex.web_config_file else WebConfig()
+        sinks = None
+        if self.with_shipper:
+            from shipper.sinks.factory import create_sink
+
+            # resolves every secret now; a sink only connects when it is started
+            sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
+                     for c in cfg.shipper.sinks]
+
+        # 2. the backend (exit 1 with a hint when there is no GPU)
         backend = create_backend(ex)
         info = backend.open()
         self._backend = backend
@@ -221,19 +259,35 @@ class ExporterApp:
         state = LatestState(stale)
         registry = CollectorRegistry(auto_describe=True)
 
+        # 3. the locks: the spool's single writer, then the shipper's directories
         listeners: list[SnapshotListener] = []
         if cfg.audit.enabled or self.with_shipper:
             self.spool = ReopeningSpool(cfg)
+            self.spool.open_at_start()
             reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
             self.producer = AuditProducer(cfg.audit, self.spool, host=cfg.host,
                                           exporter_version=__version__,
                                           simulated=info.simulated, reader=reader)
-            self.producer.start()
             listeners.append(self.producer.on_snapshot)
             registry.register(AuditCollector(self.producer))
             if not self.with_shipper and cfg.shipper.enabled:
                 listeners.append(SplitModeGc(cfg, self.spool))
+        if self.with_shipper:
+            from shipper.engine import Shipper
 
+            writer = self.spool.writer if self.spool else None
+            self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer, sinks=sinks)
+            registry.register(self.shipper.collector())
+
+        # 4. the listening socket
+        try:
+            self.server = MetricsServer(host, port, state, web, registry)
+        except OSError as exc:
+            raise ListenError(ex.listen, exc) from exc
+
+        # Nothing can refuse the start any more: the first record may be written.
+        if self.producer is not None:
+            self.producer.start()
         scenario_clock = getattr(backend, "scenario_time", None) if info.simulated else None
         self.sampler = Sampler(
             backend, info, resolver,
@@ -252,15 +306,6 @@ class ExporterApp:
             before_attribution=before,
         )
         registry.register(SamplerCollector(self.sampler, resolver))
-
-        if self.with_shipper:
-            from shipper.engine import Shipper
-
-            writer = self.spool.writer if self.spool else None
-            self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer)
-            registry.register(self.shipper.collector())
-
-        self.server = MetricsServer(host, port, state, web, registry)
         self.server.start()
         state.set_backend(True)
         log.info("serving %s://%s:%d/metrics (backend %s)",
@@ -275,8 +320,9 @@ class ExporterApp:
         if self.producer is not None:
             self.producer.stop()
         if self.shipper is not None:
-            self.shipper.drain()  # the exporter_stop record included
-            self.shipper.stop()
+            if self.shipper.started:
+                self.shipper.drain()  # the exporter_stop record included
+            self.shipper.stop()  # releases its locks even when it never started
         if self.server is not None:
             self.server.stop()
         if self.spool is not None:
@@ -310,14 +356,17 @@ def run_exporter(config: Config, *, with_shipper: bool) -> int:
             sim = command("run --backend sim --scenario busy")
             print(NO_GPU_HINT.format(command=sim), file=sys.stderr)
         return EXIT_FAILURE
+    except (ListenError, LockHeld) as exc:
+        app.stop()
+        print(f"gpu-audit: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except OSError as exc:
         app.stop()
-        if exc.filename is not None:  # a file (spool, archive), not the listening socket
+        if exc.filename is not None:  # a file (spool, archive) in the way
             print(f"gpu-audit: cannot start: {exc.filename}: {exc.strerror or exc}",
                   file=sys.stderr)
         else:
-            print(f"gpu-audit: cannot listen on {config.exporter.listen}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+            print(f"gpu-audit: cannot start: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except BaseException:
         app.stop()

@@ -398,7 +398,8 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread is not None:  # shutdown() waits forever for a loop never started
+            self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)

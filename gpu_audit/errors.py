@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -70,3 +71,14 @@ class ConfigError(Exception):
     def render(self) -> str:
         head = f"{self.source}: {len(self.problems)} problem(s)"
         return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+class LockHeld(Exception):
+    """Another live process holds a lock this one needs: a spool, an archive or a
+    dead-letter directory has one owner at a time. `holder` is what the owner wrote in
+    the lock file ("pid N", or "pid unknown")."""
+
+    def __init__(self, path: Path, holder: str, message: str) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(message)

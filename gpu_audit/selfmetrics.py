@@ -197,6 +197,10 @@ SHIPPER_LAST_SUCCESS = _m("gpu_audit_shipper_last_success_timestamp_seconds", "g
 SHIPPER_BLOCKED = _m("gpu_audit_shipper_sink_blocked", "gauge",
                      "1 while the sink holds data because of an auth or configuration error.",
                      "shipper", ("sink", "reason"))
+SHIPPER_SINK_UP = _m("gpu_audit_shipper_sink_up", "gauge",
+                     "1 when the sink's last attempt got records through (or it started with "
+                     "nothing to send), 0 while it is down, blocked or not yet started.",
+                     "shipper", _SINK)
 SHIPPER_CONSERVATION = _m("gpu_audit_shipper_conservation_ok", "gauge",
                           "1 when produced = delivered + dead_lettered + dropped + pending for"
                           " the sink.", "shipper", _SINK)
@@ -214,7 +218,8 @@ SELF_METRICS: tuple[SelfMetric, ...] = (
     SPOOL_CORRUPT,
     SHIPPER_DELIVERED, SHIPPER_RETRIED, SHIPPER_REDELIVERED, SHIPPER_DEAD_LETTERED,
     SHIPPER_DROPPED, SHIPPER_LAG_RECORDS, SHIPPER_LAG_SECONDS, SHIPPER_CURSOR,
-    SHIPPER_LAST_SUCCESS, SHIPPER_BLOCKED, SHIPPER_CONSERVATION, SHIPPER_BATCH_DURATION,
+    SHIPPER_LAST_SUCCESS, SHIPPER_BLOCKED, SHIPPER_SINK_UP, SHIPPER_CONSERVATION,
+    SHIPPER_BATCH_DURATION,
 )
 
 

@@ -13,6 +13,11 @@ Two ways to run:
   single-writer lock, so it runs the GC (`gc_floor` gives it the offset); this engine only
   reads what is readable and commits cursors.
 
+One shipper at a time per spool: the engine locks `<spool>/shipper/.shipper.lock` (the
+cursors and ledgers), its dead-letter directory and every archive directory before it
+reads any of their state, and a second shipper on any of them is refused (`LockHeld`
+naming the holder's pid). The locks die with the process.
+
 A sink's cursor never moves because of another sink, a sink removed from the
 configuration keeps its cursor file but no longer holds back GC (a warning says so), and
 nothing here ever drops a record: every record is delivered, dead-lettered with a reason,
@@ -32,6 +37,7 @@ from types import FrameType
 from typing import Any
 
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
+from gpu_audit.lockfile import ProcessLock
 from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter
 from gpu_audit.spool.config import SpoolConfig
 from shipper.backoff import Backoff
@@ -40,10 +46,13 @@ from shipper.deadletter import DeadLetterFile
 from shipper.ledger import Ledger
 from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
 from shipper.sinks.base import Sink
-from shipper.sinks.factory import create_sink
+from shipper.sinks.config import ArchiveSinkConfig
+from shipper.sinks.factory import create_sink, default_archive_dir
 from shipper.worker import SinkWorker
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = ".shipper.lock"
 
 
 class _SpoolEnd:
@@ -140,6 +149,54 @@ class Shipper:
         self._check_removed(names)
         deadletter_dir = config.deadletter_dir or self.spool_dir / "deadletter"
         ledger_dir = self.spool_dir / "shipper"
+        # before any cursor, ledger or dead-letter file is read: another shipper's state
+        # read now would be stale the moment it writes again
+        self._locks = self._lock_directories(ledger_dir, deadletter_dir)
+        try:
+            self._build_workers(config, ledger_dir, deadletter_dir, clock, backoff)
+        except BaseException:
+            self._release_locks()
+            raise
+        self._gc_thread: threading.Thread | None = None
+        self._gc_freed = 0
+        self._started = False
+
+    def _lock_directories(self, ledger_dir: Path, deadletter_dir: Path) -> list[ProcessLock]:
+        wanted = [
+            (ledger_dir, f"the shipper state (cursors, ledgers) of spool {self.spool_dir}"),
+            (deadletter_dir, f"dead-letter directory {deadletter_dir}"),
+        ]
+        for cfg in self.config.sinks:
+            if isinstance(cfg, ArchiveSinkConfig):
+                directory = cfg.directory or default_archive_dir(self.spool_dir)
+                wanted.append((directory, f"archive directory {directory}"))
+        held: list[ProcessLock] = []
+        seen: set[Path] = set()
+        try:
+            for directory, what in wanted:
+                key = directory.resolve()
+                if key in seen:  # flock conflicts even within one process: lock once
+                    continue
+                seen.add(key)
+                held.append(ProcessLock.acquire(directory / LOCK_FILE, what))
+        except BaseException:
+            for lock in held:
+                lock.release()
+            raise
+        return held
+
+    def _release_locks(self) -> None:
+        for lock in self._locks:
+            lock.release()
+
+    def _build_workers(
+        self,
+        config: ShipperConfig,
+        ledger_dir: Path,
+        deadletter_dir: Path,
+        clock: Callable[[], float],
+        backoff: Backoff | None,
+    ) -> None:
         backoff = backoff or Backoff(
             base=config.backoff_base_s,
             cap=config.backoff_cap_s,
@@ -163,9 +220,6 @@ class Shipper:
             )
             for sink in self.sinks
         ]
-        self._gc_thread: threading.Thread | None = None
-        self._gc_freed = 0
-        self._started = False
 
     def _check_removed(self, names: Sequence[str]) -> None:
         for orphan in sorted(set(self._cursors.names()) - set(names)):
@@ -188,9 +242,15 @@ class Shipper:
 
     # ---- lifecycle ---------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self) -> None:
         if self._started:
             raise RuntimeError("shipper already started")
+        if not self._locks or not self._locks[0].held:
+            raise RuntimeError("shipper already stopped (its locks are released)")
         self._started = True
         for worker in self.workers:
             worker.start()
@@ -207,6 +267,15 @@ class Shipper:
         """
         grace = self.config.shutdown_grace_s if timeout is None else timeout
         self._stopping.set()
+        if not self._started:  # a failed start-up: nothing ran, nothing to commit
+            self._release_locks()
+            return True
+        try:
+            return self._stop_workers(grace)
+        finally:
+            self._release_locks()
+
+    def _stop_workers(self, grace: float) -> bool:
         deadline = time.monotonic() + grace
         clean = True
         for worker in self.workers:
@@ -235,7 +304,7 @@ class Shipper:
         target = self._end_offset()
         deadline = time.monotonic() + grace
         while True:
-            pending = [s.sink for s in self.statuses()
+            pending = [s.sink for s in (w.status(lag=False) for w in self.workers)
                        if s.blocked_reason is None and s.position < target]
             if not pending:
                 return True
@@ -341,6 +410,7 @@ class Shipper:
                 "lag_seconds": st.lag_seconds,
                 "last_success": st.last_success,
                 "blocked": st.blocked_reason,
+                "state": st.state,
                 "conservation_ok": st.conservation_ok,
             }
         return {

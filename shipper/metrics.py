@@ -80,6 +80,9 @@ class SinkStatus:
     blocked_reason: str | None
     conservation_ok: bool
     batches: Histogram = field(compare=False)
+    # "starting" (no attempt ended yet), "up", "down" (nothing got through: the backend
+    # cannot be reached or answers 5xx/429) or "blocked" (HOLD: auth or configuration)
+    state: str = "starting"
 
     @property
     def lag_records(self) -> int:
@@ -132,6 +135,7 @@ class ShipperCollector(Collector):
         blocked = sm.SHIPPER_BLOCKED.gauge()
         conservation = sm.SHIPPER_CONSERVATION.gauge()
         batches = sm.SHIPPER_BATCH_DURATION.histogram()
+        up = sm.SHIPPER_SINK_UP.gauge()
         for st in statuses:
             labels = [st.sink]
             delivered.add_metric(labels, st.delivered)
@@ -146,11 +150,12 @@ class ShipperCollector(Collector):
             if st.last_success is not None:
                 last_success.add_metric(labels, st.last_success)
             blocked.add_metric([st.sink, st.blocked_reason or ""], 1 if st.blocked_reason else 0)
+            up.add_metric(labels, 1 if st.state == "up" else 0)
             conservation.add_metric(labels, 1 if st.conservation_ok else 0)
             buckets, total = st.batches.snapshot()
             batches.add_metric(labels, buckets, total)
         yield from (delivered, retried, redelivered, dead, dropped, lag_records, lag_seconds)
-        yield from (cursor, last_success, blocked, conservation, batches)
+        yield from (cursor, last_success, blocked, up, conservation, batches)
 
         yield sm.SPOOL_BYTES.gauge(value=spool.bytes)
         yield sm.SPOOL_SEGMENTS.gauge(value=spool.segments)

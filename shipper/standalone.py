@@ -6,12 +6,17 @@ auth from its own `shipper.web_config_file`), runs until SIGTERM/SIGINT and retu
 exit code. It never
 opens the spool for writing (the exporter holds the single-writer lock and runs the
 segment GC with `shipper.engine.gc_floor`).
+
+Start-up order: configuration and secrets (ConfigError, exit 2), the shipper's locks
+(another shipper on the same cursors, archive or dead-letter directory: exit 1 naming
+its pid), the metrics socket (a port in use: exit 1); only then does shipping begin.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +25,7 @@ from exporter.http import MetricsServer
 from exporter.serving import LatestState
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit.config import Config
+from gpu_audit.errors import EXIT_FAILURE, LockHeld
 from shipper.engine import Shipper
 
 log = logging.getLogger(__name__)
@@ -32,15 +38,28 @@ def run_shipper(config: Config) -> int:
     """
     web_file = config.shipper.web_config_file
     web = load_web_config(web_file) if web_file is not None else WebConfig()
-    shipper = Shipper(config.shipper, config.spool)
-    server: MetricsServer | None = None
     listen = config.shipper.metrics_listen
-    if listen is not None:
-        host, port = parse_listen(listen)
+    address = parse_listen(listen) if listen is not None else None
+    try:
+        shipper = Shipper(config.shipper, config.spool)
+    except LockHeld as exc:
+        print(f"gpu-audit: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"gpu-audit: cannot start the shipper: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    server: MetricsServer | None = None
+    if address is not None:
         registry = CollectorRegistry()
         registry.register(shipper.collector())
         state = LatestState(math.inf, snapshots_expected=False)
-        server = MetricsServer(host, port, state, web, registry)
+        try:
+            server = MetricsServer(address[0], address[1], state, web, registry)
+        except OSError as exc:
+            shipper.stop()
+            print(f"gpu-audit: cannot listen on {listen}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return EXIT_FAILURE
         server.start()
         state.set_backend(True)
         log.info("shipper metrics on %s://%s/metrics", "https" if server.tls else "http",

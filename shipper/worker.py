@@ -13,6 +13,13 @@ the ledger that counts outcomes) is committed after a batch, at most every
 `commit_interval_s`. A crash re-sends what followed the last commit; idempotent sinks
 store it once, and the ledger keeps it from being counted twice.
 
+The sink is started as part of a send: a sink that cannot be started (backend down,
+bad credentials) fails the batch like a failed send, so its records are counted as
+retried, its lag grows and its state shows "down" (or "blocked") from the first moment,
+whether the outage began before or after the shipper started. Each change of that state
+is logged once (up -> down with the reason, down -> up with how long and how far
+behind), never once per retry.
+
 A worker never drops a record it could read (undecodable bytes are dead-lettered with
 reason "undecodable"), never touches another sink's cursor, and never blocks another
 worker: the only thing workers share is the read-only spool.
@@ -36,10 +43,17 @@ from shipper.deadletter import DeadLetter, DeadLetterFile
 from shipper.ledger import Ledger, LedgerState
 from shipper.metrics import Histogram, SinkStatus
 from shipper.sinks.base import ItemResult, Outcome, Sink, SinkError, SinkRecord
+from shipper.sinks.httputil import exception_reason
 
 log = logging.getLogger(__name__)
 
 _FINAL = (Outcome.DELIVERED, Outcome.DEAD_LETTER)
+
+# A sink's state, as sink_up and the log show it. "starting": no attempt has ended yet;
+# "down": the last attempt got no record through (connection refused, 5xx, timeouts);
+# "blocked": the sink holds data (auth or configuration, HOLD).
+STARTING, UP, DOWN, BLOCKED = "starting", "up", "down", "blocked"
+_PROBE_RECORDS = 16  # records looked at to find the oldest undelivered record's time
 
 
 @dataclass
@@ -129,6 +143,15 @@ class SinkWorker:
         self._last_success: float | None = None
         self._blocked: str | None = None
         self._head_time_ns: int | None = None
+        self._reader_factory = reader_factory
+        self._probe_lock = threading.Lock()
+        self._probe: tuple[int, int | None] | None = None  # (position, its record's time_ns)
+        self._sink_started = False
+        self._start_attempts = 0
+        self._next_start = 0.0  # monotonic time of the next idle start attempt
+        self._state = STARTING
+        self._state_reason = ""
+        self._down_since = 0.0  # monotonic time the current outage began
         # A full batch read ahead while the previous batch was on the wire (see _send_overlapped)
         self._ahead: _Batch | None = None
 
@@ -150,8 +173,6 @@ class SinkWorker:
 
     def _run(self) -> None:
         try:
-            if not self._start_sink():
-                return
             failures = 0
             while not self._stopping.is_set():
                 try:
@@ -159,6 +180,7 @@ class SinkWorker:
                     if batch is None:
                         # idle: the last records' commit is at most commit_interval_s late
                         self._maybe_commit(force=False)
+                        self._idle_start()
                         self._pause(self._cfg.poll_interval_s)
                         continue
                     self._deliver(batch)
@@ -183,23 +205,41 @@ class SinkWorker:
                 log.exception("sink %s: close failed", self.name)
             self._reader.close()
 
-    def _start_sink(self) -> bool:
-        attempt = 0
-        last_reason = None
-        while not self._stopping.is_set():
-            try:
-                self.sink.start()
-            except SinkError as exc:
-                self._set_blocked(exc.reason if exc.outcome is Outcome.HOLD else None)
-                if exc.reason != last_reason:  # one line per change, not per retry
-                    log.warning("sink %s: start failed (%s); retrying", self.name, exc.reason)
-                    last_reason = exc.reason
-                self._pause(self._backoff.delay(attempt, exc.retry_after))
-                attempt += 1
-                continue
-            self._set_blocked(None)
-            return True
-        return False
+    def _ensure_started(self) -> None:
+        """Start the sink once; raise SinkError (RETRY or HOLD) while it cannot be started."""
+        if self._sink_started:
+            return
+        try:
+            self.sink.start()
+        except SinkError as exc:
+            if exc.outcome is Outcome.HOLD:
+                raise
+            # nothing can be dead-lettered by a failed start: the records were never sent
+            raise SinkError(Outcome.RETRY, exc.reason, exc.retry_after) from None
+        except Exception as exc:
+            # a sink bug or an unclassified error is transient (as in _send); its one-line
+            # reason reaches the state log, redacted like every transport error
+            raise SinkError(Outcome.RETRY, f"start failed: {exception_reason(exc)}") from exc
+        self._sink_started = True
+
+    def _idle_start(self) -> None:
+        """With nothing to send, still start the sink (with backoff) so its state is known.
+
+        With records to send the start happens inside the send, and fails the batch like
+        a failed send would (see _send).
+        """
+        if self._sink_started or time.monotonic() < self._next_start:
+            return
+        try:
+            self._ensure_started()
+        except SinkError as exc:
+            self._set_state(BLOCKED if exc.outcome is Outcome.HOLD else DOWN, exc.reason)
+            delay = self._backoff.delay(self._start_attempts, exc.retry_after)
+            self._start_attempts += 1
+            self._next_start = time.monotonic() + delay
+            return
+        self._start_attempts = 0
+        self._set_state(UP, "")
 
     # ---- reading -----------------------------------------------------------------
 
@@ -341,7 +381,12 @@ class SinkWorker:
             if delivered_any:
                 with self._lock:
                     self._last_success = self._clock()
-            self._set_blocked(hold)
+            if hold is not None:
+                self._set_state(BLOCKED, hold)
+            elif len(retry) < len(results):
+                self._set_state(UP, "")
+            elif results:
+                self._set_state(DOWN, results[0].reason or "retry")
             todo = retry
             if retry:
                 with self._lock:
@@ -392,6 +437,7 @@ class SinkWorker:
 
     def _send(self, records: Sequence[SinkRecord]) -> Sequence[ItemResult]:
         try:
+            self._ensure_started()
             results = self.sink.send(records)
         except SinkError as exc:
             return [ItemResult(exc.outcome, exc.reason, exc.retry_after)] * len(records)
@@ -483,25 +529,82 @@ class SinkWorker:
 
     # ---- state -------------------------------------------------------------------
 
-    def _set_blocked(self, reason: str | None) -> None:
+    def _set_state(self, state: str, reason: str) -> None:
+        """Record the outcome of an attempt; log a change of state once, never per retry."""
         with self._lock:
-            if reason != self._blocked:
-                if reason is not None:
-                    log.error("sink %s: holding data: %s", self.name, reason)
-                elif self._blocked is not None:
-                    log.warning("sink %s: no longer blocked", self.name)
-                self._blocked = reason
+            previous = self._state
+            if state == previous and reason == self._state_reason:
+                return
+            self._state, self._state_reason = state, reason
+            self._blocked = reason if state == BLOCKED else None
+            now = time.monotonic()
+            if state != UP and previous in (STARTING, UP):
+                self._down_since = now
+            down_for = now - self._down_since
+        if state == previous:  # same state, another reason: not a change worth a line
+            log.debug("sink %s: still %s: %s", self.name, state, reason)
+        elif state == UP:
+            if previous != STARTING:
+                records, seconds = self._lag()
+                log.warning("sink %s: up again after being down for %.1fs; it was %d records "
+                            "(%.1fs) behind", self.name, down_for, records, seconds)
+        elif state == BLOCKED:
+            log.error("sink %s: blocked, holding its records until the configuration or "
+                      "credentials are fixed: %s", self.name, reason)
+        else:
+            log.warning("sink %s: down (%s); its records stay in the spool and are retried "
+                        "with backoff", self.name, reason)
 
-    def status(self) -> SinkStatus:
+    def _oldest_time_ns(self, position: int) -> int | None:
+        """The time of the oldest record not yet final: the record at `position`.
+
+        Known without I/O while a batch is in hand; otherwise (the sink down before its
+        first read, between batches) read from the spool with a reader of its own, opened
+        and closed here so it never holds a segment open, and cached per position.
+        """
+        with self._lock:
+            if self._head_time_ns is not None and self._position == position:
+                return self._head_time_ns
+        with self._probe_lock:
+            if self._probe is not None and self._probe[0] == position:
+                return self._probe[1]
+            found: int | None = None
+            reader = self._reader_factory()
+            try:
+                result = reader.read(position, _PROBE_RECORDS, 1 << 20, self._limit_offset())
+            finally:
+                reader.close()
+            for offset, raw in result.entries:
+                rec = decode(offset, raw)
+                found = _time_ns(rec.doc) if rec is not None else None
+                if found is not None:
+                    break
+            self._probe = (position, found)
+            return found
+
+    def _lag(self, end: int | None = None) -> tuple[int, float]:
+        """Records not yet final for this sink, and the age of the oldest of them."""
+        end = self._end_offset() if end is None else end
+        with self._lock:
+            position = self._position
+        if end <= position:
+            return 0, 0.0
+        try:
+            head = self._oldest_time_ns(position)
+        except OSError:
+            log.debug("sink %s: cannot read the oldest record's time", self.name, exc_info=True)
+            head = None
+        seconds = max(0.0, self._clock() - head / 1e9) if head is not None else 0.0
+        return end - position, seconds
+
+    def status(self, *, lag: bool = True) -> SinkStatus:
+        """The sink's state now. `lag=False` skips the spool read the lag may need."""
         end = self._end_offset()
-        now = self._clock()
+        lag_s = self._lag(end)[1] if lag else 0.0
         with self._lock:
             position = self._position
             counted = max(position, self._counted_through)
             accounted = self._counts.accounted
-            lag_s = 0.0
-            if end > position and self._head_time_ns is not None:
-                lag_s = max(0.0, now - self._head_time_ns / 1e9)
             return SinkStatus(
                 sink=self.name,
                 kind=self.sink.kind,
@@ -518,6 +621,7 @@ class SinkWorker:
                 blocked_reason=self._blocked,
                 conservation_ok=self._consistent and counted == accounted and end >= position,
                 batches=self.batches,
+                state=self._state,
             )
 
 

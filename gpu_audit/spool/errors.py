@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from gpu_audit.errors import LockHeld
+
 
 class SpoolError(Exception):
     """Base class of every spool error."""
@@ -45,15 +47,16 @@ class SpoolWriteError(SpoolError):
         return cls(name, path, f"{action}: {exc.strerror or exc}")
 
 
-class SpoolLocked(SpoolError):
+class SpoolLocked(SpoolError, LockHeld):
     """Another writer holds the spool's lock file; a spool has a single writer."""
 
     def __init__(self, directory: Path, holder: str) -> None:
         self.directory = directory
-        super().__init__(
+        LockHeld.__init__(
+            self, directory / "LOCK", holder,
             f"spool {directory} is locked by another writer ({holder}); "
             "only one process may write a spool: stop the other gpu-audit or use another "
-            "spool.directory"
+            "spool.directory",
         )
 
 

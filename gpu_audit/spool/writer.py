@@ -10,7 +10,6 @@ disk error and discarded unsynced record is counted.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
+from gpu_audit.errors import LockHeld
+from gpu_audit.lockfile import ProcessLock
 from gpu_audit.spool.config import SpoolConfig
 from gpu_audit.spool.errors import SpoolFull, SpoolLocked, SpoolWriteError
 from gpu_audit.spool.format import (
@@ -116,23 +117,15 @@ class SpoolWriter:
 
     # -- opening -------------------------------------------------------------------------
 
-    def _acquire_lock(self) -> int:
-        fd = os.open(self._dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o640)
+    def _acquire_lock(self) -> ProcessLock:
+        # taken before recovery reads or truncates anything, released with the process
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise SpoolLocked(self._dir, holder) from exc
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-        return fd
+            return ProcessLock.acquire(self._dir / LOCK_FILE, f"spool {self._dir}")
+        except LockHeld as exc:
+            raise SpoolLocked(self._dir, exc.holder) from None
 
     def _release_lock(self) -> None:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        os.close(self._lock_fd)
+        self._lock_fd.release()
 
     def _open_segments(self) -> None:
         found = recover(self._dir, full_scan=self._config.recovery_scan == "full")
