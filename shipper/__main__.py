@@ -9,12 +9,12 @@ spool and never prints a secret (configuration errors name variables and files o
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from gpu_audit.config import load_config
 from gpu_audit.errors import EXIT_USAGE, ConfigError
+from gpu_audit.logredact import setup_logging
 from shipper.standalone import run_shipper
 
 
@@ -24,10 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        logging.basicConfig(
-            level=config.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        setup_logging(config.log_level)
         return run_shipper(config)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
