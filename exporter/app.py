@@ -268,7 +268,7 @@ class ExporterApp:
             self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer)
             registry.register(self.shipper.collector())
 
-        self.server = MetricsServer(host, port, state, web, registry)
+        self.server = MetricsServer(host, port, state, web, registry, limits=ex.http)
         self.server.start()
         state.set_backend(True)
         log.info("serving %s://%s:%d/metrics (backend %s)",
