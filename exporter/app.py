@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from exporter.appstatus import runtime_status, summary_line
 from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
@@ -34,6 +35,7 @@ from exporter.render import RenderOptions
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.serving import LatestState
 from exporter.snapshot import Snapshot
+from exporter.watch import GpuWatch, SummaryLog
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
 from gpu_audit.audit.metrics import AuditCollector
@@ -242,6 +244,12 @@ class ExporterApp:
             if not self.with_shipper and cfg.shipper.enabled:
                 listeners.append(SplitModeGc(cfg, self.spool))
 
+        # After the producer: state changes and the periodic summary are logged once the
+        # cycle's records are written (the summary counts them).
+        listeners.append(GpuWatch())
+        listeners.append(SummaryLog(ex.log_summary_interval_seconds,
+                                    lambda: summary_line(self.runtime_status())))
+
         scenario_clock = getattr(backend, "scenario_time", None) if info.simulated else None
         self.sampler = Sampler(
             backend, info, resolver,
@@ -268,7 +276,8 @@ class ExporterApp:
             self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer)
             registry.register(self.shipper.collector())
 
-        self.server = MetricsServer(host, port, state, web, registry, limits=ex.http)
+        self.server = MetricsServer(host, port, state, web, registry, limits=ex.http,
+                                    extra_status=self.runtime_status)
         self.server.start()
         state.set_backend(True)
         log.info("serving %s://%s:%d/metrics (backend %s)",
@@ -276,6 +285,15 @@ class ExporterApp:
         self.sampler.start()
         if self.shipper is not None:
             self.shipper.start()
+
+    def runtime_status(self) -> dict[str, Any]:
+        """The sampler, audit, spool and shipper sections of /status and the summary."""
+        spool = self.spool
+        return runtime_status(
+            sampler=self.sampler, producer=self.producer,
+            spool_dir=self.config.spool.directory if spool is not None else None,
+            writer=spool.writer if spool is not None else None,
+            shipper=self.shipper, spool_error=spool.last_error if spool is not None else "")
 
     def stop(self) -> None:
         if self.sampler is not None:

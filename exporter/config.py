@@ -85,6 +85,12 @@ class ExporterConfig(Section):
     )
     compat: CompatConfig = CompatConfig()
     http: HttpLimitsConfig = HttpLimitsConfig()
+    log_summary_interval_seconds: float = Field(
+        300.0, ge=0,
+        description="Log a one-line summary (cycles, records, spool, per-sink lag) this "
+        "often; 0: never. Changes of state (GPU lost, XID, spool refusing) are logged as "
+        "they happen.",
+    )
     process_pid_label: bool = Field(
         False, description="Add a pid label to per-process series (unbounded cardinality)."
     )

@@ -22,6 +22,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -387,8 +388,12 @@ class _Handler(BaseHTTPRequestHandler):
                    head)
 
     def status(self, head: bool) -> None:
-        body = orjson.dumps(status_document(self.server.app.provider),
-                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        app = self.server.app
+        doc = status_document(app.provider)
+        doc["http"] = app.connections()
+        if app.extra_status is not None:
+            doc.update(app.extra_status())
+        body = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
         self._send(200, body, "application/json", head)
 
     def landing(self, head: bool) -> None:
@@ -465,8 +470,12 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, provider: StateProvider,
                  web: WebConfig | None = None, registry: CollectorRegistry | None = None,
-                 *, limits: HttpLimitsConfig | None = None) -> None:
+                 *, limits: HttpLimitsConfig | None = None,
+                 extra_status: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.provider = provider
+        # The app layer's sections of /status (spool, shipper, ...): a plain dict, so this
+        # module never needs to know the components that produce it.
+        self.extra_status = extra_status
         self.web = web or WebConfig()
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         # Snapshot age and the scrape count are computed on every scrape; the other live
