@@ -224,7 +224,8 @@ class _Handler(BaseHTTPRequestHandler):
                 due = conn.accepted + limits.header_timeout_seconds
                 head = read_head(self.connection, self._buf, wait_until=due, head_until=due,
                                  head_timeout=limits.header_timeout_seconds,
-                                 max_bytes=limits.max_header_bytes)
+                                 max_bytes=limits.max_header_bytes,
+                                 on_first_byte=lambda: self._mark(ConnState.HEAD))
             else:
                 head = read_head(
                     self.connection, self._buf,

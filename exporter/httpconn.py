@@ -5,11 +5,15 @@ one socket write, so threads are the fast path). Unbounded, that lets anyone exh
 process: 3,000 idle connections were 3,006 threads and 274 MB. So:
 
 - `ConnectionLimiter` admits at most `max_connections` at once. When full, a new
-  connection takes the place of the connection that has waited longest without sending a
-  request (idle keep-alive first, then heads not complete after `_EVICT_GRACE_S`), so
-  idle and slowloris clients can never lock out a scrape. When every slot is serving a
-  response, the new connection waits (the listen backlog holds the rest) for up to
-  `header_timeout_seconds`, then gets a 503 (TLS: is closed).
+  connection takes the place of another that is not doing anything: the longest idle
+  keep-alive connection, else the oldest that has sent nothing for `_SILENT_GRACE_S`,
+  else the oldest whose head is still incomplete `_EVICT_GRACE_S` after it started. So
+  idle and slowloris clients can never lock out a scrape, and the accept loop stalls
+  only briefly behind them (a flood of silent connections is churned through, and the
+  scrape queued behind them gets in). A scrape's request is usually in the socket when
+  it is accepted, so it counts as heard at once and is never the one evicted.
+  When every slot is serving a response, the new connection waits (the listen backlog
+  holds the rest) for up to `header_timeout_seconds`, then gets 503 (TLS: is closed).
 - `read_head` reads a request head against a total deadline, not a per-recv timeout:
   a client trickling a byte every few seconds is cut when the deadline passes. The first
   request must be complete `header_timeout_seconds` after accept (TLS handshake
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import os
+import select
 import socket
 import threading
 import time
@@ -37,6 +42,11 @@ from exporter.config import HttpLimitsConfig
 # the endpoint is full: long enough for a TLS handshake over a slow link, short next to
 # any deadline an attacker could use.
 _EVICT_GRACE_S = 1.0
+# A connection that has sent nothing at all this long may be evicted when the endpoint is
+# full. Shorter: a flood of silent connections is churned through quickly, so a scrape
+# queued behind them waits less. Not zero: a client may connect a moment before it
+# writes, and evicting it then would fail a genuine scrape in a burst.
+_SILENT_GRACE_S = 0.25
 
 
 class ConnState(enum.Enum):
@@ -53,6 +63,7 @@ class Conn:
     accepted: float
     state: ConnState = ConnState.HEAD
     since: float = field(default=0.0)
+    heard: bool = False  # has sent at least one byte (or had one waiting when accepted)
 
 
 class ConnectionLimiter:
@@ -71,6 +82,7 @@ class ConnectionLimiter:
     def admit(self, fd: int) -> Conn | None:
         """Register a new connection, making room if needed; None: reject it (503)."""
         limits = self.limits
+        heard = _readable(fd)
         with self._cond:
             now = self._clock()
             deadline = now + limits.header_timeout_seconds
@@ -79,14 +91,15 @@ class ConnectionLimiter:
                 if victim is not None:
                     self._evict(victim)
                     continue
-                wake = min([deadline] + [c.since + _EVICT_GRACE_S for c in self._conns
-                                         if c.state is ConnState.HEAD])
+                wake = min([deadline] + [
+                    c.since + (_EVICT_GRACE_S if c.heard else _SILENT_GRACE_S)
+                    for c in self._conns if c.state is ConnState.HEAD])
                 if self._closing or now >= deadline:
                     self.counters["rejected"] += 1
                     return None
                 self._cond.wait(max(0.001, wake - now))
                 now = self._clock()
-            conn = Conn(fd, now, ConnState.HEAD, now)
+            conn = Conn(fd, now, ConnState.HEAD, now, heard)
             self._conns.add(conn)
             self.counters["accepted"] += 1
             return conn
@@ -95,6 +108,10 @@ class ConnectionLimiter:
         idle = [c for c in self._conns if c.state is ConnState.IDLE]
         if idle:
             return min(idle, key=lambda c: c.since)
+        silent = [c for c in self._conns if c.state is ConnState.HEAD and not c.heard
+                  and now - c.since >= _SILENT_GRACE_S]
+        if silent:
+            return min(silent, key=lambda c: c.since)
         slow = [c for c in self._conns
                 if c.state is ConnState.HEAD and now - c.since >= _EVICT_GRACE_S]
         return min(slow, key=lambda c: c.since) if slow else None
@@ -122,6 +139,7 @@ class ConnectionLimiter:
                 return False
             conn.state = state
             conn.since = self._clock()
+            conn.heard = True
             if state is ConnState.IDLE:
                 self._cond.notify()  # an admission may now evict it
             return True
@@ -152,6 +170,13 @@ class ConnectionLimiter:
                 "max_connections": self.limits.max_connections,
                 **self.counters,
             }
+
+
+def _readable(fd: int) -> bool:
+    """Whether bytes (or EOF) are already waiting on `fd` (poll: no FD_SETSIZE limit)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class HeadTooLarge(Exception):
