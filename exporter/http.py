@@ -3,7 +3,10 @@
 `/metrics` sends the bytes rendered by the sampler thread (gzipped once per snapshot when
 asked) followed by the live registry rendered at scrape time, so the hot path is a
 reference read, an optional auth check and a socket write. TLS, basic auth, extra headers
-and a rate limit come from an exporter-toolkit web-config (exporter.webconfig).
+and a rate limit come from an exporter-toolkit web-config (exporter.webconfig); the
+bounds on connections, head time and head size (`exporter.http`) from exporter.httpconn.
+`/status` adds what the app layer passes as `extra_status` (spool, shipper) as a plain
+dict, so this module never imports another component.
 
 This module must never touch NVML, /proc or the network beyond its own socket, never send
 a traceback to a client (errors are logged, the client gets a plain 500), and never log
