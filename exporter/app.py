@@ -29,6 +29,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from exporter.appstatus import runtime_status, summary_line
 from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
@@ -39,6 +40,7 @@ from exporter.render import RenderOptions
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.serving import LatestState
 from exporter.snapshot import Snapshot
+from exporter.watch import GpuWatch, SummaryLog
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm
@@ -272,6 +274,11 @@ class ExporterApp:
             registry.register(AuditCollector(self.producer))
             if not self.with_shipper and cfg.shipper.enabled:
                 listeners.append(SplitModeGc(cfg, self.spool))
+        # After the producer: state changes and the periodic summary are logged once the
+        # cycle's records are written (the summary counts them).
+        listeners.append(GpuWatch())
+        listeners.append(SummaryLog(ex.log_summary_interval_seconds,
+                                    lambda: summary_line(self.runtime_status())))
         if self.with_shipper:
             from shipper.engine import Shipper
 
@@ -281,7 +288,8 @@ class ExporterApp:
 
         # 4. the listening socket
         try:
-            self.server = MetricsServer(host, port, state, web, registry)
+            self.server = MetricsServer(host, port, state, web, registry, limits=ex.http,
+                                        extra_status=self.runtime_status)
         except OSError as exc:
             raise ListenError(ex.listen, exc) from exc
 
@@ -313,6 +321,15 @@ class ExporterApp:
         self.sampler.start()
         if self.shipper is not None:
             self.shipper.start()
+
+    def runtime_status(self) -> dict[str, Any]:
+        """The sampler, audit, spool and shipper sections of /status and the summary."""
+        spool = self.spool
+        return runtime_status(
+            sampler=self.sampler, producer=self.producer,
+            spool_dir=self.config.spool.directory if spool is not None else None,
+            writer=spool.writer if spool is not None else None,
+            shipper=self.shipper, spool_error=spool.last_error if spool is not None else "")
 
     def stop(self) -> None:
         if self.sampler is not None:

@@ -38,6 +38,30 @@ class CompatConfig(Section):
     )
 
 
+class HttpLimitsConfig(Section):
+    """Bounds on the HTTP endpoint's connections (see exporter/httpconn.py)."""
+
+    max_connections: int = Field(
+        64, ge=1, le=10000,
+        description="Connections served at once (one thread each). When full, the "
+        "connection idle the longest is closed to make room; when every one is busy, new "
+        "ones wait up to header_timeout_seconds, then get 503.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=300,
+        description="A request head (TLS handshake included, for the first request of a "
+        "connection) must be complete this long after it started; slow clients are cut.",
+    )
+    idle_timeout_seconds: float = Field(
+        60.0, gt=0, le=3600,
+        description="A kept-alive connection with no new request for this long is closed.",
+    )
+    max_header_bytes: int = Field(
+        16384, ge=1024, le=1048576,
+        description="Largest request head (request line + headers); larger ones get 431.",
+    )
+
+
 class ExporterConfig(Section):
     listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of the HTTP endpoint.")
     backend: Literal["nvml", "dcgm", "sim"] = Field(
@@ -60,6 +84,13 @@ class ExporterConfig(Section):
         None, description="TLS and basic auth, in the Prometheus exporter-toolkit format."
     )
     compat: CompatConfig = CompatConfig()
+    http: HttpLimitsConfig = HttpLimitsConfig()
+    log_summary_interval_seconds: float = Field(
+        300.0, ge=0,
+        description="Log a one-line summary (cycles, records, spool, per-sink lag) this "
+        "often; 0: never. Changes of state (GPU lost, XID, spool refusing) are logged as "
+        "they happen.",
+    )
     process_pid_label: bool = Field(
         False, description="Add a pid label to per-process series (unbounded cardinality)."
     )

@@ -3,7 +3,10 @@
 `/metrics` sends the bytes rendered by the sampler thread (gzipped once per snapshot when
 asked) followed by the live registry rendered at scrape time, so the hot path is a
 reference read, an optional auth check and a socket write. TLS, basic auth, extra headers
-and a rate limit come from an exporter-toolkit web-config (exporter.webconfig).
+and a rate limit come from an exporter-toolkit web-config (exporter.webconfig); the
+bounds on connections, head time and head size (`exporter.http`) from exporter.httpconn.
+`/status` adds what the app layer passes as `extra_status` (spool, shipper) as a plain
+dict, so this module never imports another component.
 
 This module must never touch NVML, /proc or the network beyond its own socket, never send
 a traceback to a client (errors are logged, the client gets a plain 500), and never log
@@ -22,6 +25,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,6 +33,16 @@ import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.catalogue import CATALOGUE
+from exporter.config import HttpLimitsConfig
+from exporter.httpconn import (
+    Conn,
+    ConnectionEnded,
+    ConnectionLimiter,
+    ConnState,
+    HeadTimeout,
+    HeadTooLarge,
+    read_head,
+)
 from exporter.render import RenderedSnapshot
 from exporter.serving import ServingCollector, StateProvider, readiness, snapshot_age
 from exporter.webconfig import BasicAuth, RateLimiter, WebConfig, allowed_san, build_ssl_context
@@ -36,7 +50,6 @@ from exporter.webconfig import BasicAuth, RateLimiter, WebConfig, allowed_san, b
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
-_TLS_HANDSHAKE_TIMEOUT = 10.0
 
 
 # gzip member header: magic, deflate, no flags, mtime 0, no extra flags, unknown OS.
@@ -103,31 +116,77 @@ def _http_date() -> str:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    # Connections past max_connections wait here while the slots serve (a burst of
+    # scrapes is queued, not refused); the kernel caps it at net.core.somaxconn.
+    request_queue_size = 1024
 
     def __init__(self, addr: tuple[str, int], app: MetricsServer,
-                 ssl_ctx: ssl.SSLContext | None) -> None:
+                 ssl_ctx: ssl.SSLContext | None, limits: HttpLimitsConfig) -> None:
         self.app = app
         self.ssl_ctx = ssl_ctx
+        self.limits = limits
+        self.limiter = ConnectionLimiter(limits)
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(addr, _Handler)
+        # _serve_connection builds the handler itself (it needs the admitted Conn)
+        super().__init__(addr, _Handler)  # type: ignore[arg-type]
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the per-connection thread, so a slow or broken
-        # client cannot stall accept() for everyone else.
-        if self.ssl_ctx is not None:
-            request.settimeout(_TLS_HANDSHAKE_TIMEOUT)
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Runs in the accept loop: admission (and eviction) happen before a thread exists.
+        conn = self.limiter.admit(request.fileno())
+        if conn is None:
+            self._refuse(request)
+            return
+        threading.Thread(target=self._serve_connection, args=(request, client_address, conn),
+                         name="gpu-audit-http-conn", daemon=True).start()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """Every slot is serving: a fast 503 (plain HTTP) or a close (TLS) instead of a
+        wait with no end."""
+        if self.ssl_ctx is None:
             try:
-                request = self.ssl_ctx.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-                return
-            request.settimeout(None)
-        super().finish_request(request, client_address)
+                request.setblocking(False)
+                request.send(_REFUSED)
+            except OSError:
+                pass
+        self.shutdown_request(request)
+
+    def _serve_connection(self, request: socket.socket, client_address: Any,
+                          conn: Conn) -> None:
+        sock = request
+        try:
+            if self.ssl_ctx is not None:
+                # The handshake runs here, in the connection's thread, within the head
+                # deadline, so a slow or broken client cannot stall accept() or a slot.
+                request.settimeout(max(0.001, conn.accepted + self.limits.header_timeout_seconds
+                                       - time.monotonic()))
+                try:
+                    sock = self.ssl_ctx.wrap_socket(request, server_side=True)
+                except (ssl.SSLError, OSError) as exc:
+                    log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                    return
+            _Handler(sock, client_address, self, conn)
+        except Exception:  # noqa: BLE001 - a bug must end this connection only (logged)
+            self.handle_error(sock, client_address)
+        finally:
+            # release before close: the limiter may only touch fds that are still open
+            self.limiter.release(conn)
+            self.shutdown_request(sock)
+
+    def shutdown(self) -> None:
+        self.limiter.close()
+        super().shutdown()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("error serving %s", client_address[0] if client_address else "?")
+
+
+_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Retry-After: 1\r\nContent-Length: 20\r\nConnection: close\r\n\r\n"
+            b"too many connections")
+# A response is written within this long in all (sendall's timeout is a total since
+# Python 3.5), so a client that does not read cannot hold a slot longer.
+_SEND_TIMEOUT_S = 30.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -150,20 +209,81 @@ class _Handler(BaseHTTPRequestHandler):
             return super().date_time_string(timestamp)
         return _http_date()
 
+    def __init__(self, request: Any, client_address: Any, server: _Server,
+                 conn: Conn) -> None:
+        self.conn = conn
+        self._buf = bytearray()  # bytes received past the current head (pipelining)
+        self._served = 0
+        self._head_lines: list[bytes] = []
+        super().__init__(request, client_address, server)
+
+    def handle_one_request(self) -> None:
+        """Read one head within its deadline and bound, parse it, dispatch it."""
+        self.close_connection = True
+        srv = self.server
+        limits, limiter, conn = srv.limits, srv.limiter, self.conn
+        try:
+            if self._served == 0:  # the first head is due header_timeout after accept
+                due = conn.accepted + limits.header_timeout_seconds
+                head = read_head(self.connection, self._buf, wait_until=due, head_until=due,
+                                 head_timeout=limits.header_timeout_seconds,
+                                 max_bytes=limits.max_header_bytes,
+                                 on_first_byte=lambda: self._mark(ConnState.HEAD))
+            else:
+                head = read_head(
+                    self.connection, self._buf,
+                    wait_until=time.monotonic() + limits.idle_timeout_seconds, head_until=None,
+                    head_timeout=limits.header_timeout_seconds,
+                    max_bytes=limits.max_header_bytes,
+                    on_first_byte=lambda: self._mark(ConnState.HEAD))
+        except HeadTooLarge as exc:
+            limiter.count("heads_too_large")
+            self.connection.settimeout(_SEND_TIMEOUT_S)
+            self.request_version = "HTTP/1.1"
+            self.requestline = ""
+            self.send_error(exc.status, "Request head too large")
+            return
+        except HeadTimeout:
+            if self._served == 0 or self._buf:
+                limiter.count("head_timeouts")
+            return
+        except ConnectionEnded:
+            return
+        if not limiter.mark(conn, ConnState.BUSY):
+            return  # evicted between the last byte and now
+        self.connection.settimeout(_SEND_TIMEOUT_S)
+        lines = head.split(b"\n")
+        self.raw_requestline = lines[0]
+        self._head_lines = lines[1:]
+        if not self.parse_request():
+            return
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
+        method()
+        self.wfile.flush()
+        self._served += 1
+        if not self.close_connection:
+            limiter.mark(conn, ConnState.IDLE)
+
+    def _mark(self, state: ConnState) -> None:
+        self.server.limiter.mark(self.conn, state)
+
     def parse_request(self) -> bool:
-        """The request line and headers, parsed directly.
+        """The request line and headers, parsed directly from the head read above.
 
         The standard library runs every request's headers through the e-mail parser,
         which was ~40% of a scrape's CPU. Scrapes are GET/HEAD with a handful of headers,
-        so a line split does the same job; limits and errors follow the standard
-        handler (414 and 431 for oversized input, 400 for malformed lines).
+        so a line split does the same job; errors follow the standard handler (431 for
+        too many headers, 400 for malformed lines; the size bound is read_head's).
         """
         self.command = ""
         # Errors before a valid request line still answer with an HTTP/1.1 status line
         # (never an HTTP/0.9 body-only reply).
         self.request_version = version = "HTTP/1.1"
         self.close_connection = True
-        raw: bytes = getattr(self, "raw_requestline", b"")  # set by handle_one_request
+        raw: bytes = self.raw_requestline
         requestline = str(raw, "iso-8859-1").rstrip("\r\n")
         self.requestline = requestline
         words = requestline.split()
@@ -173,13 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.command, self.path, self.request_version = words
         version = words[2]
         headers = _Headers()
-        while True:
-            line = self.rfile.readline(65537)
-            if len(line) > 65536:
-                self.send_error(431, "Line too long")
-                return False
-            if line in (b"\r\n", b"\n", b""):
-                break
+        for line in self._head_lines:
             if len(headers) >= 100:
                 self.send_error(431, "Too many headers")
                 return False
@@ -278,8 +392,12 @@ class _Handler(BaseHTTPRequestHandler):
                    head)
 
     def status(self, head: bool) -> None:
-        body = orjson.dumps(status_document(self.server.app.provider),
-                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        app = self.server.app
+        doc = status_document(app.provider)
+        doc["http"] = app.connections()
+        if app.extra_status is not None:
+            doc.update(app.extra_status())
+        body = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
         self._send(200, body, "application/json", head)
 
     def landing(self, head: bool) -> None:
@@ -355,8 +473,13 @@ class MetricsServer:
     """The HTTP endpoint, on daemon threads; `start()` binds and serves, `stop()` ends."""
 
     def __init__(self, host: str, port: int, provider: StateProvider,
-                 web: WebConfig | None = None, registry: CollectorRegistry | None = None) -> None:
+                 web: WebConfig | None = None, registry: CollectorRegistry | None = None,
+                 *, limits: HttpLimitsConfig | None = None,
+                 extra_status: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.provider = provider
+        # The app layer's sections of /status (spool, shipper, ...): a plain dict, so this
+        # module never needs to know the components that produce it.
+        self.extra_status = extra_status
         self.web = web or WebConfig()
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         # Snapshot age and the scrape count are computed on every scrape; the other live
@@ -371,7 +494,7 @@ class MetricsServer:
         self.rate_limiter = RateLimiter(self.web.rate_limit)
         self.gzip_cache = _GzipCache()
         ctx = build_ssl_context(self.web.tls_server_config) if self.web.tls_server_config else None
-        self._server = _Server((host, port), self, ctx)
+        self._server = _Server((host, port), self, ctx, limits or HttpLimitsConfig())
         self._thread: threading.Thread | None = None
 
     def live_bytes(self) -> bytes:
@@ -382,6 +505,10 @@ class MetricsServer:
             cached = (now, generate_latest(self.registry))
             self._live = cached
         return cached[1] + generate_latest(self._serving_registry)
+
+    def connections(self) -> dict[str, Any]:
+        """Connections now (by state) and since start (accepted, evicted, refused, cut)."""
+        return self._server.limiter.status()
 
     @property
     def port(self) -> int:

@@ -89,6 +89,7 @@ class Sampler:
         self._scenario_clock = scenario_clock
         self._before_attribution = before_attribution
         self._latest: Published | None = None
+        self._failing_listeners: set[int] = set()  # by position: logged once until they recover
         self._prev: Snapshot | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,12 +138,21 @@ class Sampler:
         self._prev = snap
         if self._publish is not None:
             self._publish(snap, rendered)
-        for listener in self._listeners:
+        for i, listener in enumerate(self._listeners):
             try:
                 listener(snap)
             except Exception:  # a listener bug must not stop sampling
                 self.stats.listener_errors += 1
-                log.exception("snapshot listener %r failed", listener)
+                if i in self._failing_listeners:
+                    log.debug("snapshot listener %r failed again", listener, exc_info=True)
+                else:
+                    self._failing_listeners.add(i)
+                    log.exception("snapshot listener %r failed (repeats are logged at "
+                                  "debug level)", listener)
+            else:
+                if i in self._failing_listeners:
+                    self._failing_listeners.discard(i)
+                    log.info("snapshot listener %r works again", listener)
         self.stats.cycles += 1
         self.stats.last_cycle_cpu_seconds = time.thread_time() - cpu_started
         self.stats.cpu_seconds += self.stats.last_cycle_cpu_seconds
@@ -155,12 +165,23 @@ class Sampler:
 
     def _loop(self) -> None:
         next_tick = time.monotonic()
+        failing = 0  # consecutive failed cycles: the first is logged, then the recovery
         while not self._stop.is_set():
             try:
                 self.run_cycle()
             except Exception:  # keep sampling; the next cycle may succeed
                 self.stats.failed_cycles += 1
-                log.exception("sampling cycle failed")
+                failing += 1
+                if failing == 1:
+                    log.exception("sampling cycle failed; retrying every cycle (repeats of "
+                                  "this failure are logged at debug level)")
+                else:
+                    log.debug("sampling cycle failed again (%d in a row)", failing,
+                              exc_info=True)
+            else:
+                if failing:
+                    log.info("sampling works again after %d failed cycles", failing)
+                failing = 0
             next_tick += self._interval
             now = time.monotonic()
             if next_tick < now:  # overran: skip the missed ticks instead of bursting

@@ -128,11 +128,9 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from gpu_audit.logredact import setup_logging
+
+    setup_logging(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,11 +11,11 @@ GPU_AUDIT__* environment overrides), through the one loader both use.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from gpu_audit.errors import EXIT_USAGE, ConfigError
+from gpu_audit.logredact import setup_logging
 from gpu_audit.settings import load_settings
 from shipper.standalone import run_shipper
 
@@ -26,10 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_settings(args.config)
-        logging.basicConfig(
-            level=config.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        setup_logging(config.log_level)
         return run_shipper(config)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)

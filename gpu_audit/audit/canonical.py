@@ -28,6 +28,8 @@ from typing import Any
 
 import orjson
 
+from gpu_audit.logredact import register_secret
+
 SCHEMA_ID = "gpu-audit.record/2"
 SCHEMA_V1 = "gpu-audit.record/1"
 # Every version `audit verify` reads: the chain rule is the same for all of them, so one
@@ -195,4 +197,5 @@ def load_hmac_key(path: Path) -> bytes:
         data = data[:-1]
     if not data:
         raise ValueError(f"{path}: HMAC key file is empty")
+    register_secret(data)  # masked in every log line from now on
     return data

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from gpu_audit.errors import ConfigError
+from gpu_audit.logredact import register_secret
 from gpu_audit.model_base import Section
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
@@ -31,6 +32,7 @@ def resolve_secret(what: str, env: str | None, file: Path | None) -> SecretStr |
         value = os.environ.get(env)
         if value is None or value == "":
             raise ConfigError(what, [f"environment variable {env} is not set or empty"])
+        register_secret(value)  # masked in every log line from now on
         return SecretStr(value)
     if file is not None:
         try:
@@ -40,6 +42,7 @@ def resolve_secret(what: str, env: str | None, file: Path | None) -> SecretStr |
         text = text.rstrip("\r\n")
         if not text:
             raise ConfigError(what, [f"secret file {file} is empty"])
+        register_secret(text)
         return SecretStr(text)
     return None
 

@@ -9,20 +9,22 @@ reasons that can be logged. It must never put a secret into a reason: URLs may c
 from __future__ import annotations
 
 import email.utils
-import re
 import time
 from collections.abc import Mapping
 
 import urllib3
 
+from gpu_audit import logredact
 from shipper.sinks.config import TlsConfig
-
-_SECRET_PARAMS = re.compile(r"(?i)\b(p|password|token|api_key|u)=[^&\s'\")]*")
 
 
 def redact(text: str) -> str:
-    """Replace secret-bearing URL parameters in a message by `***`."""
-    return _SECRET_PARAMS.sub(lambda m: f"{m.group(1)}=***", text)
+    """Replace secrets and secret-bearing URL parameters in a message by `***`.
+
+    The same rules the logging set-up applies to every record (gpu_audit.logredact); a
+    reason is redacted here too because it also goes into dead-letter files and metrics.
+    """
+    return logredact.redact(text)
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
