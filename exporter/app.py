@@ -296,7 +296,8 @@ class ExporterApp:
             slow_interval_seconds=ex.slow_interval_seconds,
             render_options=RenderOptions(
                 dcgm_compat=ex.compat.dcgm_exporter,
-                dcgm_exact=ex.compat.dcgm_exact,
+                dcgm_host_label=ex.compat.host_label,
+                dcgm_promtool_clean=ex.compat.promtool_clean,
                 pid_label=ex.process_pid_label,
                 max_process_series_per_gpu=ex.max_process_series_per_gpu,
             ),
