@@ -15,7 +15,7 @@ from exporter.config import ExporterConfig
 from exporter.sim.backend import SimBackend, create
 from exporter.sim.scenario import load_scenario
 from gpu_audit.errors import ConfigError
-from tests.sim.conftest import START, FakeClock, by_index, open_backend
+from tests.sim.conftest import START, FakeClock, by_index, open_backend, play
 
 DCGM_KEYS = {m.key for m in CATALOGUE if m.dcgm_only}
 
@@ -220,3 +220,22 @@ def test_create_with_unknown_scenario_lists_the_shipped_names() -> None:
     with pytest.raises(ConfigError) as err:
         create(ExporterConfig(backend="sim", scenario="bussy"))
     assert "busy, idle, leak, hot, xid, mig, large" in str(err.value)
+
+
+def test_thermal_violation_time_accumulates_while_throttled() -> None:
+    """Scenario hot: GPU 2's thermal violation seconds stay 0 below 87 C and then grow by
+    the time spent in thermal slowdown; the cool GPUs and the power policy stay at 0."""
+    backend, clock = open_backend("hot")
+    last = 0.0
+    grew = False
+    for t, gpus in play(backend, clock, until=3600, step=60):
+        hot, cool = by_index(gpus, 2), by_index(gpus, 0)
+        viol = hot.values["violation_time"]
+        assert cool.values["violation_time"] == {("power",): 0.0, ("thermal",): 0.0}
+        assert viol[("power",)] == 0.0
+        assert viol[("thermal",)] >= last  # a counter
+        if (hot.scalar("temperature_gpu") or 0) < 87 and t < 1800:
+            assert viol[("thermal",)] == 0.0
+        grew = grew or viol[("thermal",)] > last
+        last = viol[("thermal",)]
+    assert grew and 600 <= last <= 1800
