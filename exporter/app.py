@@ -217,6 +217,7 @@ class ExporterApp:
         self.spool: ReopeningSpool | None = None
         self.shipper: Any = None
         self._simproc: SimProcfs | None = None
+        self._simkubelet: Any = None
         self._resolver: Resolver | None = None
         self._backend: Any = None
 
@@ -252,6 +253,19 @@ class ExporterApp:
                 "passwd_file": attribution.passwd_file or self._simproc.passwd,
             })
             before = self._simproc.update
+        if info.simulated and not attribution.kubelet.enabled:
+            # A scenario that declares pods brings its own Kubernetes node: a kubelet
+            # pod-resources API the real kubelet source reads.
+            scenario = getattr(backend, "scenario", None)
+            allocations = scenario.pod_allocations() if scenario is not None else []
+            if allocations:
+                from exporter.sim.kubelet import SimKubelet
+
+                self._simkubelet = SimKubelet(allocations)
+                kubelet = attribution.kubelet.model_copy(update={
+                    "enabled": True, "socket": self._simkubelet.socket,
+                    "refresh_seconds": max(ex.interval_seconds, 1.0)})
+                attribution = attribution.model_copy(update={"kubelet": kubelet})
         resolver = Resolver(attribution)
         self._resolver = resolver
 
@@ -332,6 +346,8 @@ class ExporterApp:
             self._backend.close()
         if self._resolver is not None:
             self._resolver.close()
+        if self._simkubelet is not None:
+            self._simkubelet.stop()
         if self._simproc is not None:
             self._simproc.remove()
 

@@ -247,6 +247,15 @@ class GpuSpec(Section):
         return v
 
 
+class PodSpec(Section):
+    """The Kubernetes container a process runs in. The simulator's kubelet lists it as
+    holding the process's GPU (or MIG instance) through the pod-resources API."""
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    container: str = Field(min_length=1)
+
+
 class ProcessSpec(Section):
     """A process, or one per listed GPU (times `per_gpu`), with consecutive pids."""
 
@@ -266,6 +275,9 @@ class ProcessSpec(Section):
     environ: dict[str, str] = Field(default_factory=dict)
     cgroup: str = Field(default="", description="/proc/<pid>/cgroup text; placeholders allowed.")
     start_time_ticks: int | None = Field(default=None, ge=0)
+    pod: PodSpec | None = Field(
+        default=None, description="Kubernetes pod/container the simulated kubelet reports."
+    )
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> ProcessSpec:
