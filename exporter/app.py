@@ -235,6 +235,11 @@ class ExporterApp:
             sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
                      for c in cfg.shipper.sinks]
 
+        if ex.compat.dcgm_exact:
+            log.warning("exporter.compat.dcgm_exact is deprecated and has no effect: the "
+                        "compat profile now emits modelName and "
+                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER by default "
+                        "(exporter.compat.promtool_clean leaves them out)")
         # 2. the backend (exit 1 with a hint when there is no GPU)
         backend = create_backend(ex)
         info = backend.open()
