@@ -219,6 +219,7 @@ class ExporterApp:
         self.spool: ReopeningSpool | None = None
         self.shipper: Any = None
         self._simproc: SimProcfs | None = None
+        self._simkubelet: Any = None
         self._resolver: Resolver | None = None
         self._backend: Any = None
 
@@ -236,6 +237,11 @@ class ExporterApp:
             sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
                      for c in cfg.shipper.sinks]
 
+        if ex.compat.dcgm_exact:
+            log.warning("exporter.compat.dcgm_exact is deprecated and has no effect: the "
+                        "compat profile now emits modelName and "
+                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER by default "
+                        "(exporter.compat.promtool_clean leaves them out)")
         # 2. the backend (exit 1 with a hint when there is no GPU)
         backend = create_backend(ex)
         info = backend.open()
@@ -254,6 +260,19 @@ class ExporterApp:
                 "passwd_file": attribution.passwd_file or self._simproc.passwd,
             })
             before = self._simproc.update
+        if info.simulated and not attribution.kubelet.enabled:
+            # A scenario that declares pods brings its own Kubernetes node: a kubelet
+            # pod-resources API the real kubelet source reads.
+            scenario = getattr(backend, "scenario", None)
+            allocations = scenario.pod_allocations() if scenario is not None else []
+            if allocations:
+                from exporter.sim.kubelet import SimKubelet
+
+                self._simkubelet = SimKubelet(allocations)
+                kubelet = attribution.kubelet.model_copy(update={
+                    "enabled": True, "socket": self._simkubelet.socket,
+                    "refresh_seconds": max(ex.interval_seconds, 1.0)})
+                attribution = attribution.model_copy(update={"kubelet": kubelet})
         resolver = Resolver(attribution)
         self._resolver = resolver
 
@@ -304,7 +323,8 @@ class ExporterApp:
             slow_interval_seconds=ex.slow_interval_seconds,
             render_options=RenderOptions(
                 dcgm_compat=ex.compat.dcgm_exporter,
-                dcgm_exact=ex.compat.dcgm_exact,
+                dcgm_host_label=ex.compat.host_label,
+                dcgm_promtool_clean=ex.compat.promtool_clean,
                 pid_label=ex.process_pid_label,
                 max_process_series_per_gpu=ex.max_process_series_per_gpu,
             ),
@@ -348,6 +368,8 @@ class ExporterApp:
             self._backend.close()
         if self._resolver is not None:
             self._resolver.close()
+        if self._simkubelet is not None:
+            self._simkubelet.stop()
         if self._simproc is not None:
             self._simproc.remove()
 

@@ -78,7 +78,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
        compat=(CompatName("DCGM_FI_DEV_DEC_UTIL", 100.0, "Decoder utilization (in %)."),)),
     # --- memory --------------------------------------------------------------------------
     _g("memory_total", "gpu_memory_total_bytes", "Total device memory.",
-       "NVML nvmlDeviceGetMemoryInfo (v2 where the driver has it)"),
+       "NVML nvmlDeviceGetMemoryInfo (v2 where the driver has it)",
+       compat=(CompatName("DCGM_FI_DEV_FB_TOTAL", MIB, "Framebuffer memory total (in MiB)."),)),
     _g("memory_used", "gpu_memory_used_bytes",
        "Device memory in use by processes (excludes driver-reserved memory on the v2 call).",
        "NVML nvmlDeviceGetMemoryInfo (v2 where the driver has it)",
@@ -122,6 +123,11 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _g("clock_event_reason", "gpu_clock_event_reason_active",
        "1 while the named clock event (throttle) reason holds the clocks down, else 0.",
        "NVML nvmlDeviceGetCurrentClocksEventReasons", labels=("reason",)),
+    _c("violation_time", "gpu_clock_violation_seconds_total",
+       "Time the clocks were held below the requested clocks by the named policy (power,"
+       " thermal), since the driver was loaded.",
+       "NVML nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER/THERMAL)"
+       " (nanoseconds / 1e9)", labels=("policy",)),
     # --- errors and health ---------------------------------------------------------------
     _c("ecc_errors", "gpu_ecc_errors_total",
        "ECC errors by kind (corrected/uncorrected) and counter (volatile since driver load,"
@@ -139,7 +145,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
        compat=()),
     _g("remapped_rows_pending", "gpu_remapped_rows_pending",
        "1 when a row remap waits for a GPU reset, else 0.",
-       "NVML nvmlDeviceGetRemappedRows", tier="slow"),
+       "NVML nvmlDeviceGetRemappedRows", tier="slow",
+       compat=(CompatName("DCGM_FI_DEV_ROW_REMAP_PENDING", 1.0,
+                          "Whether remapping of rows is pending (a GPU reset applies it)."),)),
     _g("remapped_rows_failure", "gpu_remapped_rows_failure",
        "1 when a row remap failed (the GPU needs service), else 0.",
        "NVML nvmlDeviceGetRemappedRows", tier="slow",
@@ -217,6 +225,10 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
+
+# Violation policies published as `policy` label values of gpu_clock_violation_seconds_total,
+# with nvml.h's nvmlPerfPolicyType_t value each is read with.
+VIOLATION_POLICIES: dict[str, int] = {"power": 0, "thermal": 1}
 
 
 def _check_catalogue() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +11,12 @@ from pydantic import Field, field_validator
 from gpu_audit.model_base import Section
 
 DEFAULT_LISTEN = "0.0.0.0:9945"
+# dcgm-exporter's released host label name (main renames it to "hostname").
+DEFAULT_HOST_LABEL = "Hostname"
+# Labels every compat series already has (exporter.compat); the host label must differ.
+_TAKEN_LABELS = frozenset({"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE",
+                           "GPU_I_ID", "DCGM_FI_DRIVER_VERSION", "pod", "namespace",
+                           "container", "simulated"})
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -27,15 +34,35 @@ def parse_listen(value: str) -> tuple[str, int]:
 class CompatConfig(Section):
     dcgm_exporter: bool = Field(
         False,
-        description="Also emit dcgm-exporter's names and labels for its default fields "
-        "(DCGM_FI_DEV_GPU_UTIL, ...) so existing dashboards and alerts keep working.",
+        description="Also emit dcgm-exporter's names and labels (DCGM_FI_DEV_GPU_UTIL, ... "
+        "with gpu, UUID, modelName, Hostname, ...) so existing dashboards, recording rules "
+        "and alerts keep working. Its modelName label and DCGM_FI_DEV_PCIE_REPLAY_COUNTER "
+        "draw promtool lint complaints (docs/METRICS.md lists them).",
+    )
+    host_label: str = Field(
+        DEFAULT_HOST_LABEL,
+        description="Name of the compat profile's host label: dcgm-exporter's released "
+        "'Hostname', or 'hostname' as its main branch spells it.",
+    )
+    promtool_clean: bool = Field(
+        False,
+        description="Leave out the two dcgm-exporter items promtool's lint rejects (the "
+        "camelCase modelName label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER).",
     )
     dcgm_exact: bool = Field(
         False,
-        description="Also emit the two dcgm-exporter items promtool's lint rejects: the "
-        "camelCase modelName label and DCGM_FI_DEV_PCIE_REPLAY_COUNTER (off by default; "
-        "dashboard 12239 uses neither).",
+        description="Deprecated, no effect: modelName and DCGM_FI_DEV_PCIE_REPLAY_COUNTER "
+        "are now emitted by default (promtool_clean leaves them out).",
     )
+
+    @field_validator("host_label")
+    @classmethod
+    def _label_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", v) or v.startswith("__"):
+            raise ValueError(f"{v!r} is not a Prometheus label name")
+        if v in _TAKEN_LABELS:
+            raise ValueError(f"{v!r} is already a label of every compat series")
+        return v
 
 
 class HttpLimitsConfig(Section):

@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from exporter import compat
 from exporter import families as fam
 from exporter.catalogue import CATALOGUE, GPU_LABELS
-from exporter.compat import LINT_REJECTED_NAMES
 from gpu_audit.selfmetrics import COMPONENT_TITLES, SELF_METRICS
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
@@ -24,7 +24,6 @@ _GROUP_TITLES = {
     "gpu": "Per-GPU identity, health and inventory",
     "process": "Per-process and unattributed usage",
     "allocation": "Allocation view",
-    "compat": "dcgm-exporter compatibility extras",
 }
 
 
@@ -86,13 +85,11 @@ def generate() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for m in CATALOGUE:
-        compat = ", ".join(
-            f"`{c.name}` ({_scale(c.scale)})"
-            + (" (exact mode only)" if c.name in LINT_REJECTED_NAMES else "")
-            for c in m.compat) or "-"
+        names = ", ".join(f"`{c.name}` ({_scale(c.scale)})"
+                          for c in compat.COMPAT_FIELDS if c.key == m.key) or "-"
         tier = m.tier + (", DCGM only" if m.dcgm_only else "")
         lines.append(f"| `{m.name}` | {m.type} | {_labels(m.labels)} | {tier} |"
-                     f" {_cell(m.help)} | {_cell(m.source)} | {compat} |")
+                     f" {_cell(m.help)} | {_cell(m.source)} | {names} |")
     for group, title in _GROUP_TITLES.items():
         lines += ["", f"## {title}", "", "| Metric | Type | Labels | Unit | Description | Source |",
                   "|---|---|---|---|---|---|"]
@@ -118,20 +115,89 @@ def generate() -> str:
             if s.component == component:
                 lines.append(f"| `{s.name}` | {s.type} | {_labels(s.labels)} |"
                              f" {s.unit or '-'} | {_cell(s.full_help)} |")
-    lines += [
+    lines += _compat_section()
+    return "\n".join(lines)
+
+
+def _compat_section() -> list[str]:
+    labels = ", ".join(f"`{lb}`" for lb in (*compat.GPU_LABELS, "Hostname",
+                                             *compat.TAIL_LABELS))
+    lines = [
         "",
         "## dcgm-exporter compatibility profile",
         "",
-        "With `exporter.compat.dcgm_exporter: true` every catalogue field with a",
-        "dcgm-exporter name is also emitted under that name, in dcgm-exporter's unit, with",
-        "its labels `gpu`, `UUID`, `pci_bus_id`, `device` (`nvidia<index>`), `Hostname` and",
-        "`DCGM_FI_DRIVER_VERSION`. dcgm-exporter's counters are typed `gauge` (their names",
-        "have no `_total`). The `modelName` label and `DCGM_FI_DEV_PCIE_REPLAY_COUNTER` fail",
-        "`promtool check metrics` whatever their type, so they are emitted only in exact",
-        "mode (`RenderOptions.dcgm_exact`); dashboard 12239 uses neither.",
+        "With `exporter.compat.dcgm_exporter: true` the exporter also emits dcgm-exporter's",
+        "names, in dcgm-exporter's units, with its labels, so dashboards (DCGM dashboard",
+        "12239), NVIDIA's GPU-operator recording rules and alert rules written for",
+        "dcgm-exporter work unchanged. The profile is opt-in; the native names above are",
+        "always emitted and stay promtool-clean.",
+        "",
+        f"Every compat series carries {labels} (and `simulated=\"true\"` under the",
+        "simulator). Conditional labels, as dcgm-exporter adds them:",
+        "",
+        "- `GPU_I_PROFILE`, `GPU_I_ID` on per-MIG-instance series (the framebuffer fields of a",
+        "  GPU in MIG mode: one series per GPU instance, from NVML's per-instance memory; the",
+        "  GPU's device-wide fields stay one series per physical GPU, so a sum over them",
+        "  counts each GPU once; the parent has no framebuffer series of its own).",
+        "- `pod`, `namespace`, `container` when the GPU's (or MIG instance's) processes are",
+        "  attributed to a Kubernetes container, e.g. by the kubelet pod-resources source",
+        "  (`attribution.kubelet.enabled`). Several containers on one GPU (time-slicing, MPS)",
+        "  keep only what they all share. A GPU with no running process carries none (join",
+        "  on `gpu_allocation_info` for allocations).",
+        "- The host label is `Hostname` (dcgm-exporter's released name); set",
+        "  `exporter.compat.host_label: hostname` for dcgm-exporter's main branch spelling.",
+        "",
+        "dcgm-exporter's counters are typed `gauge` here (their names have no `_total`, and",
+        "promtool rejects a counter without it); `rate()` and `increase()` work the same.",
+        "",
+        "| Metric | dcgm-exporter type | Unit | Description | Source |",
+        "|---|---|---|---|---|",
+    ]
+    for f in compat.COMPAT_FIELDS:
+        lines.append(f"| `{f.name}` | {f.dcgm_type} | {f.unit} | {_cell(f.help)} |"
+                     f" {_cell(f.source)} |")
+    lines.append(f"| `{compat.XID_NAME}` | gauge | XID code | {_cell(compat.XID_HELP)} |"
+                 f" {_cell(compat.XID_SOURCE)} |")
+    sample = {n: (*compat.GPU_LABELS, "Hostname") for n in compat.COMPAT_NAMES}
+    complaints = sorted(compat.promtool_complaints(sample))
+    lines += [
+        "",
+        "### A GPU that is down",
+        "",
+        "A GPU the exporter knows but cannot read (lost, fallen off the bus, timed out) keeps",
+        f"`{compat.XID_NAME}` with all its identity labels for as long as the exporter knows",
+        "it: its last XID (79 when it fell off the bus) stays visible, so an XID alert does",
+        "not resolve when the GPU disappears and a `== 79` alert fires. Every other compat",
+        "series of that GPU is left out while it is down: a value read before the loss would",
+        "be a stale reading presented as current. `gpu_up 0` and",
+        "`gpu_xid_errors_total{xid=\"79\"}` say the same in the native names.",
+        "",
+        "### promtool complaints the compat names bring",
+        "",
+        "`promtool check metrics` (2.42) finds nothing in the native names. Two",
+        "dcgm-exporter artefacts draw complaints whatever their type, and the profile emits",
+        "them because dashboards and rules filter and group by them:",
+        "",
+        f"- the camelCase `modelName` label: `{compat.CAMEL_CASE_COMPLAINT}` on every compat",
+        "  family (promtool repeats it once per series);",
+        f"- the name `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`: `{compat.COUNTER_IN_NAME_COMPLAINT}`.",
+        "",
+        "promtool exits 3 (lint problems). Its complete list of distinct complaints on a",
+        "compat exposition that has every compat name (tests assert exactly this set,",
+        "restricted to the families present):",
+        "",
+        "```",
+        *complaints,
+        "```",
+        "",
+        "`exporter.compat.promtool_clean: true` leaves both out (no `modelName`, no",
+        "`DCGM_FI_DEV_PCIE_REPLAY_COUNTER`; the model stays in `gpu_info{name}` and the",
+        "replay count in `gpu_pcie_replay_errors_total`) and promtool is silent again. The",
+        "old `exporter.compat.dcgm_exact` key is accepted and has no effect: what it turned",
+        "on is now the default.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

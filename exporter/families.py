@@ -2,10 +2,10 @@
 
 The per-GPU fields live in `exporter.catalogue`; the families here are the ones whose
 shape the renderer decides (identity, supported-fields view, XID, MIG, per-process,
-unattributed, allocation, self-metrics) plus the live families computed at scrape time
-and the dcgm-exporter compatibility extras. The renderer takes names, types, HELP and
-label names from this list and `python -m exporter.docs` documents it, so the two
-cannot drift apart.
+unattributed, allocation, self-metrics) plus the live families computed at scrape time.
+The renderer takes names, types, HELP and label names from this list and
+`python -m exporter.docs` documents it, so the two cannot drift apart. The
+dcgm-exporter compatibility names are declared in exporter.compat.
 
 This module is declarations only: it must never compute a value or do I/O.
 """
@@ -20,7 +20,7 @@ from exporter.catalogue import CATALOGUE, GPU_LABELS
 from gpu_audit import selfmetrics as sm
 
 FamilyType = Literal["gauge", "counter"]
-Group = Literal["gpu", "process", "allocation", "self", "live", "compat"]
+Group = Literal["gpu", "process", "allocation", "self", "live"]
 
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -166,22 +166,6 @@ SNAPSHOT_AGE = _self(sm.SNAPSHOT_AGE, "live")
 SCRAPES = _self(sm.SCRAPES, "live")
 PROCESS_SERIES_DROPPED = _self(sm.PROCESS_SERIES_DROPPED, "live")
 
-DCGM_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
-                                "DCGM_FI_DRIVER_VERSION")
-DCGM_XID = _f("DCGM_FI_DEV_XID_ERRORS", "gauge",
-              "dcgm-exporter compatibility: value of the last XID error seen (0 when none).",
-              "NVML nvmlEventSetWait", DCGM_LABELS, "compat")
-DCGM_CORRECTABLE_REMAPPED = _f("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "gauge",
-                               "dcgm-exporter compatibility: number of remapped rows for"
-                               " correctable errors. A counter in dcgm-exporter, typed gauge"
-                               " here because its name has no _total.",
-                               "NVML nvmlDeviceGetRemappedRows", DCGM_LABELS, "compat")
-DCGM_UNCORRECTABLE_REMAPPED = _f("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "gauge",
-                                 "dcgm-exporter compatibility: number of remapped rows for"
-                                 " uncorrectable errors. A counter in dcgm-exporter, typed"
-                                 " gauge here because its name has no _total.",
-                                 "NVML nvmlDeviceGetRemappedRows", DCGM_LABELS, "compat")
-
 FAMILIES: tuple[FamilyDef, ...] = (
     GPU_UP, GPU_INFO, GPU_FIELD_SUPPORTED, GPU_XID_ERRORS, GPU_XID_LAST,
     GPU_MIG_INFO, GPU_MIG_MEMORY_TOTAL, GPU_MIG_MEMORY_USED,
@@ -189,7 +173,6 @@ FAMILIES: tuple[FamilyDef, ...] = (
     UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO,
     SAMPLE_DURATION, SNAPSHOT_TIMESTAMP, SAMPLE_ERRORS, SERIES,
     SNAPSHOT_AGE, SCRAPES, PROCESS_SERIES_DROPPED,
-    DCGM_XID, DCGM_CORRECTABLE_REMAPPED, DCGM_UNCORRECTABLE_REMAPPED,
 )
 
 

@@ -19,7 +19,8 @@ from functools import partial
 from exporter import families as fam
 from exporter.attribution.model import AttributedProcess
 from exporter.catalogue import CATALOGUE
-from exporter.compat import XidTracker, render_compat
+from exporter.compat import CompatOptions, XidTracker, render_compat
+from exporter.config import DEFAULT_HOST_LABEL
 from exporter.model import GpuSample
 from exporter.snapshot import Snapshot
 from exporter.textformat import escape_label_value, fmt_value, header
@@ -32,9 +33,12 @@ class RenderOptions:
     dcgm_compat: bool = False
     pid_label: bool = False
     max_process_series_per_gpu: int = 256
-    # Also emit the two dcgm-exporter artefacts promtool's linter rejects (the modelName
+    # The compat profile's host label name: dcgm-exporter's released "Hostname", or
+    # "hostname" as its main branch spells it.
+    dcgm_host_label: str = DEFAULT_HOST_LABEL
+    # Leave out the two dcgm-exporter artefacts promtool's linter rejects (the modelName
     # label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER); see exporter.compat.
-    dcgm_exact: bool = False
+    dcgm_promtool_clean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +328,8 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
 
     if opts.dcgm_compat:
         codes = last_xid_codes if last_xid_codes is not None else XidTracker().update(snap)
-        n, nf = render_compat(snap, out, codes, exact=opts.dcgm_exact)
+        n, nf = render_compat(snap, out, codes, CompatOptions(
+            host_label=opts.dcgm_host_label, promtool_clean=opts.dcgm_promtool_clean))
         series += n
         nfam += nf
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.catalogue import CLOCK_EVENT_REASONS, Tier
+from exporter.catalogue import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
 from exporter.model import LabelValues
 
 Values = dict[str, dict[LabelValues, float]]
@@ -246,6 +246,15 @@ def _remapped_rows(nvml: Any, h: Any, _: DeviceCtx) -> Values:
     }
 
 
+def _violation(nvml: Any, h: Any, _: DeviceCtx) -> Values:
+    # violationTime is nanoseconds of clock reduction by the policy since driver load.
+    out: dict[LabelValues, float] = {}
+    for policy, code in VIOLATION_POLICIES.items():
+        status = nvml.nvmlDeviceGetViolationStatus(h, code)
+        out[(policy,)] = float(status.violationTime) / 1e9
+    return {"violation_time": out}
+
+
 def _pcie_replay(nvml: Any, h: Any, _: DeviceCtx) -> Values:
     return _scalar("pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter(h))
 
@@ -347,6 +356,7 @@ READERS: tuple[FieldReader, ...] = (
     FieldReader("nvmlDeviceGetPerformanceState", ("performance_state",), "fast", _pstate),
     FieldReader("nvmlDeviceGetCurrentClocksEventReasons", ("clock_event_reason",), "fast",
                 _clock_reasons),
+    FieldReader("nvmlDeviceGetViolationStatus", ("violation_time",), "fast", _violation),
     FieldReader("nvmlDeviceGetTotalEccErrors", ("ecc_errors",), "slow", _ecc),
     FieldReader("nvmlDeviceGetRetiredPages", ("retired_pages",), "slow", _retired_pages),
     FieldReader("nvmlDeviceGetRetiredPagesPendingStatus", ("retired_pages_pending",), "slow",

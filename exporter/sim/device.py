@@ -30,7 +30,7 @@ from exporter.model import (
 )
 from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
 from exporter.sim.scenario import GpuPlan, ProcessPlan
-from exporter.sim.schema import EventSpec
+from exporter.sim.schema import DcgmSpec, EventSpec
 
 SLOW_KEYS: frozenset[str] = frozenset(m.key for m in CATALOGUE if m.tier == "slow")
 DCGM_KEYS: frozenset[str] = frozenset(m.key for m in CATALOGUE if m.dcgm_only)
@@ -118,7 +118,7 @@ class SimDevice:
         events: Sequence[EventSpec],
         *,
         seed: int,
-        dcgm: bool,
+        dcgm: DcgmSpec | None,
         boot_seconds: float,
         origin: float,
     ) -> None:
@@ -148,6 +148,8 @@ class SimDevice:
         # Counter state: the driver has been up `boot_seconds`, idling, before time 0.
         self.energy = boot_seconds * spec.idle_power_watts
         self.nvlink_bytes = 0.0
+        # Seconds of clock violation per policy (NVML's violation status), since t=0.
+        self.violation = {"power": 0.0, "thermal": 0.0}
         self.last_t: float | None = None
         self.last_power: float | None = None
         self.last_sm = 0.0
@@ -170,7 +172,7 @@ class SimDevice:
             out.update(("remapped_rows", "remapped_rows_pending", "remapped_rows_failure"))
         if spec.nvlink is None:
             out.update(_NVLINK_KEYS)
-        if not self.dcgm:
+        if self.dcgm is None:
             out.update(DCGM_KEYS)
         if self.mig_mode:
             # Real hardware: device utilisation is not supported on a MIG parent.
@@ -281,9 +283,15 @@ class SimDevice:
             sm_mhz *= clk.hw_thermal_clock_ratio
         elif sw_thermal:
             sm_mhz *= clk.sw_thermal_clock_ratio
+        power_capped = power >= 0.98 * spec.power_limit_watts
+        # The state seen now is charged for the whole interval since the last sample.
+        if sw_thermal:
+            self.violation["thermal"] += dt
+        if power_capped:
+            self.violation["power"] += dt
         active = {
             "gpu_idle": sm < 0.01,
-            "sw_power_cap": power >= 0.98 * spec.power_limit_watts,
+            "sw_power_cap": power_capped,
             "sw_thermal_slowdown": sw_thermal,
             "hw_thermal_slowdown": hw_thermal,
         }
@@ -311,6 +319,7 @@ class SimDevice:
             "fan_speed": {(): round(fan, 2)},
             "performance_state": {(): _PSTATE_BUSY if busy else _PSTATE_IDLE},
             "clock_event_reason": reasons,
+            "violation_time": {(p,): round(v, 6) for p, v in self.violation.items()},
             "pcie_replay": {(): float(math.floor(spec.pcie_replay_per_hour * t / 3600.0))},
         }
         if self.links:
@@ -321,23 +330,24 @@ class SimDevice:
                 )
                 for link in range(self.links) for direction in ("transmit", "receive")
             }
-        if self.dcgm:
-            values.update(self._dcgm_values(sm, memutil))
+        if self.dcgm is not None:
+            values.update(self._dcgm_values(self.dcgm, sm, memutil))
         return values
 
-    def _dcgm_values(self, sm: float, memutil: float) -> dict[str, FieldValues]:
-        # Typical ratios of a mixed-precision training step relative to GPU utilisation.
+    @staticmethod
+    def _dcgm_values(d: DcgmSpec, sm: float, memutil: float) -> dict[str, FieldValues]:
+        # The scenario's ratios relative to SM (or memory) utilisation.
         return {
-            "prof_gr_engine_active": {(): sm * 0.98},
-            "prof_sm_active": {(): sm * 0.9},
-            "prof_sm_occupancy": {(): sm * 0.45},
-            "prof_pipe_tensor_active": {(): sm * 0.55},
-            "prof_dram_active": {(): memutil * 0.9},
-            "prof_pipe_fp64_active": {(): sm * 0.01},
-            "prof_pipe_fp32_active": {(): sm * 0.25},
-            "prof_pipe_fp16_active": {(): sm * 0.15},
-            "prof_pcie_tx_bytes": {(): 2.5e9 * memutil},
-            "prof_pcie_rx_bytes": {(): 6.0e9 * memutil},
+            "prof_gr_engine_active": {(): sm * d.gr_engine_active},
+            "prof_sm_active": {(): sm * d.sm_active},
+            "prof_sm_occupancy": {(): sm * d.sm_occupancy},
+            "prof_pipe_tensor_active": {(): sm * d.pipe_tensor_active},
+            "prof_dram_active": {(): memutil * d.dram_active},
+            "prof_pipe_fp64_active": {(): sm * d.pipe_fp64_active},
+            "prof_pipe_fp32_active": {(): sm * d.pipe_fp32_active},
+            "prof_pipe_fp16_active": {(): sm * d.pipe_fp16_active},
+            "prof_pcie_tx_bytes": {(): d.pcie_tx_bytes_per_second * memutil},
+            "prof_pcie_rx_bytes": {(): d.pcie_rx_bytes_per_second * memutil},
         }
 
     def _slow_values(self, t: float) -> dict[str, FieldValues]:

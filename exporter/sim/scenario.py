@@ -29,6 +29,7 @@ from exporter.sim.schema import (
     EventSpec,
     GpuSpec,
     MigSpec,
+    PodSpec,
     ProcessSpec,
     ScenarioSpec,
     UtilSpec,
@@ -74,6 +75,9 @@ class ProcessPlan:
     compute_instance_id: int | None
     identity: ProcessIdentity
     source_index: int  # position in the file's `processes` list
+    pod: PodSpec | None = None
+    device_id: str = ""  # what a device plugin calls its GPU: the GPU or MIG uuid
+    resource: str = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,32 @@ class Scenario:
     @property
     def duration_seconds(self) -> float:
         return self.spec.duration_seconds
+
+    def pod_allocations(self) -> list[PodAllocation]:
+        """What a kubelet on this node would list: each declared pod container with the
+        devices its processes run on, in scenario order."""
+        out: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+        for p in self.processes:
+            if p.pod is None:
+                continue
+            devices = out.setdefault((p.pod.namespace, p.pod.name, p.pod.container), {})
+            ids = devices.setdefault(p.resource, [])
+            if p.device_id not in ids:
+                ids.append(p.device_id)
+        return [PodAllocation(ns, pod, container, res, tuple(ids))
+                for (ns, pod, container), devices in out.items()
+                for res, ids in devices.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """One container's devices of one resource, as the kubelet's List() reports them."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
 
 
 def shipped_path(name: str) -> Path:
@@ -375,6 +405,10 @@ class _Checker:
                             cgroup=_fill(spec.cgroup, values),
                         ),
                         source_index=pi,
+                        pod=spec.pod,
+                        device_id=instance.uuid if instance else gpu.info.uuid,
+                        resource=(f"nvidia.com/mig-{instance.profile}" if instance
+                                  else "nvidia.com/gpu"),
                     ))
                     rank += 1
         self._memory_budgets(out, gpus)

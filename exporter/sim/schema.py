@@ -247,6 +247,15 @@ class GpuSpec(Section):
         return v
 
 
+class PodSpec(Section):
+    """The Kubernetes container a process runs in. The simulator's kubelet lists it as
+    holding the process's GPU (or MIG instance) through the pod-resources API."""
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    container: str = Field(min_length=1)
+
+
 class ProcessSpec(Section):
     """A process, or one per listed GPU (times `per_gpu`), with consecutive pids."""
 
@@ -266,6 +275,9 @@ class ProcessSpec(Section):
     environ: dict[str, str] = Field(default_factory=dict)
     cgroup: str = Field(default="", description="/proc/<pid>/cgroup text; placeholders allowed.")
     start_time_ticks: int | None = Field(default=None, ge=0)
+    pod: PodSpec | None = Field(
+        default=None, description="Kubernetes pod/container the simulated kubelet reports."
+    )
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> ProcessSpec:
@@ -294,11 +306,42 @@ class EventSpec(Section):
         return self
 
 
+class DcgmSpec(Section):
+    """DCGM profiling data a scenario declares: each field as a fraction of the GPU's
+    SM utilisation (engine and pipe activity) or of its memory utilisation (DRAM, PCIe)."""
+
+    gr_engine_active: float = Field(default=0.98, ge=0, le=1)
+    sm_active: float = Field(default=0.9, ge=0, le=1)
+    sm_occupancy: float = Field(default=0.45, ge=0, le=1)
+    pipe_tensor_active: float = Field(default=0.55, ge=0, le=1)
+    pipe_fp64_active: float = Field(default=0.01, ge=0, le=1)
+    pipe_fp32_active: float = Field(default=0.25, ge=0, le=1)
+    pipe_fp16_active: float = Field(default=0.15, ge=0, le=1)
+    dram_active: float = Field(default=0.9, ge=0, le=1, description="x memory utilisation")
+    pcie_tx_bytes_per_second: float = Field(
+        default=2.5e9, ge=0, description="PCIe transmit rate at full memory utilisation.")
+    pcie_rx_bytes_per_second: float = Field(
+        default=6.0e9, ge=0, description="PCIe receive rate at full memory utilisation.")
+
+
+def _dcgm_flag(v: Any) -> Any:
+    # `dcgm: true` keeps the typical ratios of a mixed-precision training step.
+    if v is True:
+        return {}
+    if v is False:
+        return None
+    return v
+
+
 class ScenarioSpec(Section):
     name: str = Field(min_length=1)
     description: str = ""
     seed: int = 0
-    dcgm: bool = Field(default=False, description="Also simulate the DCGM profiling fields.")
+    dcgm: Annotated[DcgmSpec | None, BeforeValidator(_dcgm_flag)] = Field(
+        default=None,
+        description="Also simulate the DCGM profiling fields: true for typical ratios, or "
+        "a mapping of ratios (see DcgmSpec).",
+    )
     duration_seconds: float = Field(default=3600.0, gt=0, description="Span the story plays over.")
     boot_seconds: float = Field(
         default=86400.0, ge=0, description="Driver loaded this long before scenario time 0."

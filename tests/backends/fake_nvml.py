@@ -58,6 +58,9 @@ class FakeGpu:
     retired_pending: int = 0
     remapped: tuple[int, int, int, int] = (2, 1, 0, 0)
     replay: int = 17
+    # policy (0 power, 1 thermal) -> nanoseconds of violation
+    violation_ns: dict[int, int] = field(
+        default_factory=lambda: {0: 2_500_000_000, 1: 750_000_000})
     links: list[int] = field(default_factory=list)  # state per existing link
     link_errors: int = 4
     link_kib: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -263,6 +266,10 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, h: Handle) -> tuple[int, int, int, int]:
         return self._check("nvmlDeviceGetRemappedRows", h).remapped
+
+    def nvmlDeviceGetViolationStatus(self, h: Handle, policy: int) -> Any:
+        g = self._check("nvmlDeviceGetViolationStatus", h)
+        return SimpleNamespace(referenceTime=0, violationTime=g.violation_ns[policy])
 
     def nvmlDeviceGetPcieReplayCounter(self, h: Handle) -> int:
         return self._check("nvmlDeviceGetPcieReplayCounter", h).replay

@@ -57,6 +57,8 @@ def test_all_fields_supported_in_base_units() -> None:
     assert v("fan_speed") == pytest.approx(0.55)
     assert v("performance_state") == 0
     assert v("pcie_replay") == 17
+    # nvmlDeviceGetViolationStatus: nanoseconds -> seconds, per policy
+    assert s.values["violation_time"] == {("power",): 2.5, ("thermal",): 0.75}
     reasons = s.values["clock_event_reason"]
     assert set(reasons) == {(r,) for r in CLOCK_EVENT_REASONS}
     assert reasons[("gpu_idle",)] == 1.0 and reasons[("hw_thermal_slowdown",)] == 1.0

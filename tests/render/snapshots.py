@@ -55,6 +55,8 @@ def small_snapshot() -> Snapshot:
             "ecc_errors": {("corrected", "volatile"): 3, ("uncorrected", "aggregate"): 0},
             "remapped_rows": {("correctable",): 1, ("uncorrectable",): 0},
             "pcie_replay": {(): 7},
+            "violation_time": {("power",): 2.5, ("thermal",): 0.75},
+            "nvlink_bytes": {("0", "transmit"): 4096.0, ("0", "receive"): 8192.0},
         },
         unsupported=frozenset({"fan_speed", "temperature_memory"}),
         processes=(),

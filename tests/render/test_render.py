@@ -15,6 +15,12 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution.model import UNKNOWN, AttributedProcess, Attribution
+from exporter.compat import (
+    CAMEL_CASE_COMPLAINT,
+    COMPAT_NAMES,
+    COUNTER_IN_NAME_COMPLAINT,
+    promtool_complaints,
+)
 from exporter.render import Renderer, RenderOptions, render_snapshot
 from exporter.snapshot import Snapshot
 from exporter.textformat import fmt_value
@@ -60,24 +66,54 @@ def test_golden_exposition(golden: str, opts: RenderOptions) -> None:
     check_golden(golden, render_snapshot(small_snapshot(), opts, now=0.0).body)
 
 
-@pytest.mark.parametrize("opts", [RenderOptions(), RenderOptions(dcgm_compat=True),
-                                  RenderOptions(pid_label=True, dcgm_compat=True)])
-def test_promtool_accepts_exposition(opts: RenderOptions) -> None:
-    """promtool check metrics passes with no output, compat profile included."""
+def compat_families(body: bytes) -> dict[str, set[str]]:
+    """name -> label names of every dcgm-exporter compat family in an exposition."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name in COMPAT_NAMES:
+            for s in family.samples:
+                out.setdefault(family.name, set()).update(s.labels)
+    return out
+
+
+def assert_promtool_verdict(body: bytes) -> None:
+    """Native names: promtool is silent. Compat names: exactly the complaints the profile
+    documents (camelCase modelName on every compat family, the _COUNTER name), nothing
+    else."""
+    rc, out = promtool_check(body)
+    expected = promtool_complaints(compat_families(body))
+    assert set(out.strip().splitlines()) - {""} == expected
+    assert rc == (3 if expected else 0)  # 3: promtool found lint problems
+
+
+@pytest.mark.parametrize("opts", [RenderOptions(), RenderOptions(pid_label=True)])
+def test_promtool_accepts_native_exposition(opts: RenderOptions) -> None:
+    """promtool check metrics passes with no output on the native names."""
     rc, out = promtool_check(render_snapshot(small_snapshot(), opts).body)
     assert (rc, out) == (0, "")
 
 
-def test_exact_compat_mode_fails_promtool_only_on_the_known_artefacts() -> None:
-    """Exact dcgm mode adds modelName and the _COUNTER name; those are promtool's only
-    complaints, which is why the default compat profile leaves them out."""
-    body = render_snapshot(small_snapshot(), RenderOptions(dcgm_compat=True, dcgm_exact=True)).body
-    rc, out = promtool_check(body)
-    assert rc != 0
-    problems = {line.split(" ", 1)[1] for line in out.strip().splitlines()}
-    assert problems == {"label names should be written in 'snake_case' not 'camelCase'",
-                        "metric name should not include type 'counter'"}
+@pytest.mark.parametrize("opts", [RenderOptions(dcgm_compat=True),
+                                  RenderOptions(pid_label=True, dcgm_compat=True)])
+def test_compat_promtool_complaints_are_exactly_the_documented_ones(opts: RenderOptions) -> None:
+    """The compat profile emits dcgm-exporter's modelName label and PCIE_REPLAY_COUNTER
+    name by default; promtool's complaints are exactly those, one kind per family."""
+    body = render_snapshot(small_snapshot(), opts).body
     assert 'modelName="NVIDIA A100-SXM4-80GB"' in body.decode()
+    assert b"DCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in body
+    rc, out = promtool_check(body)
+    kinds = {line.split(" ", 1)[1] for line in out.strip().splitlines()}
+    assert rc == 3 and kinds == {CAMEL_CASE_COMPLAINT, COUNTER_IN_NAME_COMPLAINT}
+    assert_promtool_verdict(body)
+
+
+def test_compat_promtool_clean_option_is_strictly_clean() -> None:
+    """With promtool_clean the two rejected artefacts are left out and promtool is silent."""
+    opts = RenderOptions(dcgm_compat=True, dcgm_promtool_clean=True)
+    body = render_snapshot(small_snapshot(), opts).body
+    assert b"modelName" not in body and b"PCIE_REPLAY_COUNTER" not in body
+    assert b"DCGM_FI_DEV_GPU_UTIL{" in body
+    assert promtool_check(body) == (0, "")
 
 
 def test_down_gpu_and_unsupported_fields() -> None:
@@ -195,7 +231,7 @@ def test_nan_and_inf_never_emitted() -> None:
     assert all(math.isfinite(float(v)) for v in values_text)
     assert not {"NaN", "+Inf", "-Inf"} & set(values_text)
     assert "gpu_temperature_celsius{" not in body
-    assert promtool_check(body.encode()) == (0, "")
+    assert_promtool_verdict(body.encode())
 
 
 def test_value_formatting() -> None:
@@ -248,9 +284,10 @@ def test_compat_values_scaled_and_last_xid_remembered() -> None:
     whose snapshots carry no new XID events."""
     r = Renderer(RenderOptions(dcgm_compat=True))
     body = r.render(small_snapshot()).body
-    s = {k[0]: v for k, v in samples(body).items() if k[0].startswith("DCGM")}
+    s = {k[0]: v for k, v in samples(body).items()
+         if k[0].startswith("DCGM") and ("gpu", "0") in k[1]}
     assert s["DCGM_FI_DEV_GPU_UTIL"] == 90
-    assert s["DCGM_FI_DEV_FB_USED"] == 30 * 1024
+    assert s["DCGM_FI_DEV_FB_USED"] == 10 * 1024  # GPU 0 is in MIG mode: per instance
     assert s["DCGM_FI_DEV_SM_CLOCK"] == 1410
     assert s["DCGM_FI_DEV_XID_ERRORS"] == 13
     later = small_snapshot()
@@ -299,11 +336,15 @@ def _shipped() -> tuple[str, ...]:
 @pytest.mark.parametrize("scenario", _shipped())
 @pytest.mark.parametrize("compat", [False, True], ids=["canonical", "dcgm_compat"])
 def test_promtool_accepts_every_shipped_scenario(scenario: str, compat: bool) -> None:
-    """Every shipped scenario renders to an exposition promtool accepts without output."""
+    """Every shipped scenario renders to an exposition promtool accepts without output
+    on the native names, and with exactly the documented complaints in compat mode."""
     renderer = Renderer(RenderOptions(dcgm_compat=compat))
     for snap in _sim_snapshots(scenario):
         body = renderer.render(snap).body
-        assert promtool_check(body) == (0, ""), scenario
+        if compat:
+            assert_promtool_verdict(body)
+        else:
+            assert promtool_check(body) == (0, ""), scenario
         assert b"simulated=\"true\"" in body
 
 

@@ -15,7 +15,7 @@ from exporter.config import ExporterConfig
 from exporter.sim.backend import SimBackend, create
 from exporter.sim.scenario import load_scenario
 from gpu_audit.errors import ConfigError
-from tests.sim.conftest import START, FakeClock, by_index, open_backend
+from tests.sim.conftest import START, FakeClock, by_index, open_backend, play
 
 DCGM_KEYS = {m.key for m in CATALOGUE if m.dcgm_only}
 
@@ -146,11 +146,11 @@ def test_slow_tier_is_computed_on_first_sample_then_only_on_slow_cycles() -> Non
 
 def test_dcgm_fields_only_when_the_scenario_asks(tmp_path: Path) -> None:
     """By default DCGM profiling keys are unsupported and absent; `dcgm: true` fills them."""
-    backend, clock = open_backend("busy")
+    backend, clock = open_backend("hot")
     plain = by_index(backend.sample(clock(), slow=True), 0)
     assert plain.unsupported >= DCGM_KEYS and not DCGM_KEYS & set(plain.values)
-    text = Path(load_scenario("busy").source).read_text().replace("seed: 4242", "dcgm: true")
-    path = tmp_path / "busy_dcgm.yaml"
+    text = Path(load_scenario("hot").source).read_text().replace("seed: 8787", "dcgm: true")
+    path = tmp_path / "hot_dcgm.yaml"
     path.write_text(text)
     dcgm = SimBackend(load_scenario(str(path)), clock=FakeClock())
     dcgm.open()
@@ -158,6 +158,35 @@ def test_dcgm_fields_only_when_the_scenario_asks(tmp_path: Path) -> None:
     assert set(s.values) >= DCGM_KEYS and not DCGM_KEYS & s.unsupported
     for key in DCGM_KEYS - {"prof_pcie_tx_bytes", "prof_pcie_rx_bytes"}:
         assert 0.0 <= (s.scalar(key) or -1) <= 1.0
+
+
+def test_busy_declares_dcgm_profiling_data() -> None:
+    """The shipped busy scenario produces every DCGM profiling field, at the ratios it
+    declares (before: no shipped scenario produced any, so tensor-core panels were empty
+    on every demo)."""
+    scenario = load_scenario("busy")
+    assert scenario.spec.dcgm is not None
+    assert scenario.spec.dcgm.pipe_tensor_active == 0.6
+    backend, clock = open_backend("busy")
+    for s in backend.sample(clock(), slow=True):
+        assert set(s.values) >= DCGM_KEYS and not DCGM_KEYS & s.unsupported
+        sm = s.scalar("utilization_gpu") or 0.0
+        assert sm > 0.5
+        assert s.scalar("prof_pipe_tensor_active") == pytest.approx(sm * 0.6)
+        assert s.scalar("prof_gr_engine_active") == pytest.approx(sm * 0.97)
+        mem = s.scalar("utilization_memory") or 0.0
+        assert s.scalar("prof_pcie_tx_bytes") == pytest.approx(2.5e9 * mem)
+
+
+def test_dcgm_ratios_are_validated() -> None:
+    """A declared profiling ratio outside 0..1 is refused with its line number."""
+    from exporter.sim.scenario import parse_scenario
+    from gpu_audit.errors import ConfigError
+
+    text = ("name: x\ndcgm:\n  pipe_tensor_active: 1.5\n"
+            "gpus:\n  - {count: 1, model: m, memory_total: 1GiB}\n")
+    with pytest.raises(ConfigError, match="pipe_tensor_active"):
+        parse_scenario(text, "x.yaml")
 
 
 def test_sample_before_open_is_an_error() -> None:
@@ -191,3 +220,22 @@ def test_create_with_unknown_scenario_lists_the_shipped_names() -> None:
     with pytest.raises(ConfigError) as err:
         create(ExporterConfig(backend="sim", scenario="bussy"))
     assert "busy, idle, leak, hot, xid, mig, large" in str(err.value)
+
+
+def test_thermal_violation_time_accumulates_while_throttled() -> None:
+    """Scenario hot: GPU 2's thermal violation seconds stay 0 below 87 C and then grow by
+    the time spent in thermal slowdown; the cool GPUs and the power policy stay at 0."""
+    backend, clock = open_backend("hot")
+    last = 0.0
+    grew = False
+    for t, gpus in play(backend, clock, until=3600, step=60):
+        hot, cool = by_index(gpus, 2), by_index(gpus, 0)
+        viol = hot.values["violation_time"]
+        assert cool.values["violation_time"] == {("power",): 0.0, ("thermal",): 0.0}
+        assert viol[("power",)] == 0.0
+        assert viol[("thermal",)] >= last  # a counter
+        if (hot.scalar("temperature_gpu") or 0) < 87 and t < 1800:
+            assert viol[("thermal",)] == 0.0
+        grew = grew or viol[("thermal",)] > last
+        last = viol[("thermal",)]
+    assert grew and 600 <= last <= 1800
