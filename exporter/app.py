@@ -35,11 +35,9 @@ from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
 from exporter.config import parse_listen
 from exporter.http import MetricsServer
-from exporter.model import GpuSample
 from exporter.render import RenderOptions
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.serving import LatestState
-from exporter.snapshot import Snapshot
 from exporter.watch import GpuWatch, SummaryLog
 from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
@@ -49,6 +47,8 @@ from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
 from gpu_audit.invocation import command
+from gpu_audit.model.samples import GpuSample
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolError, SpoolLocked, SpoolReader, SpoolWriteError, SpoolWriter
 
 log = logging.getLogger("gpu_audit.exporter")

@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from exporter import families as fam
-from exporter.catalogue import CATALOGUE, MetricDef
-from exporter.model import GpuSample
-from exporter.snapshot import Snapshot
 from exporter.textformat import escape_label_value, fmt_value, header
+from gpu_audit.model.fields import CATALOGUE, MetricDef
+from gpu_audit.model.samples import GpuSample
+from gpu_audit.model.snapshot import Snapshot
 
 # Names promtool's linter rejects whatever we do; emitted only in exact mode.
 LINT_REJECTED_NAMES: frozenset[str] = frozenset({"DCGM_FI_DEV_PCIE_REPLAY_COUNTER"})

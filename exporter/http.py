@@ -32,7 +32,6 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.catalogue import CATALOGUE
 from exporter.config import HttpLimitsConfig
 from exporter.httpconn import (
     Conn,
@@ -46,6 +45,7 @@ from exporter.httpconn import (
 from exporter.render import RenderedSnapshot
 from exporter.serving import ServingCollector, StateProvider, readiness, snapshot_age
 from exporter.webconfig import BasicAuth, RateLimiter, WebConfig, allowed_san, build_ssl_context
+from gpu_audit.model.fields import CATALOGUE
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from exporter import families as fam
 from exporter.render import RenderedSnapshot
-from exporter.snapshot import Snapshot
+from gpu_audit.model.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,10 @@ from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.cli import main
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
 
 

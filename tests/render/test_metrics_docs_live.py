@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalogue import CATALOGUE
 from exporter.families import FAMILIES
+from gpu_audit.model.fields import CATALOGUE
 from gpu_audit.selfmetrics import SELF_METRICS
 from tests.netutil import free_port, http_get, wait_for
 
