@@ -33,19 +33,20 @@ from exporter.appstatus import runtime_status, summary_line
 from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
-from exporter.config import parse_listen
-from exporter.http import MetricsServer
+from exporter.endpoint import exporter_server
 from exporter.render import RenderOptions
 from exporter.sampler import Sampler, SnapshotListener
-from exporter.serving import LatestState
 from exporter.watch import GpuWatch, SummaryLog
-from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
+from gpu_audit.http.config import parse_listen
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import WebConfig, load_web_config
 from gpu_audit.invocation import command
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
@@ -288,8 +289,8 @@ class ExporterApp:
 
         # 4. the listening socket
         try:
-            self.server = MetricsServer(host, port, state, web, registry, limits=ex.http,
-                                        extra_status=self.runtime_status)
+            self.server = exporter_server(host, port, state, web, registry, limits=ex.http,
+                                          extra_status=self.runtime_status)
         except OSError as exc:
             raise ListenError(ex.listen, exc) from exc
 

@@ -19,6 +19,7 @@ from functools import partial
 from exporter import families as fam
 from exporter.compat import XidTracker, render_compat
 from exporter.textformat import escape_label_value, fmt_value, header
+from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.fields import CATALOGUE
 from gpu_audit.model.samples import GpuSample
@@ -35,18 +36,6 @@ class RenderOptions:
     # Also emit the two dcgm-exporter artefacts promtool's linter rejects (the modelName
     # label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER); see exporter.compat.
     dcgm_exact: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RenderedSnapshot:
-    """The cached exposition of one cycle."""
-
-    body: bytes
-    series: int
-    dropped_process_series: Mapping[str, int]
-    generated_at: float  # wall-clock unix seconds of the render (snapshot age counts from it)
-    snapshot_timestamp: float = 0.0
-    families: int = 0
 
 
 class _Family:

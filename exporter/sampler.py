@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.backends.base import GpuBackend
-from exporter.render import RenderedSnapshot, Renderer, RenderOptions
+from exporter.render import Renderer, RenderOptions
+from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.samples import BackendInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot

@@ -141,7 +141,7 @@ def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
 
 
 def _web_config(key: Loc, path: Path, layers: Layers) -> list[Problem]:
-    from exporter.webconfig import load_web_config
+    from gpu_audit.http.webconfig import load_web_config
 
     if not path.is_file():
         return [layers.locate(key, f"{path} is not a readable file")]

@@ -20,12 +20,12 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from exporter.config import parse_listen
-from exporter.http import MetricsServer
-from exporter.serving import LatestState
-from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, LockHeld
+from gpu_audit.http.config import parse_listen
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import WebConfig, load_web_config
 from shipper.engine import Shipper
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ def run_shipper(config: Config) -> int:
         registry.register(shipper.collector())
         state = LatestState(math.inf, snapshots_expected=False)
         try:
-            server = MetricsServer(address[0], address[1], state, web, registry)
+            server = MetricsServer(address[0], address[1], state, web, registry,
+                                   title="gpu-audit shipper")
         except OSError as exc:
             shipper.stop()
             print(f"gpu-audit: cannot listen on {listen}: {exc.strerror or exc}",

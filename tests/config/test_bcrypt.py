@@ -17,10 +17,10 @@ import bcrypt
 import pytest
 import yaml
 
-from exporter.http import MetricsServer
-from exporter.serving import LatestState
-from exporter.webconfig import BasicAuth, WebConfig, load_web_config
 from gpu_audit.errors import ConfigError
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import BasicAuth, WebConfig, load_web_config
 from tests.netutil import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

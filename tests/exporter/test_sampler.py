@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from exporter.render import RenderedSnapshot, RenderOptions
+from exporter.render import RenderOptions
 from exporter.sampler import Sampler
+from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import UNKNOWN, AttributedProcess
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot
