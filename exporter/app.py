@@ -50,7 +50,15 @@ from gpu_audit.http.webconfig import WebConfig, load_web_config
 from gpu_audit.invocation import command
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
-from gpu_audit.spool import SpoolError, SpoolLocked, SpoolReader, SpoolWriteError, SpoolWriter
+from gpu_audit.spool import (
+    CursorStore,
+    SpoolError,
+    SpoolLocked,
+    SpoolReader,
+    SpoolWriteError,
+    SpoolWriter,
+    gc_floor,
+)
 
 log = logging.getLogger("gpu_audit.exporter")
 
@@ -148,10 +156,6 @@ class SplitModeGc:
     """
 
     def __init__(self, config: Config, spool: ReopeningSpool) -> None:
-        from gpu_audit.spool import CursorStore
-        from shipper.engine import gc_floor
-
-        self._floor = gc_floor
         self._cursors = CursorStore(config.spool.directory)
         self._names = config.shipper.sink_names()
         self._interval = config.shipper.gc_interval_s
@@ -164,7 +168,7 @@ class SplitModeGc:
         if writer is None or now - self._last < self._interval:
             return
         self._last = now
-        writer.gc(self._floor(self._cursors, self._names))
+        writer.gc(gc_floor(self._cursors, self._names))
 
 
 class SimProcfs:

@@ -5,7 +5,7 @@ Builds the engine from the whole configuration, optionally serves its metrics
 auth from its own `shipper.web_config_file`), runs until SIGTERM/SIGINT and returns the
 exit code. It never
 opens the spool for writing (the exporter holds the single-writer lock and runs the
-segment GC with `shipper.engine.gc_floor`).
+segment GC with `gpu_audit.spool.gc_floor`).
 
 Start-up order: configuration and secrets (ConfigError, exit 2), the shipper's locks
 (another shipper on the same cursors, archive or dead-letter directory: exit 1 naming
