@@ -1,13 +1,15 @@
 """Wiring of one exporter process: backend -> sampler -> (renderer, audit producer) ->
-HTTP endpoint, optionally with the shipper in the same process (`gpu-audit run`).
+HTTP endpoint. The exporter alone; the app layer (gpu_audit_app.run) adds the shipper
+as a `Companion` for `gpu-audit run`, so this module never imports another component.
 
 Start-up order matters, because a failed start must leave no audit record behind:
-configuration, web-config, the sinks' secrets and the audit HMAC key first (exit 2), then
-the backend (a missing driver ends here with a hint, never a fallback to the simulator),
-then the locks (the spool's single writer, the shipper's cursors, archive and dead-letter
-directories: another live gpu-audit there is a refusal naming its pid, exit 1), then the
-listening socket (a port in use, exit 1). Only then is exporter_start written and do
-sampling, serving and shipping begin.
+configuration, web-config, the companion's secrets (the sinks') and the audit HMAC key
+first (exit 2), then the backend (a missing driver ends here with a hint, never a
+fallback to the simulator), then the locks (the spool's single writer, then the
+companion's: the shipper's cursors, archive and dead-letter directories; another live
+gpu-audit there is a refusal naming its pid, exit 1), then the listening socket (a port
+in use, exit 1). Only then is exporter_start written and do sampling, serving and the
+companion begin.
 """
 
 from __future__ import annotations
@@ -22,26 +24,29 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.appstatus import runtime_status, summary_line
+from exporter.attribution.config import AttributionConfig
 from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
+from exporter.config import ExporterConfig
 from exporter.endpoint import exporter_server
 from exporter.render import RenderOptions
+from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.watch import GpuWatch, SummaryLog
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm
+from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
-from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
 from gpu_audit.http.config import parse_listen
 from gpu_audit.http.server import MetricsServer
@@ -59,6 +64,7 @@ from gpu_audit.spool import (
     SpoolWriter,
     gc_floor,
 )
+from gpu_audit.spool.config import SpoolConfig
 
 log = logging.getLogger("gpu_audit.exporter")
 
@@ -68,6 +74,57 @@ NO_GPU_HINT = (
     "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every GPU and process "
     'series made from simulated data carries simulated="true").'
 )
+
+
+class ExporterSettings(Protocol):
+    """The configuration sections the exporter reads (the app layer's root configuration
+    has them all; read-only, as the frozen models are)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def exporter(self) -> ExporterConfig: ...
+
+    @property
+    def attribution(self) -> AttributionConfig: ...
+
+    @property
+    def audit(self) -> AuditConfig: ...
+
+    @property
+    def spool(self) -> SpoolConfig: ...
+
+
+class Companion(Protocol):
+    """What the app layer runs inside the exporter's process (the shipper, for `gpu-audit
+    run`), driven at fixed points of the exporter's start and stop so the start-up order
+    above holds for it too."""
+
+    def prepare(self) -> None:
+        """Resolve secrets and settings (ConfigError); open nothing."""
+
+    def open(self, writer: SpoolWriter | None) -> Collector:
+        """Take its locks (LockHeld, OSError) to read the spool `writer` writes; returns
+        its metrics for the live registry."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Finish (drain what was written, once started) and release its locks; safe
+        when `open` was never called."""
+
+    def stats(self) -> dict[str, Any]:
+        """Its state for /status and the summary line (after `open`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolGcPlan:
+    """Split mode (`gpu-audit exporter` beside `gpu-audit shipper`): the exporter is the
+    spool's only writer, so it deletes the segments these cursors have all passed."""
+
+    cursor_names: tuple[str, ...]
+    interval_s: float
 
 
 class ListenError(Exception):
@@ -89,8 +146,8 @@ class ReopeningSpool:
     /metrics keeps serving, and every cycle tries to open the spool again.
     """
 
-    def __init__(self, config: Config) -> None:
-        self._config = config.spool
+    def __init__(self, config: SpoolConfig) -> None:
+        self._config = config
         self._writer: SpoolWriter | None = None
         self._lock = threading.Lock()
         self.last_error = ""
@@ -155,10 +212,10 @@ class SplitModeGc:
     cursor yet pins the whole spool, so nothing it has not seen is ever deleted.
     """
 
-    def __init__(self, config: Config, spool: ReopeningSpool) -> None:
-        self._cursors = CursorStore(config.spool.directory)
-        self._names = config.shipper.sink_names()
-        self._interval = config.shipper.gc_interval_s
+    def __init__(self, spool_dir: Path, plan: SpoolGcPlan, spool: ReopeningSpool) -> None:
+        self._cursors = CursorStore(spool_dir)
+        self._names = plan.cursor_names
+        self._interval = plan.interval_s
         self._spool = spool
         self._last = 0.0
 
@@ -213,16 +270,22 @@ class SamplerCollector(Collector):
 
 class ExporterApp:
     """One exporter process. `start()` raises ConfigError, BackendUnavailable, LockHeld,
-    ListenError or OSError, and when it does no audit record has been written."""
+    ListenError or OSError, and when it does no audit record has been written.
 
-    def __init__(self, config: Config, *, with_shipper: bool) -> None:
+    `companion` runs beside it in this process (the app layer's shipper); `spool_gc`
+    makes it delete shipped segments itself when a shipper runs in another process.
+    """
+
+    def __init__(self, config: ExporterSettings, *, companion: Companion | None = None,
+                 spool_gc: SpoolGcPlan | None = None) -> None:
         self.config = config
-        self.with_shipper = with_shipper and config.shipper.enabled
+        self.companion = companion
+        self.spool_gc = spool_gc
         self.server: MetricsServer | None = None
         self.sampler: Sampler | None = None
         self.producer: AuditProducer | None = None
         self.spool: ReopeningSpool | None = None
-        self.shipper: Any = None
+        self._companion_open = False
         self._simproc: SimProcfs | None = None
         self._resolver: Resolver | None = None
         self._backend: Any = None
@@ -233,13 +296,8 @@ class ExporterApp:
         # 1. everything a configuration error can stop (exit 2): nothing is opened yet
         host, port = parse_listen(ex.listen)
         web = load_web_config(ex.web_config_file) if ex.web_config_file else WebConfig()
-        sinks = None
-        if self.with_shipper:
-            from shipper.sinks.factory import create_sink
-
-            # resolves every secret now; a sink only connects when it is started
-            sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
-                     for c in cfg.shipper.sinks]
+        if self.companion is not None:
+            self.companion.prepare()
 
         # 2. the backend (exit 1 with a hint when there is no GPU)
         backend = create_backend(ex)
@@ -266,10 +324,10 @@ class ExporterApp:
         state = LatestState(stale)
         registry = CollectorRegistry(auto_describe=True)
 
-        # 3. the locks: the spool's single writer, then the shipper's directories
+        # 3. the locks: the spool's single writer, then the companion's (the shipper's)
         listeners: list[SnapshotListener] = []
-        if cfg.audit.enabled or self.with_shipper:
-            self.spool = ReopeningSpool(cfg)
+        if cfg.audit.enabled or self.companion is not None:
+            self.spool = ReopeningSpool(cfg.spool)
             self.spool.open_at_start()
             reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
             self.producer = AuditProducer(cfg.audit, self.spool, host=cfg.host,
@@ -277,19 +335,17 @@ class ExporterApp:
                                           simulated=info.simulated, reader=reader)
             listeners.append(self.producer.on_snapshot)
             registry.register(AuditCollector(self.producer))
-            if not self.with_shipper and cfg.shipper.enabled:
-                listeners.append(SplitModeGc(cfg, self.spool))
+            if self.spool_gc is not None and self.companion is None:
+                listeners.append(SplitModeGc(cfg.spool.directory, self.spool_gc, self.spool))
         # After the producer: state changes and the periodic summary are logged once the
         # cycle's records are written (the summary counts them).
         listeners.append(GpuWatch())
         listeners.append(SummaryLog(ex.log_summary_interval_seconds,
                                     lambda: summary_line(self.runtime_status())))
-        if self.with_shipper:
-            from shipper.engine import Shipper
-
+        if self.companion is not None:
             writer = self.spool.writer if self.spool else None
-            self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer, sinks=sinks)
-            registry.register(self.shipper.collector())
+            registry.register(self.companion.open(writer))
+            self._companion_open = True
 
         # 4. the listening socket
         try:
@@ -324,8 +380,8 @@ class ExporterApp:
         log.info("serving %s://%s:%d/metrics (backend %s)",
                  "https" if self.server.tls else "http", host, self.server.port, info.name)
         self.sampler.start()
-        if self.shipper is not None:
-            self.shipper.start()
+        if self.companion is not None:
+            self.companion.start()
 
     def runtime_status(self) -> dict[str, Any]:
         """The sampler, audit, spool and shipper sections of /status and the summary."""
@@ -334,17 +390,16 @@ class ExporterApp:
             sampler=self.sampler, producer=self.producer,
             spool_dir=self.config.spool.directory if spool is not None else None,
             writer=spool.writer if spool is not None else None,
-            shipper=self.shipper, spool_error=spool.last_error if spool is not None else "")
+            shipper=self.companion if self._companion_open else None,
+            spool_error=spool.last_error if spool is not None else "")
 
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
         if self.producer is not None:
             self.producer.stop()
-        if self.shipper is not None:
-            if self.shipper.started:
-                self.shipper.drain()  # the exporter_stop record included
-            self.shipper.stop()  # releases its locks even when it never started
+        if self.companion is not None:
+            self.companion.stop()  # drains the exporter_stop record; releases its locks
         if self.server is not None:
             self.server.stop()
         if self.spool is not None:
@@ -357,9 +412,9 @@ class ExporterApp:
             self._simproc.remove()
 
 
-def run_exporter(config: Config, *, with_shipper: bool) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
-    app = ExporterApp(config, with_shipper=with_shipper)
+def run_exporter(app: ExporterApp) -> int:
+    """Run `app` until SIGTERM/SIGINT. Returns the process exit code."""
+    config = app.config
     done = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from gpu_audit.config_section import Section
 from gpu_audit.http.config import HttpLimitsConfig, parse_listen
-from gpu_audit.model_base import Section
 
 DEFAULT_LISTEN = "0.0.0.0:9945"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
 
 
 class SpoolConfig(Section):

@@ -64,7 +64,7 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "run", "--config", str(cfg),
+        [sys.executable, "-m", "gpu_audit_app", "run", "--config", str(cfg),
          "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))

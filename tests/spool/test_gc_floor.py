@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpu_audit.spool import CursorStore, gc_floor
 from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
-from shipper.check import check_engine
+from shipper.config_check import check_engine
 from shipper.sinks.config import ArchiveSinkConfig
 from shipper.sinks.factory import create_sink
 
