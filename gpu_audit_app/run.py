@@ -16,7 +16,8 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from exporter.app import ExporterApp, SpoolGcPlan, run_exporter
+from exporter.app import ExporterApp, run_exporter
+from exporter.audit_spool import SpoolGcPlan
 from gpu_audit.spool import SpoolWriter
 from gpu_audit_app.config import Config
 
