@@ -99,7 +99,7 @@ def test_sigkill_at_archive_boundaries_in_a_row_leaves_an_exact_archive(
         assert rc == -signal.SIGKILL, (label, rc, log.read_text()[-2000:])
     assert cursors.get("archive") < N, "the kills came too late to test anything"
 
-    final = _run(["shipper", "--config", str(config)], log)
+    final = _run(["gpu_audit_app.shipper_main", "--config", str(config)], log)
     deadline = time.monotonic() + 120
     while cursors.get("archive") < N and time.monotonic() < deadline:
         time.sleep(0.1)
