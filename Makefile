@@ -10,13 +10,16 @@ run:
 	@scripts/setup
 	.venv/bin/gpu-audit run $(ARGS)
 
-# Everything the tests need (apt servers, venv, project), then lint, types and tests.
+# Everything the tests need (apt servers, venv, project), then lint, types, the layer
+# contracts (import-linter, pyproject.toml) and tests.
 test:
 	@scripts/setup --test
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports --no-logo
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports --no-logo

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.fakeproc import write_fake_proc
-from exporter.attribution.model import AttributedProcess
 from exporter.attribution.resolver import Resolver
-from exporter.model import GpuInfo, GpuSample, ProcessIdentity, ProcessSample
+from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.samples import GpuInfo, GpuSample, ProcessIdentity, ProcessSample
 
 GPUS = 8
 PROCS_PER_GPU = 64

@@ -30,13 +30,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from exporter.attribution.model import AttributedProcess, Attribution
-from exporter.model import BackendInfo, GpuInfo, GpuSample, ProcessIdentity, ProcessSample
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.builder import PartsCache, build_records
 from gpu_audit.audit.canonical import ZERO_HASH, seal
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.model.attribution import AttributedProcess, Attribution
+from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample, ProcessIdentity, ProcessSample
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolConfig, SpoolWriter
 
 GIB = 1024**3

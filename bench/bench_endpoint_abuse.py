@@ -2,7 +2,7 @@
 
 Side by side in one run, the same server code with the limits effectively off
 (max_connections 10000, hour-long deadlines, 1 MiB heads: what the endpoint did before
-it had limits) and with the default limits (exporter.http):
+it had limits) and with the default limits (gpu_audit.http.server):
 
 - 3,000 clients connect and send nothing: the server's threads and RSS growth;
 - 1,000 clients scrape /metrics at once (one connection each): p50/p99/max latency and
@@ -28,10 +28,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from exporter.config import HttpLimitsConfig
-from exporter.http import MetricsServer
 from exporter.render import RenderOptions, render_snapshot
-from exporter.serving import LatestState
+from gpu_audit.http.config import HttpLimitsConfig
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
 from tests.render.snapshots import small_snapshot
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

@@ -41,9 +41,9 @@ from exporter.attribution.resolver import Resolver  # noqa: E402
 from exporter.render import Renderer, RenderOptions  # noqa: E402
 from exporter.sim.backend import SimBackend  # noqa: E402
 from exporter.sim.scenario import load_scenario, shipped_path  # noqa: E402
-from exporter.snapshot import Snapshot  # noqa: E402
 from gpu_audit.audit.config import AuditConfig  # noqa: E402
 from gpu_audit.audit.producer import AuditProducer  # noqa: E402
+from gpu_audit.model.snapshot import Snapshot  # noqa: E402
 from gpu_audit.spool import SpoolConfig, SpoolWriter  # noqa: E402
 
 SHAPES = [(1, 8), (8, 8), (16, 8), (8, 64)]

@@ -26,13 +26,13 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.attribution.model import AttributedProcess, Attribution
-from exporter.catalogue import CATALOGUE
-from exporter.http import MetricsServer
-from exporter.model import BackendInfo, GpuInfo, GpuSample, ProcessSample
 from exporter.render import RenderOptions, render_snapshot
-from exporter.serving import LatestState
-from exporter.snapshot import Snapshot
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.model.attribution import AttributedProcess, Attribution
+from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample, ProcessSample
+from gpu_audit.model.snapshot import Snapshot
 
 GIB = 1024**3
 

@@ -41,7 +41,7 @@ def bench(name: str, cycles: int, interval: float = 5.0, slow_every: int = 12) -
 def floor_ms(processes: int, cycles: int) -> float:
     """CPU ms to merely construct `processes` ProcessSample objects: the part of a cycle
     that the shared data model fixes, shown beside the result on the same noisy machine."""
-    from exporter.model import ProcessSample
+    from gpu_audit.model.samples import ProcessSample
 
     start = time.process_time()
     for _ in range(cycles):

@@ -1,18 +1,19 @@
 """Wiring of one exporter process: backend -> sampler -> (renderer, audit producer) ->
-HTTP endpoint, optionally with the shipper in the same process (`gpu-audit run`).
+HTTP endpoint. The exporter alone; the app layer (gpu_audit_app.run) adds the shipper
+as a `Companion` for `gpu-audit run`, so this module never imports another component.
 
 Start-up order matters, because a failed start must leave no audit record behind:
-configuration, web-config, the sinks' secrets and the audit HMAC key first (exit 2), then
-the backend (a missing driver ends here with a hint, never a fallback to the simulator),
-then the locks (the spool's single writer, the shipper's cursors, archive and dead-letter
-directories: another live gpu-audit there is a refusal naming its pid, exit 1), then the
-listening socket (a port in use, exit 1). Only then is exporter_start written and do
-sampling, serving and shipping begin.
+configuration, web-config, the companion's secrets (the sinks') and the audit HMAC key
+first (exit 2), then the backend (a missing driver ends here with a hint, never a
+fallback to the simulator), then the locks (the spool's single writer, then the
+companion's: the shipper's cursors, archive and dead-letter directories; another live
+gpu-audit there is a refusal naming its pid, exit 1), then the listening socket (a port
+in use, exit 1). Only then is exporter_start written and do sampling, serving and the
+companion begin.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import shutil
@@ -20,36 +21,42 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.appstatus import runtime_status, summary_line
+from exporter.attribution.config import AttributionConfig
 from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
+from exporter.audit_spool import ReopeningSpool, SplitModeGc, SpoolGcPlan
 from exporter.backends import BackendUnavailable, create_backend
-from exporter.config import parse_listen
-from exporter.http import MetricsServer
-from exporter.model import GpuSample
+from exporter.config import ExporterConfig
+from exporter.endpoint import exporter_server
 from exporter.render import RenderOptions
+from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
-from exporter.serving import LatestState
-from exporter.snapshot import Snapshot
 from exporter.watch import GpuWatch, SummaryLog
-from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm
+from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
-from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
+from gpu_audit.http.config import parse_listen
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import WebConfig, load_web_config
 from gpu_audit.invocation import command
-from gpu_audit.spool import SpoolError, SpoolLocked, SpoolReader, SpoolWriteError, SpoolWriter
+from gpu_audit.model.samples import GpuSample
+from gpu_audit.spool import (
+    SpoolReader,
+    SpoolWriter,
+)
+from gpu_audit.spool.config import SpoolConfig
 
 log = logging.getLogger("gpu_audit.exporter")
 
@@ -61,6 +68,48 @@ NO_GPU_HINT = (
 )
 
 
+class ExporterSettings(Protocol):
+    """The configuration sections the exporter reads (the app layer's root configuration
+    has them all; read-only, as the frozen models are)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def exporter(self) -> ExporterConfig: ...
+
+    @property
+    def attribution(self) -> AttributionConfig: ...
+
+    @property
+    def audit(self) -> AuditConfig: ...
+
+    @property
+    def spool(self) -> SpoolConfig: ...
+
+
+class Companion(Protocol):
+    """What the app layer runs inside the exporter's process (the shipper, for `gpu-audit
+    run`), driven at fixed points of the exporter's start and stop so the start-up order
+    above holds for it too."""
+
+    def prepare(self) -> None:
+        """Resolve secrets and settings (ConfigError); open nothing."""
+
+    def open(self, writer: SpoolWriter | None) -> Collector:
+        """Take its locks (LockHeld, OSError) to read the spool `writer` writes; returns
+        its metrics for the live registry."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Finish (drain what was written, once started) and release its locks; safe
+        when `open` was never called."""
+
+    def stats(self) -> dict[str, Any]:
+        """Its state for /status and the summary line (after `open`)."""
+
+
 class ListenError(Exception):
     """The endpoint's socket could not be bound (port in use, address not local, ...)."""
 
@@ -68,102 +117,6 @@ class ListenError(Exception):
         self.listen = listen
         self.cause = cause
         super().__init__(f"cannot listen on {listen}: {cause.strerror or cause}")
-
-
-class ReopeningSpool:
-    """The spool writer, opened at start-up and re-opened after failures.
-
-    A spool another live process writes is a refusal at start-up (`open_at_start` raises
-    SpoolLocked): two writers would duplicate the trail. Any other spool that cannot be
-    opened (permission, read-only or full disk) must not stop the exporter: commits fail
-    with SpoolWriteError, the audit producer counts the records it could not write,
-    /metrics keeps serving, and every cycle tries to open the spool again.
-    """
-
-    def __init__(self, config: Config) -> None:
-        self._config = config.spool
-        self._writer: SpoolWriter | None = None
-        self._lock = threading.Lock()
-        self.last_error = ""
-
-    def open_at_start(self) -> None:
-        """Open the writer (taking the spool's lock) before anything is written.
-
-        Raises SpoolLocked when another live process writes this spool; any other
-        failure is left to the producer to count, and the spool is re-opened lazily.
-        """
-        # the producer logs and counts the failure at its first record
-        with self._lock, contextlib.suppress(SpoolWriteError):
-            self._get(refuse_locked=True)
-
-    def _get(self, *, refuse_locked: bool = False) -> SpoolWriter:
-        if self._writer is None:
-            try:
-                self._writer = SpoolWriter(self._config)
-                if self.last_error:
-                    log.info("spool %s is writable again", self._config.directory)
-                self.last_error = ""
-            except SpoolWriteError:
-                raise
-            except OSError as exc:
-                self.last_error = str(exc)
-                raise SpoolWriteError.from_oserror(exc, self._config.directory, "open") from None
-            except SpoolError as exc:  # SpoolLocked and friends: same outcome, other reason
-                if refuse_locked and isinstance(exc, SpoolLocked):
-                    raise
-                self.last_error = str(exc)
-                raise SpoolWriteError("unavailable", self._config.directory, str(exc)) from None
-        return self._writer
-
-    @property
-    def writer(self) -> SpoolWriter | None:
-        return self._writer
-
-    def commit(self, payloads: Sequence[bytes]) -> int:
-        with self._lock:
-            return self._get().commit(payloads)
-
-    def last_payload(self) -> bytes | None:
-        with self._lock:
-            try:
-                return self._get().last_payload()
-            except SpoolWriteError:
-                return None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-
-
-class SplitModeGc:
-    """Spool garbage collection when the shipper runs in another process.
-
-    Only the writer may delete segments, and in `gpu-audit exporter` + `gpu-audit shipper`
-    the exporter is the writer: after a cycle, at most every `gc_interval_s`, it deletes
-    the segments every configured sink's committed cursor has passed. A sink without a
-    cursor yet pins the whole spool, so nothing it has not seen is ever deleted.
-    """
-
-    def __init__(self, config: Config, spool: ReopeningSpool) -> None:
-        from gpu_audit.spool import CursorStore
-        from shipper.engine import gc_floor
-
-        self._floor = gc_floor
-        self._cursors = CursorStore(config.spool.directory)
-        self._names = config.shipper.sink_names()
-        self._interval = config.shipper.gc_interval_s
-        self._spool = spool
-        self._last = 0.0
-
-    def __call__(self, _snap: Snapshot) -> None:
-        now = time.monotonic()
-        writer = self._spool.writer
-        if writer is None or now - self._last < self._interval:
-            return
-        self._last = now
-        writer.gc(self._floor(self._cursors, self._names))
 
 
 class SimProcfs:
@@ -208,16 +161,22 @@ class SamplerCollector(Collector):
 
 class ExporterApp:
     """One exporter process. `start()` raises ConfigError, BackendUnavailable, LockHeld,
-    ListenError or OSError, and when it does no audit record has been written."""
+    ListenError or OSError, and when it does no audit record has been written.
 
-    def __init__(self, config: Config, *, with_shipper: bool) -> None:
+    `companion` runs beside it in this process (the app layer's shipper); `spool_gc`
+    makes it delete shipped segments itself when a shipper runs in another process.
+    """
+
+    def __init__(self, config: ExporterSettings, *, companion: Companion | None = None,
+                 spool_gc: SpoolGcPlan | None = None) -> None:
         self.config = config
-        self.with_shipper = with_shipper and config.shipper.enabled
+        self.companion = companion
+        self.spool_gc = spool_gc
         self.server: MetricsServer | None = None
         self.sampler: Sampler | None = None
         self.producer: AuditProducer | None = None
         self.spool: ReopeningSpool | None = None
-        self.shipper: Any = None
+        self._companion_open = False
         self._simproc: SimProcfs | None = None
         self._simkubelet: Any = None
         self._resolver: Resolver | None = None
@@ -229,13 +188,8 @@ class ExporterApp:
         # 1. everything a configuration error can stop (exit 2): nothing is opened yet
         host, port = parse_listen(ex.listen)
         web = load_web_config(ex.web_config_file) if ex.web_config_file else WebConfig()
-        sinks = None
-        if self.with_shipper:
-            from shipper.sinks.factory import create_sink
-
-            # resolves every secret now; a sink only connects when it is started
-            sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
-                     for c in cfg.shipper.sinks]
+        if self.companion is not None:
+            self.companion.prepare()
 
         if ex.compat.dcgm_exact:
             log.warning("exporter.compat.dcgm_exact is deprecated and has no effect: the "
@@ -280,10 +234,10 @@ class ExporterApp:
         state = LatestState(stale)
         registry = CollectorRegistry(auto_describe=True)
 
-        # 3. the locks: the spool's single writer, then the shipper's directories
+        # 3. the locks: the spool's single writer, then the companion's (the shipper's)
         listeners: list[SnapshotListener] = []
-        if cfg.audit.enabled or self.with_shipper:
-            self.spool = ReopeningSpool(cfg)
+        if cfg.audit.enabled or self.companion is not None:
+            self.spool = ReopeningSpool(cfg.spool)
             self.spool.open_at_start()
             reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
             self.producer = AuditProducer(cfg.audit, self.spool, host=cfg.host,
@@ -291,24 +245,22 @@ class ExporterApp:
                                           simulated=info.simulated, reader=reader)
             listeners.append(self.producer.on_snapshot)
             registry.register(AuditCollector(self.producer))
-            if not self.with_shipper and cfg.shipper.enabled:
-                listeners.append(SplitModeGc(cfg, self.spool))
+            if self.spool_gc is not None and self.companion is None:
+                listeners.append(SplitModeGc(cfg.spool.directory, self.spool_gc, self.spool))
         # After the producer: state changes and the periodic summary are logged once the
         # cycle's records are written (the summary counts them).
         listeners.append(GpuWatch())
         listeners.append(SummaryLog(ex.log_summary_interval_seconds,
                                     lambda: summary_line(self.runtime_status())))
-        if self.with_shipper:
-            from shipper.engine import Shipper
-
+        if self.companion is not None:
             writer = self.spool.writer if self.spool else None
-            self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer, sinks=sinks)
-            registry.register(self.shipper.collector())
+            registry.register(self.companion.open(writer))
+            self._companion_open = True
 
         # 4. the listening socket
         try:
-            self.server = MetricsServer(host, port, state, web, registry, limits=ex.http,
-                                        extra_status=self.runtime_status)
+            self.server = exporter_server(host, port, state, web, registry, limits=ex.http,
+                                          extra_status=self.runtime_status)
         except OSError as exc:
             raise ListenError(ex.listen, exc) from exc
 
@@ -339,8 +291,8 @@ class ExporterApp:
         log.info("serving %s://%s:%d/metrics (backend %s)",
                  "https" if self.server.tls else "http", host, self.server.port, info.name)
         self.sampler.start()
-        if self.shipper is not None:
-            self.shipper.start()
+        if self.companion is not None:
+            self.companion.start()
 
     def runtime_status(self) -> dict[str, Any]:
         """The sampler, audit, spool and shipper sections of /status and the summary."""
@@ -349,17 +301,16 @@ class ExporterApp:
             sampler=self.sampler, producer=self.producer,
             spool_dir=self.config.spool.directory if spool is not None else None,
             writer=spool.writer if spool is not None else None,
-            shipper=self.shipper, spool_error=spool.last_error if spool is not None else "")
+            shipper=self.companion if self._companion_open else None,
+            spool_error=spool.last_error if spool is not None else "")
 
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
         if self.producer is not None:
             self.producer.stop()
-        if self.shipper is not None:
-            if self.shipper.started:
-                self.shipper.drain()  # the exporter_stop record included
-            self.shipper.stop()  # releases its locks even when it never started
+        if self.companion is not None:
+            self.companion.stop()  # drains the exporter_stop record; releases its locks
         if self.server is not None:
             self.server.stop()
         if self.spool is not None:
@@ -374,9 +325,9 @@ class ExporterApp:
             self._simproc.remove()
 
 
-def run_exporter(config: Config, *, with_shipper: bool) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
-    app = ExporterApp(config, with_shipper=with_shipper)
+def run_exporter(app: ExporterApp) -> int:
+    """Run `app` until SIGTERM/SIGINT. Returns the process exit code."""
+    config = app.config
     done = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:

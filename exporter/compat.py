@@ -42,12 +42,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from exporter.attribution.model import AttributedProcess
-from exporter.catalogue import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
 from exporter.config import DEFAULT_HOST_LABEL
-from exporter.model import GpuSample, LabelValues, MigInstance
-from exporter.snapshot import Snapshot
 from exporter.textformat import escape_label_value, fmt_value, header
+from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.fields import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
+from gpu_audit.model.samples import GpuSample, LabelValues, MigInstance
+from gpu_audit.model.snapshot import Snapshot
 
 Reduce = Literal["value", "sum", "bitmask"]
 

@@ -1,6 +1,6 @@
 """The fixed metric families: everything the exporter publishes besides the catalogue.
 
-The per-GPU fields live in `exporter.catalogue`; the families here are the ones whose
+The per-GPU fields live in `gpu_audit.model.fields`; the families here are the ones whose
 shape the renderer decides (identity, supported-fields view, XID, MIG, per-process,
 unattributed, allocation, self-metrics) plus the live families computed at scrape time.
 The renderer takes names, types, HELP and label names from this list and
@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from exporter.catalogue import CATALOGUE, GPU_LABELS
 from gpu_audit import selfmetrics as sm
+from gpu_audit.model.fields import CATALOGUE, GPU_LABELS
 
 FamilyType = Literal["gauge", "counter"]
 Group = Literal["gpu", "process", "allocation", "self", "live"]
@@ -55,6 +55,8 @@ class FamilyDef:
         return f"{self.help} Source: {self.source}." if self.source else self.help
 
 
+# Table shorthand, one letter so the entries below stay one column wide: _f builds a
+# FamilyDef from positional fields.
 def _f(name: str, type_: FamilyType, help_: str, source: str,  # noqa: PLR0917 - a table
        labels: tuple[str, ...], group: Group, unit: str = "") -> FamilyDef:
     return FamilyDef(name, type_, help_, source, labels, group, unit)

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from exporter import families as fam
-from exporter.attribution.model import AttributedProcess
-from exporter.catalogue import CATALOGUE
 from exporter.compat import CompatOptions, XidTracker, render_compat
 from exporter.config import DEFAULT_HOST_LABEL
-from exporter.model import GpuSample
-from exporter.snapshot import Snapshot
 from exporter.textformat import escape_label_value, fmt_value, header
+from gpu_audit.http.state import RenderedSnapshot
+from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.samples import GpuSample
+from gpu_audit.model.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +40,6 @@ class RenderOptions:
     # Leave out the two dcgm-exporter artefacts promtool's linter rejects (the modelName
     # label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER); see exporter.compat.
     dcgm_promtool_clean: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RenderedSnapshot:
-    """The cached exposition of one cycle."""
-
-    body: bytes
-    series: int
-    dropped_process_series: Mapping[str, int]
-    generated_at: float  # wall-clock unix seconds of the render (snapshot age counts from it)
-    snapshot_timestamp: float = 0.0
-    families: int = 0
 
 
 class _Family:
@@ -131,7 +120,7 @@ def _fixed(f: fam.FamilyDef) -> _Family:
     return _Family(f.name, f.type, f.full_help)
 
 
-def _lv(value: str) -> str:
+def _label_value(value: str) -> str:
     return escape_label_value(value)
 
 
@@ -140,7 +129,7 @@ def _gpu_prefix(g: GpuSample, simulated: bool = False) -> str:
     # so, so anything that sums usage can leave it out with {simulated!="true"}. Real
     # data gets no such label (its exposition is unchanged). Built once per GPU and
     # cycle, like the prefix itself, so the label costs nothing per series.
-    base = f'gpu="{g.info.index}",uuid="{_lv(g.info.uuid)}"'
+    base = f'gpu="{g.info.index}",uuid="{_label_value(g.info.uuid)}"'
     return base + ',simulated="true"' if simulated else base
 
 
@@ -280,13 +269,13 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
         i, prefix = g.info, prefixes[g.info.uuid]
         up.add(prefix, 1 if g.up else 0)
         info.add(  # gpu_info has its own simulated label, "true" or "false"
-            f'{_gpu_prefix(g)},name="{_lv(i.name)}",serial="{_lv(i.serial)}",'
-            f'pci_bus_id="{_lv(i.pci_bus_id)}",'
-            f'driver_version="{_lv(i.driver_version or backend.driver_version)}",'
-            f'cuda_version="{_lv(i.cuda_version or backend.cuda_version)}",'
-            f'vbios_version="{_lv(i.vbios_version)}",'
+            f'{_gpu_prefix(g)},name="{_label_value(i.name)}",serial="{_label_value(i.serial)}",'
+            f'pci_bus_id="{_label_value(i.pci_bus_id)}",'
+            f'driver_version="{_label_value(i.driver_version or backend.driver_version)}",'
+            f'cuda_version="{_label_value(i.cuda_version or backend.cuda_version)}",'
+            f'vbios_version="{_label_value(i.vbios_version)}",'
             f'mig_mode="{"true" if i.mig_mode else "false"}",'
-            f'backend="{_lv(backend.name)}",simulated="{simulated}"', 1)
+            f'backend="{_label_value(backend.name)}",simulated="{simulated}"', 1)
         # XID totals come from the event stream, not from reading the device, so they
         # stay visible while the GPU is down (XID 79 is exactly when it falls off).
         for code in sorted(g.xid_totals):
@@ -305,10 +294,10 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
         else:
             supported.lines.extend(lines)
         for mi in g.mig:
-            mprefix = (f'{prefix},mig_uuid="{_lv(mi.uuid)}",'
+            mprefix = (f'{prefix},mig_uuid="{_label_value(mi.uuid)}",'
                        f'gpu_instance_id="{mi.gpu_instance_id}"')
             mig_info.add(f'{mprefix},compute_instance_id="{mi.compute_instance_id}",'
-                         f'profile="{_lv(mi.profile)}"', 1)
+                         f'profile="{_label_value(mi.profile)}"', 1)
             mig_total.add(mprefix, mi.memory_total_bytes)
             mig_used.add(mprefix, mi.memory_used_bytes)
     gpu_fams = [up, info, supported, xid_total, xid_last, mig_info, mig_total, mig_used]
@@ -361,7 +350,7 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
 
 
 def _join(prefix: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    return prefix + "".join(f',{n}="{_lv(v)}"' for n, v in zip(names, values, strict=True))
+    return prefix + "".join(f',{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True))
 
 
 def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mapping[str, str],
@@ -465,7 +454,7 @@ def _render_self(snap: Snapshot) -> list[_Family]:
     duration.add("", snap.sample_duration_seconds)
     stamp.add("", snap.timestamp)
     for kind in sorted(snap.error_counts):
-        errors.add(f'kind="{_lv(kind)}"', snap.error_counts[kind])
+        errors.add(f'kind="{_label_value(kind)}"', snap.error_counts[kind])
     return [duration, stamp, errors]
 
 

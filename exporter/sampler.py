@@ -19,11 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from exporter.attribution.model import AttributedProcess
 from exporter.backends.base import GpuBackend
-from exporter.model import BackendInfo, GpuSample
-from exporter.render import RenderedSnapshot, Renderer, RenderOptions
-from exporter.snapshot import Snapshot
+from exporter.render import Renderer, RenderOptions
+from gpu_audit.http.state import RenderedSnapshot
+from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.samples import BackendInfo, GpuSample
+from gpu_audit.model.snapshot import Snapshot
 
 log = logging.getLogger("gpu_audit.sampler")
 

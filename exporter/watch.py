@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from exporter.snapshot import Snapshot
+from gpu_audit.model.snapshot import Snapshot
 
 log = logging.getLogger("gpu_audit.watch")
 

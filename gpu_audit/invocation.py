@@ -37,8 +37,8 @@ def _program() -> str:
         if rel.startswith(".."):
             return shlex.quote(script)
         return shlex.quote(rel if os.sep in rel else f".{os.sep}{rel}")
-    # `python -m gpu_audit.cli` or embedded in another program
-    return f"{shlex.quote(sys.executable)} -m gpu_audit.cli"
+    # `python -m gpu_audit_app` or embedded in another program
+    return f"{shlex.quote(sys.executable)} -m gpu_audit_app"
 
 
 def command(args: str) -> str:

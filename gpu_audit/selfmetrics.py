@@ -81,6 +81,8 @@ class SelfMetric:
                                      labels=list(self.labels) or None)
 
 
+# Table shorthand, one letter so the entries below stay one column wide: _m builds a
+# SelfMetric from positional fields.
 def _m(name: str, type_: SelfMetricType, help_: str, component: Component,  # noqa: PLR0917
        labels: tuple[str, ...] = (), source: str = "", unit: str = "") -> SelfMetric:
     return SelfMetric(name, type_, help_, component, labels, source, unit)

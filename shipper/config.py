@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
 from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, sink_name
 
 

@@ -10,8 +10,8 @@ Two ways to run:
   to its durable (fsynced) offset, so nothing is shipped that a crash could still lose,
   and the engine runs the spool's segment GC.
 - standalone (`gpu-audit shipper`): another process writes the spool and holds its
-  single-writer lock, so it runs the GC (`gc_floor` gives it the offset); this engine only
-  reads what is readable and commits cursors.
+  single-writer lock, so it runs the GC (`gpu_audit.spool.gc_floor` gives it the
+  offset); this engine only reads what is readable and commits cursors.
 
 One shipper at a time per spool: the engine locks `<spool>/shipper/.shipper.lock` (the
 cursors and ledgers), its dead-letter directory and every archive directory before it
@@ -38,8 +38,8 @@ from typing import Any
 
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
 from gpu_audit.lockfile import ProcessLock
-from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter
-from gpu_audit.spool.config import SpoolConfig
+from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter, gc_floor
+from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
 from shipper.backoff import Backoff
 from shipper.config import ShipperConfig
 from shipper.deadletter import DeadLetterFile
@@ -47,7 +47,7 @@ from shipper.ledger import Ledger
 from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
 from shipper.sinks.base import Sink
 from shipper.sinks.config import ArchiveSinkConfig
-from shipper.sinks.factory import create_sink, default_archive_dir
+from shipper.sinks.factory import create_sink
 from shipper.worker import SinkWorker
 
 log = logging.getLogger(__name__)
@@ -105,17 +105,6 @@ class _FullState:
             return self._reason
 
 
-def gc_floor(cursors: CursorStore, sink_names: Sequence[str]) -> int:
-    """The lowest committed cursor of the configured sinks: segments wholly below it may go.
-
-    Cursors of sinks that are no longer configured are ignored on purpose (a removed
-    sink must not pin the spool forever); with no sinks configured nothing may be deleted.
-    """
-    if not sink_names:
-        return 0
-    return min(cursors.get(name) for name in sink_names)
-
-
 class Shipper:
     def __init__(
         self,
@@ -147,7 +136,7 @@ class Shipper:
         if duplicated:
             raise ValueError(f"sink names must be unique (they name cursors): {duplicated}")
         self._check_removed(names)
-        deadletter_dir = config.deadletter_dir or self.spool_dir / "deadletter"
+        deadletter_dir = config.deadletter_dir or default_deadletter_dir(self.spool_dir)
         ledger_dir = self.spool_dir / "shipper"
         # before any cursor, ledger or dead-letter file is read: another shipper's state
         # read now would be stale the moment it writes again

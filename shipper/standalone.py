@@ -1,11 +1,10 @@
 """`gpu-audit shipper`: the shipper as its own process, beside an exporter that writes the spool.
 
 Builds the engine from the whole configuration, optionally serves its metrics
-(`shipper.metrics_listen`, through the exporter's HTTP endpoint code, with TLS and basic
-auth from its own `shipper.web_config_file`), runs until SIGTERM/SIGINT and returns the
-exit code. It never
-opens the spool for writing (the exporter holds the single-writer lock and runs the
-segment GC with `shipper.engine.gc_floor`).
+(`shipper.metrics_listen`, through core's HTTP endpoint, gpu_audit.http, with TLS and
+basic auth from its own `shipper.web_config_file`), runs until SIGTERM/SIGINT and
+returns the exit code. It never opens the spool for writing (the exporter holds the
+single-writer lock and runs the segment GC with `gpu_audit.spool.gc_floor`).
 
 Start-up order: configuration and secrets (ConfigError, exit 2), the shipper's locks
 (another shipper on the same cursors, archive or dead-letter directory: exit 1 naming
@@ -17,21 +16,34 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from exporter.config import parse_listen
-from exporter.http import MetricsServer
-from exporter.serving import LatestState
-from exporter.webconfig import WebConfig, load_web_config
-from gpu_audit.config import Config
 from gpu_audit.errors import EXIT_FAILURE, LockHeld
+from gpu_audit.http.config import parse_listen
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import WebConfig, load_web_config
+from gpu_audit.spool.config import SpoolConfig
+from shipper.config import ShipperConfig
 from shipper.engine import Shipper
 
 log = logging.getLogger(__name__)
 
 
-def run_shipper(config: Config) -> int:
+class ShipperSettings(Protocol):
+    """The configuration sections the standalone shipper reads (the app layer's root
+    configuration has them; read-only, as the frozen models are)."""
+
+    @property
+    def shipper(self) -> ShipperConfig: ...
+
+    @property
+    def spool(self) -> SpoolConfig: ...
+
+
+def run_shipper(config: ShipperSettings) -> int:
     """Run the standalone shipper until a stop signal; 0 after a clean stop.
 
     Raises ConfigError (a sink's missing secret, ...) before anything is started.
@@ -54,7 +66,8 @@ def run_shipper(config: Config) -> int:
         registry.register(shipper.collector())
         state = LatestState(math.inf, snapshots_expected=False)
         try:
-            server = MetricsServer(address[0], address[1], state, web, registry)
+            server = MetricsServer(address[0], address[1], state, web, registry,
+                                   title="gpu-audit shipper")
         except OSError as exc:
             shipper.stop()
             print(f"gpu-audit: cannot listen on {listen}: {exc.strerror or exc}",

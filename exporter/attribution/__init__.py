@@ -2,5 +2,7 @@
 Slurm job) and which source said so. See docs/ATTRIBUTION.md.
 
 Import the pieces from their modules (exporter.attribution.resolver.Resolver, ...); this
-package init stays empty so that importing the data model pulls in no I/O code.
+package init stays empty so that importing one pulls in no other. The answers' types
+(Attribution, AttributedProcess, the identity fields and source names) are core's data
+model: gpu_audit.model.attribution.
 """

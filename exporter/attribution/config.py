@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from exporter.attribution.model import ALL_SOURCES, IDENTITY_FIELDS
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
+from gpu_audit.model.attribution import ALL_SOURCES, IDENTITY_FIELDS
 
 DEFAULT_ENVIRON_KEYS: tuple[str, ...] = (
     "JOB_ID",

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from exporter.model import ProcessSample
+from gpu_audit.model.samples import ProcessSample
 
 DEFAULT_BOOT_TIME = 1_700_000_000.0
 CLOCK_TICKS = 100  # USER_HZ on every mainstream Linux architecture

@@ -38,7 +38,9 @@ from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
 from exporter.attribution.jobmap import JobMap
-from exporter.attribution.model import (
+from exporter.attribution.sanitize import clean_text
+from exporter.attribution.users import CachedLookup, UserLookup, passwd_file_lookup, system_lookup
+from gpu_audit.model.attribution import (
     SOURCE_CGROUP,
     SOURCE_ENVIRON,
     SOURCE_JOBMAP,
@@ -47,9 +49,7 @@ from exporter.attribution.model import (
     AttributedProcess,
     Attribution,
 )
-from exporter.attribution.sanitize import clean_text
-from exporter.attribution.users import CachedLookup, UserLookup, passwd_file_lookup, system_lookup
-from exporter.model import GpuSample, ProcessSample
+from gpu_audit.model.samples import GpuSample, ProcessSample
 
 if TYPE_CHECKING:
     from exporter.attribution.kubelet import KubeletWatcher, PodRef

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from exporter.model import BackendInfo, GpuSample
+from gpu_audit.model.samples import BackendInfo, GpuSample
 
 
 class BackendUnavailable(RuntimeError):

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from exporter.backends.base import BackendUnavailable
 from exporter.backends.nvml import NvmlBackend
 from exporter.config import ExporterConfig
-from exporter.model import BackendInfo, FieldValues, GpuSample
+from gpu_audit.model.samples import BackendInfo, FieldValues, GpuSample
 
 log = logging.getLogger("gpu_audit.dcgm")
 

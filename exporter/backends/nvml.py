@@ -44,7 +44,7 @@ from exporter.backends.nvml_processes import (
     read_process_utilization,
 )
 from exporter.config import ExporterConfig
-from exporter.model import (
+from gpu_audit.model.samples import (
     BackendInfo,
     GpuInfo,
     GpuSample,

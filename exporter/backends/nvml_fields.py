@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.catalogue import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
-from exporter.model import LabelValues
+from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
+from gpu_audit.model.samples import LabelValues
 
 Values = dict[str, dict[LabelValues, float]]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.backends.nvml_fields import is_unsupported
-from exporter.model import ProcessSample, ProcessType
+from gpu_audit.model.samples import ProcessSample, ProcessType
 
 log = logging.getLogger("gpu_audit.nvml")
 

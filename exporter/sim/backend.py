@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from exporter.backends.base import GpuBackend
 from exporter.config import ExporterConfig
-from exporter.model import BackendInfo, GpuSample
 from exporter.sim.device import SimDevice
 from exporter.sim.scenario import SHIPPED, Scenario, load_scenario
 from gpu_audit.errors import ConfigError
+from gpu_audit.model.samples import BackendInfo, GpuSample
 
 log = logging.getLogger("gpu_audit.sim")
 

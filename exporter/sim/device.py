@@ -20,17 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from exporter.catalogue import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
-from exporter.model import (
+from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
+from exporter.sim.scenario import GpuPlan, ProcessPlan
+from exporter.sim.schema import DcgmSpec, EventSpec
+from gpu_audit.model.fields import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
+from gpu_audit.model.samples import (
     FieldValues,
     GpuSample,
     MigInstance,
     ProcessSample,
     XidEvent,
 )
-from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
-from exporter.sim.scenario import GpuPlan, ProcessPlan
-from exporter.sim.schema import DcgmSpec, EventSpec
 
 SLOW_KEYS: frozenset[str] = frozenset(m.key for m in CATALOGUE if m.tier == "slow")
 DCGM_KEYS: frozenset[str] = frozenset(m.key for m in CATALOGUE if m.dcgm_only)

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from exporter.model import GpuInfo, MigInstance, ProcessIdentity, ProcessType
 from exporter.sim.curves import curve_bounds, seed_key
 from exporter.sim.schema import (
     CurveSpec,
@@ -35,6 +34,7 @@ from exporter.sim.schema import (
     UtilSpec,
 )
 from gpu_audit.errors import ConfigError
+from gpu_audit.model.samples import GpuInfo, MigInstance, ProcessIdentity, ProcessType
 from gpu_audit.yamlload import format_validation_error, load_yaml, read_text
 
 SHIPPED: tuple[str, ...] = ("busy", "idle", "leak", "hot", "xid", "mig", "large")

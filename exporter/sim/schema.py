@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from exporter.catalogue import BY_KEY
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
+from gpu_audit.model.fields import BY_KEY
 
 _SIZE_UNITS: dict[str, int] = {
     "": 1,

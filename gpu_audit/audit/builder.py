@@ -33,10 +33,6 @@ from typing import Any
 
 import orjson
 
-from exporter.attribution.model import IDENTITY_FIELDS, UNKNOWN, AttributedProcess, Attribution
-from exporter.catalogue import CATALOGUE
-from exporter.model import GpuSample, ProcessSample
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.accounting import (
     elapsed_for,
     energy_units,
@@ -55,6 +51,10 @@ from gpu_audit.audit.canonical import (
     record_id,
     to_time_ns,
 )
+from gpu_audit.model.attribution import IDENTITY_FIELDS, UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.samples import GpuSample, ProcessSample
+from gpu_audit.model.snapshot import Snapshot
 
 # Catalogue key -> record value name: the metric name without its `gpu_` prefix.
 VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATALOGUE}

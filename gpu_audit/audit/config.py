@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
 
 
 class AuditConfig(Section):

@@ -32,11 +32,11 @@ from typing import Any
 
 import orjson
 
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.builder import PartsCache, Record, build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, load_hmac_key, seal
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.ports import SpoolReaderPort, SpoolWriterPort
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool.errors import SpoolFull, SpoolWriteError
 
 log = logging.getLogger(__name__)

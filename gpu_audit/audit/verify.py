@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit.archive import list_parts, parse_name, read_lines
 from gpu_audit.audit.canonical import KNOWN_SCHEMAS, ZERO_HASH, expected_hash
 from gpu_audit.audit.ports import SpoolReaderPort
 
@@ -440,4 +441,26 @@ def verify_readback(
     parsed.sort(key=lambda t: (t[0], t[1], t[2]))
     for _stream, _seq, i, rec in parsed:
         v.feed(rec, f"record {i}")
+    return v.report()
+
+
+def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
+    """An archive directory as one trail, in the order it was written.
+
+    The archive's parts come in archive order (day, then part number: `.2` before `.10`,
+    the base file before `.1`). The newest part's last line, when it has no newline yet,
+    is a line still being written and is left out. Other JSON Lines files follow in name
+    order.
+    """
+    v = Verifier(hmac_key=key, complete=True, source=str(path))
+    parts = list_parts(path)
+    for line in read_lines(path, parts=parts):
+        if line.complete or line.part != parts[-1]:
+            v.feed(line.raw, line.where)
+    others = sorted(p for p in path.iterdir()
+                    if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
+                    and parse_name(p.name) is None)
+    for f in others:
+        for n, line_raw in jsonl_lines(f):
+            v.feed(line_raw, f"{f.name} line {n}")
     return v.report()

@@ -1,4 +1,7 @@
-"""Configuration of the durable spool between producers and the shipper."""
+"""Configuration of the durable spool between producers and the shipper, and the places
+derived from the spool directory when the configuration names none (the shipper's
+dead-letter files, the default archive): defined once here, so the engine,
+check-config and the docs cannot disagree about them."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpu_audit.model_base import Section
+from gpu_audit.config_section import Section
 
 
 class SpoolConfig(Section):
@@ -35,3 +38,14 @@ class SpoolConfig(Section):
         "segments are deleted, shipped or not, to make room (each eviction counted and "
         "logged, and seen by every sink as a counted gap).",
     )
+
+
+def default_deadletter_dir(spool_dir: Path) -> Path:
+    """`deadletter` inside the spool directory (shipper.deadletter_dir unset)."""
+    return Path(spool_dir) / "deadletter"
+
+
+def default_archive_dir(spool_dir: Path) -> Path:
+    """`archive` beside the spool directory (same disk, outside the spool's own files),
+    for an archive sink whose `directory` is unset."""
+    return Path(spool_dir).parent / "archive"

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_audit.spool.errors import CursorError
@@ -137,3 +137,14 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def gc_floor(cursors: CursorStore, sink_names: Sequence[str]) -> int:
+    """The lowest committed cursor of the configured sinks: segments wholly below it may go.
+
+    Cursors of sinks that are no longer configured are ignored on purpose (a removed
+    sink must not pin the spool forever); with no sinks configured nothing may be deleted.
+    """
+    if not sink_names:
+        return 0
+    return min(cursors.get(name) for name in sink_names)

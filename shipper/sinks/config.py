@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
+from gpu_audit.config_section import Section
 from gpu_audit.errors import ConfigError
 from gpu_audit.logredact import register_secret
-from gpu_audit.model_base import Section
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 

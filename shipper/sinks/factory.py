@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.invocation import pip_install
+from gpu_audit.spool.config import default_archive_dir
 from shipper.sinks.archive import ArchiveSink
 from shipper.sinks.base import Sink
 from shipper.sinks.config import (
@@ -71,11 +72,6 @@ def missing_sdk(sink_type: str) -> str | None:
             return (f"the {sink_type} sink's client library is not installed (cannot import "
                     f"{module}); install the extra: {pip_install(extra)}")
     return None
-
-
-def default_archive_dir(spool_dir: Path) -> Path:
-    """`archive` beside the spool directory (same disk, outside the spool's own files)."""
-    return spool_dir.parent / "archive"
 
 
 def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:

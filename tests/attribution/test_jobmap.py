@@ -67,7 +67,7 @@ def test_account_stands_in_for_missing_project(tmp_path: Path) -> None:
 
 def test_mig_instance_allocation_matches_before_parent(tmp_path: Path) -> None:
     """A job holding one MIG instance claims processes on that instance only."""
-    from exporter.model import MigInstance
+    from gpu_audit.model.samples import MigInstance
 
     mig_uuid = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
     p_in, p_out = proc(10, gpu_instance_id=1), proc(11, gpu_instance_id=2)

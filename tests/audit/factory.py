@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess, Attribution
-from exporter.model import (
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.samples import (
     BackendInfo,
     GpuInfo,
     GpuSample,
@@ -16,7 +16,7 @@ from exporter.model import (
     ProcessSample,
     XidEvent,
 )
-from exporter.snapshot import Snapshot
+from gpu_audit.model.snapshot import Snapshot
 
 SECRET = "hunter2-S3CRET-token"
 T0 = 1_796_000_000.0  # 2026-11-29, a plausible sampling time

@@ -20,8 +20,9 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess, Attribution
-from exporter.model import (
+from gpu_audit.audit import AuditConfig, AuditProducer
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.samples import (
     BackendInfo,
     GpuInfo,
     GpuSample,
@@ -29,8 +30,7 @@ from exporter.model import (
     ProcessSample,
     XidEvent,
 )
-from exporter.snapshot import Snapshot
-from gpu_audit.audit import AuditConfig, AuditProducer
+from gpu_audit.model.snapshot import Snapshot
 from tests.audit.fakes import MemorySpool
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"

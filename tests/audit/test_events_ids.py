@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from exporter.attribution.model import IDENTITY_FIELDS
-from exporter.model import XidEvent
 from gpu_audit.audit.builder import build_records
 from gpu_audit.audit.canonical import ZERO_HASH, seal
+from gpu_audit.model.attribution import IDENTITY_FIELDS
+from gpu_audit.model.samples import XidEvent
 from tests.audit.factory import (
     ALICE,
     SECRET,

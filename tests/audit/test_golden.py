@@ -27,16 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
-from exporter.attribution.model import IDENTITY_FIELDS, AttributedProcess, Attribution
-from exporter.model import BackendInfo, GpuInfo, GpuSample, ProcessSample, XidEvent
-from exporter.snapshot import Snapshot
 from gpu_audit.audit import AuditConfig, AuditProducer, verify_jsonl, verify_spool_dir
 from gpu_audit.audit.builder import build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, seal_reference
 from gpu_audit.audit.schema import record_schema
-from gpu_audit.cli import main
+from gpu_audit.model.attribution import IDENTITY_FIELDS, AttributedProcess, Attribution
+from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample, ProcessSample, XidEvent
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolWriter
 from gpu_audit.spool.config import SpoolConfig
+from gpu_audit_app.cli import main
 from tests.audit import golden_input as gi
 from tests.audit.fakes import MemorySpool
 

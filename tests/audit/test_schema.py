@@ -10,11 +10,11 @@ import orjson
 import pytest
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
-from exporter.attribution.model import Attribution
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.builder import build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, seal
 from gpu_audit.audit.schema import record_schema
+from gpu_audit.model.attribution import Attribution
+from gpu_audit.model.snapshot import Snapshot
 from tests.audit.factory import HOST, T0, advance, gpu, proc, realistic, snapshot
 
 VALIDATOR = Draft202012Validator(record_schema())

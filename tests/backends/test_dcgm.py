@@ -19,8 +19,8 @@ from exporter.backends.dcgm import (
     is_blank,
 )
 from exporter.backends.nvml import NvmlBackend
-from exporter.catalogue import CATALOGUE
 from exporter.config import ExporterConfig
+from gpu_audit.model.fields import CATALOGUE
 from tests.backends.fake_nvml import FakeGpu, FakeNvml
 
 NOW = 1_700_000_000.0

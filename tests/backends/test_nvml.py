@@ -9,8 +9,8 @@ import pytest
 
 from exporter.backends.base import BackendUnavailable
 from exporter.backends.nvml import NvmlBackend, format_cuda_version, mig_profile
-from exporter.catalogue import BY_KEY, CLOCK_EVENT_REASONS
 from exporter.config import ExporterConfig
+from gpu_audit.model.fields import BY_KEY, CLOCK_EVENT_REASONS
 from tests.backends.fake_nvml import FakeGpu, FakeMig, FakeNvml, proc, util
 
 NOW = 1_700_000_000.0

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit.cli import main
+from gpu_audit.config_layers import env_overrides
 from gpu_audit.errors import ConfigError
-from gpu_audit.settings import env_overrides, load_settings
+from gpu_audit_app.cli import main
+from gpu_audit_app.config import load_settings
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpu_audit.cli", *args],
+        [sys.executable, "-m", "gpu_audit_app", *args],
         capture_output=True, text=True, timeout=timeout, check=False,
     )
 

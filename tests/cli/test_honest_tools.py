@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit.cli import main
 from gpu_audit.spool import CursorStore, SpoolConfig, SpoolWriter
+from gpu_audit_app.cli import main
 
 
 def _spool(path: Path, records: int) -> Path:
@@ -110,7 +110,7 @@ def test_a_closed_pipe_ends_quietly(argv: list[str], tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first byte is written
     try:
-        res = subprocess.run([sys.executable, "-m", "gpu_audit.cli", *argv, str(spool)],
+        res = subprocess.run([sys.executable, "-m", "gpu_audit_app", *argv, str(spool)],
                              stdout=write_end, stderr=subprocess.PIPE, text=True,
                              timeout=60, check=False)
     finally:

@@ -59,11 +59,11 @@ def test_the_script_on_path_is_named_plainly(
 
 
 def test_python_dash_m_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`python -m gpu_audit.cli` gets a hint with the same interpreter and module."""
+    """`python -m gpu_audit_app` gets a hint with the same interpreter and module."""
     monkeypatch.delenv(MAKE_RUN_ENV, raising=False)
     monkeypatch.setattr(sys, "argv", [str(Path(invocation.__file__).parent / "cli.py")])
     monkeypatch.setattr(invocation.shutil, "which", lambda _name: None)
-    assert command("run") == f"{sys.executable} -m gpu_audit.cli run"
+    assert command("run") == f"{sys.executable} -m gpu_audit_app run"
 
 
 @pytest.mark.skipif(not VENV_SCRIPT.exists(), reason="no gpu-audit script beside this python")

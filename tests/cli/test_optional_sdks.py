@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit.cli import main
 from gpu_audit.errors import ConfigError
-from gpu_audit.settings import load_settings
+from gpu_audit_app.cli import main
+from gpu_audit_app.config import load_settings
 from shipper.sinks.factory import OPTIONAL_SDKS, create_sink
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,16 +73,17 @@ def test_the_default_install_runs_exporter_archive_and_influxdb_sinks(tmp_path: 
         import sys
         for name in {blocked!r}:
             sys.modules[name] = None
-        from gpu_audit.cli import main
-        from gpu_audit.settings import load_settings
+        from gpu_audit_app.cli import main
+        from gpu_audit_app.config import load_settings
         from pathlib import Path
-        from exporter.app import ExporterApp
+        from gpu_audit_app.run import EmbeddedShipper, exporter_app
         assert main(["check-config", "--config", {str(cfg)!r}]) == 0
-        app = ExporterApp(load_settings(Path({str(cfg)!r}), environ={{}}),
-                          with_shipper=True)
+        app = exporter_app(load_settings(Path({str(cfg)!r}), environ={{}}),
+                           with_shipper=True)
         app.start()
         app.stop()
-        print("kinds", sorted(s.kind for s in app.shipper.sinks))
+        assert isinstance(app.companion, EmbeddedShipper)
+        print("kinds", sorted(s.kind for s in app.companion.shipper.sinks))
         """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120, check=False, cwd=ROOT)

@@ -15,7 +15,7 @@ PROC_IS_PROCFS = filesystem_type(Path("/proc")) == "proc"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_audit.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gpu_audit_app", *args], capture_output=True,
                           text=True, timeout=60, check=False)
 
 
@@ -92,7 +92,8 @@ def test_a_file_error_at_start_is_not_blamed_on_the_listen_address(
     import errno
 
     from exporter import app
-    from gpu_audit.settings import load_settings
+    from gpu_audit_app.config import load_settings
+    from gpu_audit_app.run import run
 
     config = load_settings(None, environ={})
     errors = [OSError(errno.ENOSPC, "No space left on device", "/data/spool/cursors"),
@@ -103,14 +104,14 @@ def test_a_file_error_at_start_is_not_blamed_on_the_listen_address(
 
     monkeypatch.setattr(app.ExporterApp, "start", start)
     monkeypatch.setattr(app.signal, "signal", lambda *_a: None)  # keep pytest's handlers
-    assert app.run_exporter(config, with_shipper=True) == 1
+    assert run(config, with_shipper=True) == 1
     err = capsys.readouterr().err
     assert "cannot start: /data/spool/cursors: No space left on device" in err
     assert "cannot listen" not in err
     # a bind failure is a ListenError naming the address (tests/integration/
     # test_failed_start.py); any other OSError without a file is "cannot start", never
     # blamed on the listen address
-    assert app.run_exporter(config, with_shipper=True) == 1
+    assert run(config, with_shipper=True) == 1
     err = capsys.readouterr().err
     assert "cannot start: [Errno 98] Address already in use" in err
     assert "cannot listen" not in err

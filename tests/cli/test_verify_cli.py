@@ -14,11 +14,11 @@ from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
-from exporter.snapshot import Snapshot
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
-from gpu_audit.cli import main
+from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
+from gpu_audit_app.cli import main
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_verify_reads_back_from_a_configured_sink(
     """`audit verify --sink NAME --from --to` reads the records back from the sink (here
     the archive, after a real shipper delivered them) and verifies them; a sink that
     cannot give records back (Fluentd) is a clear usage error, not a crash."""
-    from gpu_audit.settings import load_settings
+    from gpu_audit_app.config import load_settings
     from shipper.engine import Shipper
 
     cfg = tmp_path / "c.yaml"
@@ -150,7 +150,7 @@ def test_the_default_archive_sink_is_named_archive(
 ) -> None:
     """With no sinks configured the default archive sink exists, and its name is its type
     (the name `spool stats` shows for its cursor): `audit verify --sink archive` reads it."""
-    from gpu_audit.settings import load_settings
+    from gpu_audit_app.config import load_settings
     from shipper.engine import Shipper
 
     cfg = tmp_path / "c.yaml"

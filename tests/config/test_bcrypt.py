@@ -17,10 +17,10 @@ import bcrypt
 import pytest
 import yaml
 
-from exporter.http import MetricsServer
-from exporter.serving import LatestState
-from exporter.webconfig import BasicAuth, WebConfig, load_web_config
 from gpu_audit.errors import ConfigError
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import BasicAuth, WebConfig, load_web_config
 from tests.netutil import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_check_config_refuses_a_truncated_hash(tmp_path: Path) -> None:
     web = _web(tmp_path, {"prom": GOOD[:-10]})
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"exporter:\n  web_config_file: {web}\nshipper:\n  enabled: false\n")
-    res = subprocess.run([sys.executable, "-m", "gpu_audit.cli", "check-config", "--config",
+    res = subprocess.run([sys.executable, "-m", "gpu_audit_app", "check-config", "--config",
                           str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          check=False)
     assert res.returncode == 2, res.stdout + res.stderr
@@ -153,7 +153,7 @@ def test_sigterm_during_start_up_with_the_slowest_allowed_hash_exits_promptly(
     hashed = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=14))  # a quarter of a cost-16 hash
     quarter = time.monotonic() - t0
     assert hashed
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", "exporter", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "exporter", "--config",
                              str(cfg)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _handler_installed(proc.pid), 60, "SIGTERM handler installed")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit.checks import check_config
 from gpu_audit.errors import ConfigError
+from gpu_audit_app.check_config import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AUDIT__")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gpu_audit.cli", "check-config", *args],
+    return subprocess.run([sys.executable, "-m", "gpu_audit_app", "check-config", *args],
                           cwd=ROOT, env=full, capture_output=True, text=True, timeout=60,
                           check=False)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from exporter.sim.scenario import load_scenario
-from exporter.webconfig import load_web_config
 from gpu_audit.errors import ConfigError
-from gpu_audit.settings import load_settings
+from gpu_audit.http.webconfig import load_web_config
+from gpu_audit_app.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,10 +113,10 @@ def _bomb(levels: int = 9) -> str:
 
 
 _LOADERS = {
-    "config": "from gpu_audit.settings import load_settings; load_settings(p, environ={})",
+    "config": "from gpu_audit_app.config import load_settings; load_settings(p, environ={})",
     "scenario": "from exporter.sim.scenario import load_scenario; load_scenario(str(p))",
-    "web-config": "from exporter.webconfig import load_web_config; load_web_config(p)",
-    "environment": "from gpu_audit.settings import load_settings; load_settings(None, "
+    "web-config": "from gpu_audit.http.webconfig import load_web_config; load_web_config(p)",
+    "environment": "from gpu_audit_app.config import load_settings; load_settings(None, "
                    "environ={'GPU_AUDIT__ATTRIBUTION__ENVIRON_KEYS': p.read_text()})",
 }
 

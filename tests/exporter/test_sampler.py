@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess
-from exporter.model import BackendInfo, GpuInfo, GpuSample
-from exporter.render import RenderedSnapshot, RenderOptions
+from exporter.render import RenderOptions
 from exporter.sampler import Sampler
-from exporter.snapshot import Snapshot
+from gpu_audit.http.state import RenderedSnapshot
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess
+from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
+from gpu_audit.model.snapshot import Snapshot
 
 
 class FakeBackend:

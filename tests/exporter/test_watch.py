@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from exporter.model import BackendInfo, GpuInfo, GpuSample
 from exporter.render import RenderOptions
 from exporter.sampler import Sampler
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
-from exporter.snapshot import Snapshot
 from exporter.watch import GpuWatch, SummaryLog
+from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
+from gpu_audit.model.snapshot import Snapshot
 from tests.exporter.test_sampler import NoAttribution
 from tests.sim.conftest import FakeClock
 

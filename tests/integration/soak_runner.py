@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 import shipper.sinks.archive as archive_mod
-from gpu_audit.cli import main
+from gpu_audit_app.cli import main
 from tests.sinks.archive_crasher import KillingOs
 
 if __name__ == "__main__":

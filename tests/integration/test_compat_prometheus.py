@@ -45,7 +45,7 @@ def _exporter(tmp: Path, name: str, scale: float) -> tuple[subprocess.Popen[byte
         f"spool:\n  directory: {tmp / ('spool-' + name)}\n  min_free_bytes: 0\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "exporter", "--config", str(cfg),
+        [sys.executable, "-m", "gpu_audit_app.cli", "exporter", "--config", str(cfg),
          "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=(tmp / f"{name}.log").open("wb"),
         env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -24,7 +24,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop(MISSING_ENV, None)
     # 60 s is far beyond a prompt exit; the old code waited shutdown_grace_s (300 here)
-    return subprocess.run([sys.executable, "-m", "gpu_audit.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "gpu_audit_app", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
 
 

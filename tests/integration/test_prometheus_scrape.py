@@ -28,7 +28,7 @@ def exporter(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "exporter", "--backend", "sim",
+        [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
          "--scenario", "busy", "--time-scale", "60", "--interval", "0.5",
          "--listen", f"127.0.0.1:{port}", "--spool-dir", str(tmp_path / "spool")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
-from gpu_audit.cli import main
 from gpu_audit.spool import spool_stats
+from gpu_audit_app.cli import main
 from tests.netutil import free_port, http_get, wait_for
 
 
@@ -33,7 +33,7 @@ def _config(tmp: Path, segment_bytes: int = 64 * 1024 * 1024) -> Path:
 
 
 def _start(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", *args],
+    return subprocess.Popen([sys.executable, "-m", "gpu_audit_app", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

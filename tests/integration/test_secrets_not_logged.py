@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from gpu_audit import logredact
-from gpu_audit.config import load_config
 from gpu_audit.spool import SpoolWriter
+from gpu_audit_app.config import load_config
 from shipper.engine import Shipper
 from tests.netutil import free_port, http_get, wait_for
 from tests.shipper.producer import chained
@@ -213,7 +213,7 @@ def test_cli_run_at_debug_prints_no_secret(servers: Servers, tmp_path: Path) -> 
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **CANARIES)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "run", "--config",
+        [sys.executable, "-m", "gpu_audit_app", "run", "--config",
          str(write_config(servers, tmp_path)), "--listen", f"127.0.0.1:{port}",
          "--log-level", "debug"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

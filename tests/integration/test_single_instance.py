@@ -27,7 +27,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "gpu_audit_app", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
 
 

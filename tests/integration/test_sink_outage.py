@@ -55,7 +55,7 @@ def test_influxdb_down_at_start_shows_lag_and_down_state_and_logs_once_each_way(
         log = tmp_path / "shipper.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_audit.cli", "shipper", "--config", str(config)],
+                [sys.executable, "-m", "gpu_audit_app", "shipper", "--config", str(config)],
                 cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/metrics"
         try:

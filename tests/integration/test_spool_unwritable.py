@@ -27,7 +27,7 @@ def test_unwritable_spool_is_counted_and_never_stops_the_exporter(tmp_path: Path
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "exporter", "--backend", "sim",
+        [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
          "--scenario", "busy", "--interval", "0.2", "--listen", f"127.0.0.1:{port}",
          "--spool-dir", str(blocker / "spool")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))

@@ -1,5 +1,6 @@
 """/status shows the spool and each sink's shipper state, and the summary line and the
-spool's refusal are logged, for a real exporter process (in-process ExporterApp)."""
+spool's refusal are logged, for a real `gpu-audit run` process (in-process ExporterApp
+with the app layer's embedded shipper)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 
 from exporter.app import ExporterApp
-from gpu_audit.config import Config
+from gpu_audit_app.config import Config
+from gpu_audit_app.run import exporter_app
 from tests.netutil import http_get, wait_for
 
 
@@ -48,7 +50,7 @@ def test_status_shows_spool_and_per_sink_shipper_state(
     """`gpu-audit run` wiring: /status has the spool (bytes, free bytes, writable, records
     held) and, per sink, its position, delivered count, lag and hold; the connection
     counters; and the summary line is logged with the same numbers."""
-    app = ExporterApp(make_config(tmp_path), with_shipper=True)
+    app = exporter_app(make_config(tmp_path), with_shipper=True)
     running.append(app)
     with caplog.at_level(logging.INFO, logger="gpu_audit.watch"):
         app.start()
@@ -81,7 +83,7 @@ def test_full_spool_is_logged_once_and_shown_in_status(
     """An exporter (no shipper, so nothing frees space) whose spool reaches max_bytes:
     /status says the spool refuses records and why, the refusal is logged once however
     many cycles it lasts, and the summary line says REFUSING."""
-    app = ExporterApp(make_config(tmp_path, max_bytes=8192, segment_bytes=4096),
+    app = exporter_app(make_config(tmp_path, max_bytes=8192, segment_bytes=4096),
                       with_shipper=False)
     running.append(app)
     with caplog.at_level(logging.INFO):

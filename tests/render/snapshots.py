@@ -4,8 +4,8 @@ processes, label values that need escaping)."""
 
 from __future__ import annotations
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess, Attribution
-from exporter.model import (
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.samples import (
     BackendInfo,
     GpuInfo,
     GpuSample,
@@ -13,7 +13,7 @@ from exporter.model import (
     ProcessSample,
     XidEvent,
 )
-from exporter.snapshot import Snapshot
+from gpu_audit.model.snapshot import Snapshot
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"

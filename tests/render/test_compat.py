@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.attribution.model import AttributedProcess, Attribution
 from exporter.compat import COMPAT_NAMES, XID_NAME
 from exporter.config import CompatConfig
-from exporter.model import ProcessSample
 from exporter.render import Renderer, RenderOptions, render_snapshot
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
-from exporter.snapshot import Snapshot
+from gpu_audit.model.attribution import AttributedProcess, Attribution
+from gpu_audit.model.samples import ProcessSample
+from gpu_audit.model.snapshot import Snapshot
 from tests.render.snapshots import UUID0, UUID1, small_snapshot
 
 T0 = 1_800_000_000.0

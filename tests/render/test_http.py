@@ -20,11 +20,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from exporter.http import MetricsServer
+from exporter.endpoint import exporter_server
 from exporter.render import RenderOptions, render_snapshot
-from exporter.serving import LatestState
-from exporter.webconfig import WebConfig, load_web_config
 from gpu_audit.errors import ConfigError
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
+from gpu_audit.http.webconfig import WebConfig, load_web_config
 from tests.render.snapshots import UUID0, UUID1, small_snapshot
 
 
@@ -50,7 +51,7 @@ def state() -> LatestState:
 
 @pytest.fixture
 def server(state: LatestState) -> Iterator[MetricsServer]:
-    srv = MetricsServer("127.0.0.1", 0, state)
+    srv = exporter_server("127.0.0.1", 0, state)
     srv.start()
     yield srv
     srv.stop()
@@ -202,7 +203,7 @@ def test_tls_and_basic_auth(tmp_path: Path, state: LatestState) -> None:
         f"basic_auth_users:\n  alice: '{hashed}'\n", encoding="utf-8")
     web = load_web_config(cfg_path)
     publish(state)
-    srv = MetricsServer("127.0.0.1", 0, state, web)
+    srv = exporter_server("127.0.0.1", 0, state, web)
     srv.start()
     try:
         ctx = ssl.create_default_context(cafile=str(cert))
@@ -259,7 +260,7 @@ def test_mtls_requires_client_certificate(tmp_path: Path, state: LatestState) ->
     web = WebConfig.model_validate({"tls_server_config": {
         "cert_file": str(cert), "key_file": str(key), "client_ca_file": str(cert),
         "client_auth_type": "RequireAndVerifyClientCert"}})
-    srv = MetricsServer("127.0.0.1", 0, state, web)
+    srv = exporter_server("127.0.0.1", 0, state, web)
     srv.start()
     try:
         ctx = ssl.create_default_context(cafile=str(cert))
@@ -274,7 +275,7 @@ def test_mtls_requires_client_certificate(tmp_path: Path, state: LatestState) ->
 def test_rate_limit_answers_429(state: LatestState) -> None:
     """rate_limit (interval, burst) from the web-config turns excess requests into 429."""
     web = WebConfig.model_validate({"rate_limit": {"interval": "10s", "burst": 2}})
-    srv = MetricsServer("127.0.0.1", 0, state, web)
+    srv = exporter_server("127.0.0.1", 0, state, web)
     srv.start()
     try:
         codes = [get(srv.port, "/healthz")[0] for _ in range(3)]
@@ -291,7 +292,7 @@ def test_client_allowed_sans(tmp_path: Path, state: LatestState) -> None:
         web = WebConfig.model_validate({"tls_server_config": {
             "cert_file": str(cert), "key_file": str(key), "client_ca_file": str(cert),
             "client_auth_type": "RequireAndVerifyClientCert", "client_allowed_sans": sans}})
-        srv = MetricsServer("127.0.0.1", 0, state, web)
+        srv = exporter_server("127.0.0.1", 0, state, web)
         srv.start()
         try:
             ctx = ssl.create_default_context(cafile=str(cert))
@@ -305,7 +306,7 @@ def test_client_allowed_sans(tmp_path: Path, state: LatestState) -> None:
 def test_basic_auth_caches_success_not_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     """A verified (user, password) is not re-checked with bcrypt; a wrong one always is,
     and a user that does not exist still pays a bcrypt check."""
-    from exporter import webconfig
+    from gpu_audit.http import webconfig
 
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     auth = webconfig.BasicAuth({"alice": hashed})

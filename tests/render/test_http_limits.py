@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-import exporter.http as http_mod
-from exporter import httpconn
-from exporter.config import HttpLimitsConfig
-from exporter.http import MetricsServer
+import gpu_audit.http.handler as handler_mod
 from exporter.render import RenderOptions, render_snapshot
-from exporter.serving import LatestState
+from gpu_audit.http import connections as httpconn
+from gpu_audit.http.config import HttpLimitsConfig
+from gpu_audit.http.server import MetricsServer
+from gpu_audit.http.state import LatestState
 from tests.render.snapshots import small_snapshot
 
 
@@ -201,12 +201,12 @@ def test_every_slot_busy_gives_a_fast_503(make_server: Callable[..., MetricsServ
     release = threading.Event()
     entered = threading.Event()
 
-    def blocking(handler: http_mod._Handler, head: bool) -> None:
+    def blocking(handler: handler_mod.RequestHandler, head: bool) -> None:
         entered.set()
         release.wait(30)
         handler._send(200, b"done\n", "text/plain", head)
 
-    monkeypatch.setitem(http_mod._ROUTES, "/block", blocking)
+    monkeypatch.setitem(handler_mod.ROUTES, "/block", blocking)
     srv = make_server(max_connections=1, header_timeout_seconds=0.5)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as busy:
         busy.sendall(b"GET /block HTTP/1.1\r\nConnection: close\r\n\r\n")

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalogue import CATALOGUE
 from exporter.compat import COMPAT_NAMES
 from exporter.families import FAMILIES
+from gpu_audit.model.fields import CATALOGUE
 from gpu_audit.selfmetrics import SELF_METRICS
 from tests.netutil import free_port, http_get, wait_for
 
@@ -65,7 +65,7 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit.cli", "run", "--config", str(cfg),
+        [sys.executable, "-m", "gpu_audit_app", "run", "--config", str(cfg),
          "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess, Attribution
 from exporter.compat import (
     CAMEL_CASE_COMPLAINT,
     COMPAT_NAMES,
@@ -22,8 +21,9 @@ from exporter.compat import (
     promtool_complaints,
 )
 from exporter.render import Renderer, RenderOptions, render_snapshot
-from exporter.snapshot import Snapshot
 from exporter.textformat import fmt_value
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.snapshot import Snapshot
 from tests.render.snapshots import GIB, UUID0, UUID1, alice, proc, small_snapshot
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -358,9 +358,9 @@ def test_docs_match_generated() -> None:
 
 def test_docs_name_every_family() -> None:
     """Every catalogue metric and fixed family appears in the generated reference."""
-    from exporter.catalogue import CATALOGUE
     from exporter.docs import generate
     from exporter.families import FAMILIES
+    from gpu_audit.model.fields import CATALOGUE
 
     text = generate()
     for name in [m.name for m in CATALOGUE] + [f.name for f in FAMILIES]:

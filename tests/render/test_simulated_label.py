@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.model import BackendInfo
 from exporter.render import RenderOptions, render_snapshot
+from gpu_audit.model.samples import BackendInfo
 from tests.render.snapshots import small_snapshot
 
 OPTS = [RenderOptions(), RenderOptions(dcgm_compat=True), RenderOptions(pid_label=True)]

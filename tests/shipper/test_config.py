@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit.config import load_config
 from gpu_audit.errors import ConfigError
 from gpu_audit.spool.config import SpoolConfig
-from shipper.check import check_shipper
+from gpu_audit_app.config import load_config
 from shipper.config import ShipperConfig
+from shipper.config_check import check_shipper
 from shipper.sinks.config import ArchiveSinkConfig
 
 

@@ -3,8 +3,8 @@ sink going down and coming back; every sink ends with exactly the produced recor
 
 Sinks: the local archive, the in-process Elasticsearch bulk server, the real InfluxDB 1.x
 (v1 write API) and the real VictoriaMetrics (the v2 write API). The shipper runs as its
-own process (`python -m shipper --config ...`), reading a spool the producer process
-writes. The run ends with a SIGTERM, which must exit 0 with every cursor committed.
+own process (`python -m gpu_audit_app.shipper_main --config ...`), reading a spool the
+producer process writes. The run ends with a SIGTERM, which must exit 0 with every cursor committed.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _env() -> dict[str, str]:
 def _shipper(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "shipper", "--config", str(config)],
+            [sys.executable, "-m", "gpu_audit_app.shipper_main", "--config", str(config)],
             cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT,
         )
 

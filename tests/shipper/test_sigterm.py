@@ -39,7 +39,8 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
     cursors = CursorStore(tmp_path / "spool")
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "shipper", "--config", str(config)],
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
+                                 "--config", str(config)],
                                 cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
         _wait_for_signal_handler(proc.pid)
         return proc
@@ -84,7 +85,8 @@ def test_sigterm_delivers_the_spooled_backlog_before_exiting(tmp_path: Path) -> 
                     "sinks": [{"type": "archive", "name": "archive", "compress": False,
                                "directory": str(tmp_path / "archive")}]},
     }))
-    proc = subprocess.Popen([sys.executable, "-m", "shipper", "--config", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
+                             "--config", str(config)],
                             cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
     _wait_for_signal_handler(proc.pid)
     proc.send_signal(signal.SIGTERM)

@@ -15,7 +15,7 @@ import bcrypt
 import pytest
 import yaml
 
-from gpu_audit.config import Config
+from gpu_audit_app.config import Config
 from tests.netutil import free_port, wait_for
 from tests.shipper.test_crash import ROOT, _env, _wait_for_signal_handler
 
@@ -55,7 +55,7 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
         "shipper": {"metrics_listen": f"127.0.0.1:{port}", "web_config_file": str(web),
                     "sinks": [{"type": "archive", "directory": str(tmp_path / "archive")}]},
     }))
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", "shipper", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "shipper", "--config",
                              str(config)], cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
     try:
         _wait_for_signal_handler(proc.pid)
@@ -76,9 +76,10 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
 def test_python_m_shipper_applies_the_environment_overrides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`python -m shipper` reads the configuration as `gpu-audit shipper` does: the
-    GPU_AUDIT__* variables override the file, and a bad one is reported by name."""
-    import shipper.__main__ as entry
+    """`python -m gpu_audit_app.shipper_main` reads the configuration as `gpu-audit
+    shipper` does: the GPU_AUDIT__* variables override the file, and a bad one is
+    reported by name."""
+    import gpu_audit_app.shipper_main as entry
 
     seen: list[Config] = []
 
@@ -108,7 +109,7 @@ def test_check_config_checks_the_shippers_web_config(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f"spool:\n  directory: {tmp_path / 'spool'}\n"
                       f"shipper:\n  web_config_file: {web}\n")
-    res = subprocess.run([sys.executable, "-m", "gpu_audit.cli", "check-config", "--config",
+    res = subprocess.run([sys.executable, "-m", "gpu_audit_app", "check-config", "--config",
                           str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True,
                          check=False, timeout=60)
     assert res.returncode == 2

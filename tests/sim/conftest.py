@@ -6,9 +6,9 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from exporter.model import GpuSample
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
+from gpu_audit.model.samples import GpuSample
 
 START = 1_750_000_000.0  # a fixed scenario start (unix seconds) so timestamps are stable
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.base import GpuBackend
-from exporter.catalogue import CATALOGUE
 from exporter.config import ExporterConfig
 from exporter.sim.backend import SimBackend, create
 from exporter.sim.scenario import load_scenario
 from gpu_audit.errors import ConfigError
+from gpu_audit.model.fields import CATALOGUE
 from tests.sim.conftest import START, FakeClock, by_index, open_backend, play
 
 DCGM_KEYS = {m.key for m in CATALOGUE if m.dcgm_only}

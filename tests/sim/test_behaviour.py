@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.catalogue import CLOCK_EVENT_REASONS
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
+from gpu_audit.model.fields import CLOCK_EVENT_REASONS
 from tests.sim.conftest import START, FakeClock, by_index, open_backend, play
 
 GiB = 1024**3

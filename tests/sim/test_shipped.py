@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from exporter.catalogue import BY_KEY, CATALOGUE
 from exporter.sim.scenario import SHIPPED, load_scenario, shipped_path
+from gpu_audit.model.fields import BY_KEY, CATALOGUE
 from tests.sim.conftest import open_backend, play
 
 RATIO_KEYS = frozenset(m.key for m in CATALOGUE if m.name.endswith("_ratio"))

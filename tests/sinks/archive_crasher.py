@@ -5,7 +5,7 @@
 The archive sink's `os` is wrapped so that the Nth disk-changing call labelled LABEL
 ("write:part", "replace:state", "replace:gz", "unlink:part", "ftruncate:part", ...; see
 FaultyOs in test_archive_crash) kills the process with SIGKILL before the call runs.
-Everything else is the ordinary `python -m shipper --config CONFIG`.
+Everything else is the ordinary `python -m gpu_audit_app.shipper_main --config CONFIG`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import shipper.sinks.archive as archive_mod
-from shipper.__main__ import main
+from gpu_audit_app.shipper_main import main
 from tests.sinks.test_archive_crash import FaultyOs
 
 

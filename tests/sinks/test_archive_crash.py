@@ -31,8 +31,7 @@ import pytest
 
 import shipper.sinks.archive as archive_mod
 from gpu_audit.archive import list_parts, read_lines
-from gpu_audit.audit.verify import VerifyReport
-from gpu_audit.verify_cli import verify_archive_dir
+from gpu_audit.audit.verify import VerifyReport, verify_archive_dir
 from shipper.sinks.archive import ArchiveSink
 from shipper.sinks.base import Outcome, SinkRecord
 from shipper.sinks.config import ArchiveSinkConfig

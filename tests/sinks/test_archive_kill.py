@@ -1,9 +1,10 @@
 """The real shipper process SIGKILLed at archive boundaries, several times in a row.
 
 A spool is prefilled with a sealed trail that crosses midnight; the standalone shipper
-(`python -m shipper`, through tests/sinks/archive_crasher.py) ships it to an archive of
-8 KB parts and SIGKILLs itself at a chosen boundary: a torn line, the truncation that
-recovery does next, a compression's rename, the unlink after it, the state's rename.
+(`python -m gpu_audit_app.shipper_main`, through tests/sinks/archive_crasher.py) ships it
+to an archive of 8 KB parts and SIGKILLs itself at a chosen boundary: a torn line, the
+truncation that recovery does next, a compression's rename, the unlink after it, the
+state's rename.
 A last clean run finishes and stops on SIGTERM. The archive then holds exactly the
 spooled records, once each, in spool order, and `gpu-audit audit verify` passes on it.
 """
@@ -21,8 +22,8 @@ import pytest
 import yaml
 
 from gpu_audit.archive import list_parts, read_lines
-from gpu_audit.cli import main
 from gpu_audit.spool import CursorStore, SpoolReader
+from gpu_audit_app.cli import main
 from tests.shipper import producer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_sigkill_at_archive_boundaries_in_a_row_leaves_an_exact_archive(
         assert rc == -signal.SIGKILL, (label, rc, log.read_text()[-2000:])
     assert cursors.get("archive") < N, "the kills came too late to test anything"
 
-    final = _run(["shipper", "--config", str(config)], log)
+    final = _run(["gpu_audit_app.shipper_main", "--config", str(config)], log)
     deadline = time.monotonic() + 120
     while cursors.get("archive") < N and time.monotonic() < deadline:
         time.sleep(0.1)

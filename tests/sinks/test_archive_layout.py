@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gpu_audit.archive import list_parts, parse_name, part_name, read_lines, read_records
-from gpu_audit.cli import main
+from gpu_audit_app.cli import main
 from shipper.sinks.archive import ArchiveSink
 from shipper.sinks.base import SinkRecord
 from shipper.sinks.config import ArchiveSinkConfig

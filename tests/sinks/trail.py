@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from exporter.model import XidEvent
 from gpu_audit.audit.builder import build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, seal
+from gpu_audit.model.samples import XidEvent
 from shipper.sinks.base import SinkRecord
 from tests.audit.factory import ALICE, BOB, HOST, T0, gpu, proc, snapshot
 

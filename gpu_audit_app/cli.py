@@ -182,11 +182,11 @@ def _refuse_wrong_spool_path(cmd: str, config: Any) -> None:
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from gpu_audit.settings import load_settings
+    from gpu_audit_app.config import load_settings
 
     cmd = args.command
     if cmd == "check-config":
-        from gpu_audit.checks import check_config
+        from gpu_audit_app.check_config import check_config
 
         check_config(args.config, _overrides(args), labels=_labels())
         print(f"configuration OK ({args.config or 'defaults'})")
@@ -200,15 +200,15 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from shipper.standalone import run_shipper
 
             return run_shipper(config)
-        from exporter.app import run_exporter
+        from gpu_audit_app.run import run
 
-        return run_exporter(config, with_shipper=(cmd == "run"))
+        return run(config, with_shipper=(cmd == "run"))
     if cmd == "audit":
         if args.audit_command != "verify":
             parser.parse_args(["audit", "--help"])
             return EXIT_USAGE
         _setup_logging("warning")
-        from gpu_audit.verify_cli import verify_command
+        from gpu_audit_app.audit_verify import verify_command
 
         return verify_command(args)
     if cmd == "spool":

@@ -1,4 +1,5 @@
-"""`gpu-audit audit verify`: check an audit trail wherever it lives.
+"""`gpu-audit audit verify`: check an audit trail wherever it lives (the command; the
+checking itself is gpu_audit.audit.verify).
 
 PATH may be a spool directory, an archive directory (its parts in archive order, read by
 gpu_audit.archive; other .jsonl / .jsonl.gz files after them, in name order) or one JSON
@@ -15,12 +16,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from gpu_audit.archive import list_parts, parse_name, read_lines
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import (
-    Verifier,
     VerifyReport,
-    jsonl_lines,
+    verify_archive_dir,
     verify_jsonl,
     verify_readback,
     verify_spool_dir,
@@ -51,28 +50,6 @@ def _nothing_to_verify(report: VerifyReport, where: str, expected: str) -> bool:
     return True
 
 
-def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
-    """An archive directory as one trail, in the order it was written.
-
-    The archive's parts come in archive order (day, then part number: `.2` before `.10`,
-    the base file before `.1`). The newest part's last line, when it has no newline yet,
-    is a line still being written and is left out. Other JSON Lines files follow in name
-    order.
-    """
-    v = Verifier(hmac_key=key, complete=True, source=str(path))
-    parts = list_parts(path)
-    for line in read_lines(path, parts=parts):
-        if line.complete or line.part != parts[-1]:
-            v.feed(line.raw, line.where)
-    others = sorted(p for p in path.iterdir()
-                    if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
-                    and parse_name(p.name) is None)
-    for f in others:
-        for n, line_raw in jsonl_lines(f):
-            v.feed(line_raw, f"{f.name} line {n}")
-    return v.report()
-
-
 def verify_command(args: argparse.Namespace) -> int:
     key = load_hmac_key(args.hmac_key_file) if args.hmac_key_file else None
     if args.sink:
@@ -99,7 +76,7 @@ def verify_command(args: argparse.Namespace) -> int:
 
 
 def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
-    from gpu_audit.settings import load_settings
+    from gpu_audit_app.config import load_settings
     from shipper.sinks.errors import ReadBackUnsupported
     from shipper.sinks.factory import create_sink
 

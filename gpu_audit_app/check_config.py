@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpu_audit.config import Config
+from gpu_audit.config_layers import KeyPath, Layers, gather
 from gpu_audit.errors import ConfigError, Problem
-from gpu_audit.settings import KeyPath, Layers, gather
 from gpu_audit.yamlload import Loc, validation_problems
+from gpu_audit_app.config import Config
 
 
 def check_config(
@@ -89,7 +89,7 @@ def _usable(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
     from gpu_audit.spool.config import SpoolConfig
-    from shipper.check import check_engine, check_sink
+    from shipper.config_check import check_engine, check_sink
 
     problems: list[Problem] = []
     sections = _usable(data)
@@ -141,7 +141,7 @@ def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
 
 
 def _web_config(key: Loc, path: Path, layers: Layers) -> list[Problem]:
-    from exporter.webconfig import load_web_config
+    from gpu_audit.http.webconfig import load_web_config
 
     if not path.is_file():
         return [layers.locate(key, f"{path} is not a readable file")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.attribution.model import AttributedProcess
-from exporter.model import BackendInfo, GpuSample
+from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.samples import BackendInfo, GpuSample
 
 
 @dataclass(frozen=True, slots=True)

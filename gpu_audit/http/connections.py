@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.config import HttpLimitsConfig
+from gpu_audit.http.config import HttpLimitsConfig
 
 # A connection whose head is not complete this long after it started may be evicted when
 # the endpoint is full: long enough for a TLS handshake over a slow link, short next to

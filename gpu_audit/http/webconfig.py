@@ -33,8 +33,8 @@ from typing import Annotated, Any, Literal
 import bcrypt
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from gpu_audit.config_section import Section
 from gpu_audit.errors import ConfigError
-from gpu_audit.model_base import Section
 from gpu_audit.yamlload import load_yaml, read_text, validate
 
 ClientAuthType = Literal["NoClientCert", "RequestClientCert", "RequireAnyClientCert",

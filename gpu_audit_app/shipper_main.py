@@ -1,4 +1,6 @@
-"""`python -m shipper --config FILE`: the standalone shipper without the rest of the CLI.
+"""`python -m gpu_audit_app.shipper_main --config FILE`: the standalone shipper without
+the rest of the CLI (it was `python -m shipper`, which a component cannot offer: loading
+the whole configuration is the app layer's job).
 
 It reads a spool another process writes, delivers to the configured sinks, and stops
 cleanly on SIGTERM/SIGINT (exit 0). `gpu-audit shipper` is the user-facing command; this
@@ -16,12 +18,13 @@ from pathlib import Path
 
 from gpu_audit.errors import EXIT_USAGE, ConfigError
 from gpu_audit.logredact import setup_logging
-from gpu_audit.settings import load_settings
+from gpu_audit_app.config import load_settings
 from shipper.standalone import run_shipper
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shipper", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpu_audit_app.shipper_main",
+                                     description=__doc__)
     parser.add_argument("--config", type=Path, help="gpu-audit YAML configuration file")
     args = parser.parse_args(argv)
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.model import ProcessSample
+from gpu_audit.model.samples import ProcessSample
 
 # Identity fields in the order they appear as labels and in audit records.
 IDENTITY_FIELDS: tuple[str, ...] = (

@@ -18,9 +18,20 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter import families as fam
-from exporter.render import RenderedSnapshot
-from exporter.snapshot import Snapshot
+from gpu_audit import selfmetrics as sm
+from gpu_audit.model.snapshot import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedSnapshot:
+    """The cached exposition of one cycle."""
+
+    body: bytes
+    series: int
+    dropped_process_series: Mapping[str, int]
+    generated_at: float  # wall-clock unix seconds of the render (snapshot age counts from it)
+    snapshot_timestamp: float = 0.0
+    families: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +124,15 @@ class ServingCollector(Collector):
         state = self._provider.state()
         age = snapshot_age(state)
         if age is not None:
-            yield GaugeMetricFamily(fam.SNAPSHOT_AGE.name, fam.SNAPSHOT_AGE.full_help,
+            yield GaugeMetricFamily(sm.SNAPSHOT_AGE.name, sm.SNAPSHOT_AGE.full_help,
                                     value=age)
         # prometheus_client appends _total itself; give it the base name.
-        scrapes = CounterMetricFamily(fam.SCRAPES.name.removesuffix("_total"),
-                                      fam.SCRAPES.full_help, value=self._scrapes)
+        scrapes = CounterMetricFamily(sm.SCRAPES.name.removesuffix("_total"),
+                                      sm.SCRAPES.full_help, value=self._scrapes)
         yield scrapes
-        dropped = CounterMetricFamily(fam.PROCESS_SERIES_DROPPED.name.removesuffix("_total"),
-                                      fam.PROCESS_SERIES_DROPPED.full_help,
-                                      labels=list(fam.PROCESS_SERIES_DROPPED.labels))
+        dropped = CounterMetricFamily(sm.PROCESS_SERIES_DROPPED.name.removesuffix("_total"),
+                                      sm.PROCESS_SERIES_DROPPED.full_help,
+                                      labels=list(sm.PROCESS_SERIES_DROPPED.labels))
         snap = state.snapshot
         index = {g.uuid: str(g.info.index) for g in snap.gpus} if snap else {}
         for uuid in sorted(state.dropped_process_series_total):

@@ -99,7 +99,7 @@ class XidEvent:
 class GpuSample:
     """One GPU at one moment.
 
-    `values` maps catalogue keys (see exporter.catalogue) to labelled values in base
+    `values` maps catalogue keys (see gpu_audit.model.fields) to labelled values in base
     units. `unsupported` names catalogue keys the device said it does not support; they
     are never put in `values`. When `up` is False the GPU could not be read this cycle:
     `error` holds the error kind (e.g. "gpu_lost", "timeout") and `values` is empty.

@@ -1,21 +1,27 @@
 """The whole gpu-audit configuration: one YAML file, one section per component.
 
-Every key has a default, so the exporter runs with no file at all. Unknown keys are
-errors. `load_config` raises ConfigError listing every problem with its line; it is
-`gpu_audit.settings.load_settings` without the environment layer.
+The app layer assembles it: each component owns its section's model (exporter,
+attribution, shipper) and core owns the shared ones (audit, spool) and the loading
+(gpu_audit.config_layers: defaults < file < environment < options). Every key has a
+default, so the exporter runs with no file at all. Unknown keys are errors.
+`load_settings` raises ConfigError listing every problem with where it came from;
+`load_config` is the same without the environment layer.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
 from exporter.attribution.config import AttributionConfig
 from exporter.config import ExporterConfig
 from gpu_audit.audit.config import AuditConfig
-from gpu_audit.model_base import Section
+from gpu_audit.config_layers import KeyPath, load_layered
+from gpu_audit.config_section import Section
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 
@@ -30,9 +36,17 @@ class Config(Section):
     shipper: ShipperConfig = ShipperConfig()
 
 
+def load_settings(
+    path: Path | None,
+    overrides: Mapping[KeyPath, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    labels: Mapping[KeyPath, str] | None = None,
+) -> Config:
+    """The configuration with every layer applied (environ: os.environ when None)."""
+    return load_layered(Config, path, overrides, environ, labels)
+
+
 def load_config(path: Path | None) -> Config:
     """Load and validate the configuration file (no environment overrides); defaults
     when path is None."""
-    from gpu_audit.settings import load_settings  # noqa: PLC0415 (settings imports this module)
-
     return load_settings(path, environ={})

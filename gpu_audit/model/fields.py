@@ -1,7 +1,8 @@
-"""The one metric catalogue: every per-GPU field the exporter can publish.
+"""The field catalogue: every per-GPU field a backend can measure and the exporter publish.
 
 Backends fill `GpuSample.values[key]` with values in the base unit named here; the
-renderer turns each entry into one metric family; `docs/METRICS.md` is generated from
+exporter's renderer turns each entry into one metric family, the audit record builder
+names record fields after it; `docs/METRICS.md` is generated from
 this list (`python -m exporter.docs`) and a test fails when the two disagree.
 
 Rules kept here so nothing downstream has to: base units (bytes, seconds, celsius,
@@ -49,6 +50,8 @@ class MetricDef:
         return f"{self.help} Sampled in the background; source: {self.source}."
 
 
+# Table shorthand, one letter so the entries below stay one column wide: _g builds a
+# gauge entry, _c a counter entry (which must end in _total).
 def _g(key: str, name: str, help_: str, source: str, **kw: object) -> MetricDef:
     return MetricDef(key=key, name=name, type="gauge", help=help_, source=source, **kw)  # type: ignore[arg-type]
 

@@ -5,7 +5,9 @@ All layers are merged as plain data first and validated once, so a bad value fro
 layer is reported with every other problem, each blamed on where it came from: the
 file and line, the environment variable, or the command-line option. Every command that
 reads the configuration (`gpu-audit run/exporter/shipper/check-config`, `python -m
-shipper`) goes through `load_settings`, so they all see the same values.
+gpu_audit_app.shipper_main`) goes through `load_layered` with the root model the app
+layer assembles (gpu_audit_app.config), so they all see the same values. This module
+knows no section: it merges and locates, the model validates.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from gpu_audit.config import Config
 from gpu_audit.errors import ConfigError, Problem
 from gpu_audit.yamlload import (
     Document,
@@ -32,6 +33,8 @@ from gpu_audit.yamlload import (
 )
 
 ENV_PREFIX = "GPU_AUDIT__"
+
+M = TypeVar("M", bound=BaseModel)
 
 KeyPath = tuple[str, ...]
 
@@ -150,19 +153,20 @@ def gather(
     return layers
 
 
-def load_settings(
+def load_layered(
+    model: type[M],
     path: Path | None,
     overrides: Mapping[KeyPath, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     labels: Mapping[KeyPath, str] | None = None,
-) -> Config:
-    """Load the configuration with every layer applied; raises ConfigError naming every
-    problem with its file and line, or its variable or option."""
+) -> M:
+    """Load `model` with every layer applied; raises ConfigError naming every problem
+    with its file and line, or its variable or option."""
     layers = gather(path, overrides, environ, labels)
     problems = layers.load_problems()
-    config: Config | None = None
+    config: M | None = None
     try:
-        config = Config.model_validate(layers.data)
+        config = model.model_validate(layers.data)
     except ValidationError as exc:
         problems += [layers.locate(loc, msg)
                      for loc, msg in validation_problems(exc, layers.data)]

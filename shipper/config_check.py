@@ -19,11 +19,11 @@ from pydantic import BaseModel
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.paths import path_problems
-from gpu_audit.spool.config import SpoolConfig
+from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
 from gpu_audit.yamlload import Loc
 from shipper.config import ShipperConfig
 from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, TlsConfig, resolve_secret
-from shipper.sinks.factory import default_archive_dir, missing_sdk
+from shipper.sinks.factory import missing_sdk
 
 Finding = tuple[Loc, str]
 _SINKS: Loc = ("shipper", "sinks")
@@ -108,7 +108,7 @@ def check_engine(deadletter_dir: Path | None, spool: SpoolConfig | None) -> list
     section that failed validation)."""
     directory = deadletter_dir
     if directory is None and spool is not None:
-        directory = Path(spool.directory) / "deadletter"
+        directory = default_deadletter_dir(Path(spool.directory))
     return [] if directory is None else _dir_problem(("shipper", "deadletter_dir"), directory)
 
 

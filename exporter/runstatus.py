@@ -1,11 +1,11 @@
-"""The process's running state for `/status` and the periodic summary log line (app layer).
+"""The exporter process's running state for `/status` and the periodic summary log line.
 
-`runtime_status` gathers what the components of one process report about themselves:
-the sampling loop, the audit producer, the spool (size, free space, whether records are
-refused, records held), and, when the shipper runs in this process, each sink's position,
-lag and hold. `summary_line` turns that into one log line. Part of the app layer: it
-reads the shipper through the engine's own `stats()` (passed in, never imported), so the
-HTTP module only ever sees a plain dict.
+`runtime_status` gathers what the parts of one process report about themselves: the
+sampling loop, the audit producer, the spool (size, free space, whether records are
+refused, records held), and, when the app layer runs the shipper in this process (the
+exporter's companion), each sink's position, lag and hold. `summary_line` turns that
+into one log line. The shipper is read through its own `stats()` dict (passed in, never
+imported), so the HTTP module only ever sees a plain dict.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""`gpu-audit run` and `gpu-audit exporter`: the exporter's process, with the shipper in it
+for `run`.
+
+The exporter knows no shipper: it drives a `Companion` at fixed points of its start and
+stop (exporter/app.py has the order and why). `EmbeddedShipper` is that companion: the
+sinks' secrets are resolved before the backend opens, the shipper's locks are taken
+after the spool's, it ships what the exporter's writer has made durable, and at stop it
+drains the exporter_stop record before releasing its locks. `gpu-audit exporter` with a
+shipper enabled elsewhere gets the split-mode spool GC instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.registry import Collector
+
+from exporter.app import ExporterApp, run_exporter
+from exporter.audit_spool import SpoolGcPlan
+from gpu_audit.spool import SpoolWriter
+from gpu_audit_app.config import Config
+
+
+class EmbeddedShipper:
+    """The shipper as the exporter's companion in one process (`gpu-audit run`)."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._sinks: list[Any] | None = None
+        self.shipper: Any = None  # shipper.engine.Shipper once opened
+
+    def prepare(self) -> None:
+        # Imported here: `gpu-audit exporter` and check-config never pay for the sinks.
+        from shipper.sinks.factory import create_sink  # noqa: PLC0415
+
+        cfg = self._config
+        # resolves every secret now; a sink only connects when it is started
+        self._sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
+                       for c in cfg.shipper.sinks]
+
+    def open(self, writer: SpoolWriter | None) -> Collector:
+        from shipper.engine import Shipper  # noqa: PLC0415
+
+        cfg = self._config
+        self.shipper = Shipper(cfg.shipper, cfg.spool, writer=writer, sinks=self._sinks)
+        collector: Collector = self.shipper.collector()
+        return collector
+
+    def start(self) -> None:
+        self.shipper.start()
+
+    def stop(self) -> None:
+        if self.shipper is None:
+            return
+        if self.shipper.started:
+            self.shipper.drain()  # the exporter_stop record included
+        self.shipper.stop()  # releases its locks even when it never started
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.shipper.stats()
+        return stats
+
+
+def exporter_app(config: Config, *, with_shipper: bool) -> ExporterApp:
+    """The exporter process `gpu-audit run` (with_shipper) or `gpu-audit exporter` runs."""
+    if not config.shipper.enabled:
+        return ExporterApp(config)
+    if with_shipper:
+        return ExporterApp(config, companion=EmbeddedShipper(config))
+    plan = SpoolGcPlan(tuple(config.shipper.sink_names()), config.shipper.gc_interval_s)
+    return ExporterApp(config, spool_gc=plan)
+
+
+def run(config: Config, *, with_shipper: bool) -> int:
+    """Run until SIGTERM/SIGINT; the process exit code."""
+    return run_exporter(exporter_app(config, with_shipper=with_shipper))
