@@ -30,7 +30,6 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter.appstatus import runtime_status, summary_line
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.backends import BackendUnavailable, create_backend
 from exporter.config import parse_listen
@@ -39,6 +38,7 @@ from exporter.model import GpuSample
 from exporter.render import RenderOptions
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.serving import LatestState
+from exporter.sim.fakeproc import write_fake_proc
 from exporter.snapshot import Snapshot
 from exporter.watch import GpuWatch, SummaryLog
 from exporter.webconfig import WebConfig, load_web_config

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.model import GpuInfo, GpuSample, MigInstance, ProcessIdentity, ProcessSample
+from exporter.sim.fakeproc import write_fake_proc
 
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from exporter.attribution import procfs
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.model import ProcessSample
+from exporter.sim.fakeproc import write_fake_proc
 from tests.attribution.helpers import GPU0, config, gpu, proc, resolver
 
 CID = "0a1b22ec1361a97c3511db37a4bae932d41b22264e5b97611748f8b662312574"
