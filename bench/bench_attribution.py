@@ -1,6 +1,6 @@
 """Attribution cost per sampling cycle: cached Resolver vs the naive approach.
 
-Builds a fake /proc on disk (exporter.attribution.fakeproc.write_fake_proc) for 8 GPUs x
+Builds a fake /proc on disk (exporter.sim.fakeproc.write_fake_proc) for 8 GPUs x
 64 processes with realistic environ (~3 KiB each) and Kubernetes cgroup lines, plus a
 job-mapping directory with one file per GPU, then measures CPU milliseconds per
 attribution cycle for
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
+from exporter.sim.fakeproc import write_fake_proc
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.samples import GpuInfo, GpuSample, ProcessIdentity, ProcessSample
 

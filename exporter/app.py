@@ -30,7 +30,6 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.audit_spool import ReopeningSpool, SplitModeGc, SpoolGcPlan
 from exporter.backends import BackendUnavailable, create_backend
@@ -39,6 +38,7 @@ from exporter.endpoint import exporter_server
 from exporter.render import RenderOptions
 from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
+from exporter.sim.fakeproc import write_fake_proc
 from exporter.watch import GpuWatch, SummaryLog
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm

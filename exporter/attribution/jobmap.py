@@ -265,7 +265,7 @@ class JobMap:
         self._by_gpu = by_gpu
         self.generation += 1
 
-    def _pick(self, records: list[JobRecord] | None) -> tuple[JobRecord | None, bool]:
+    def _single_live(self, records: list[JobRecord] | None) -> tuple[JobRecord | None, bool]:
         if not records:
             return None, False
         now = self._wall_clock()
@@ -280,11 +280,11 @@ class JobMap:
         Returns (record, ambiguous): when several live jobs claim the same pid or GPU, no
         answer is better than a wrong one, and ambiguous is True.
         """
-        record, ambiguous = self._pick(self._by_pid.get(pid))
+        record, ambiguous = self._single_live(self._by_pid.get(pid))
         if record is not None or ambiguous:
             return record, ambiguous
         for uuid in gpu_uuids:
-            record, ambiguous = self._pick(self._by_gpu.get(uuid))
+            record, ambiguous = self._single_live(self._by_gpu.get(uuid))
             if record is not None or ambiguous:
                 return record, ambiguous
         return None, False

@@ -1,9 +1,12 @@
 """The resolver: ties every GPU process of a cycle to its user, project, job, container,
 pod and Slurm job, and records which source gave each answer.
 
-Sources (see docs/ATTRIBUTION.md), asked in the configured order of precedence, the first
-that knows a field winning it: the job-mapping directory, allow-listed environ keys, the
-cgroup path, the process owner, and the kubelet's pod-resources map.
+Sources (exporter.attribution.sources, docs/ATTRIBUTION.md) are an ordered list of
+`AttributionSource` objects, asked in order of precedence, the first that knows a field
+winning it: by default the built-in ones the configuration names (the job-mapping
+directory, allow-listed environ keys, the cgroup path, the process owner, the kubelet's
+pod-resources map); `Resolver(config, sources=[...])` takes another list, so a component
+can put its own source among them.
 
 Cost per cycle is one stat(2) of /proc/<pid>/stat per process: a pid's environ,
 cgroup and owner never change during its lifetime, so they are read once and cached
@@ -31,28 +34,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from exporter.attribution import procfs
 from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
-from exporter.attribution.jobmap import JobMap
-from exporter.attribution.sanitize import clean_text
-from exporter.attribution.users import CachedLookup, UserLookup, passwd_file_lookup, system_lookup
-from gpu_audit.model.attribution import (
-    SOURCE_CGROUP,
-    SOURCE_ENVIRON,
-    SOURCE_JOBMAP,
-    SOURCE_KUBELET,
-    SOURCE_OWNER,
-    AttributedProcess,
-    Attribution,
+from exporter.attribution.sources import (
+    PROC_CGROUP,
+    PROC_ENVIRON,
+    PROC_UID,
+    AttributionSource,
+    KubeletSource,
+    Query,
+    build_sources,
+    proc_needs,
 )
+from exporter.attribution.users import UserLookup
+from gpu_audit.model.attribution import AttributedProcess, Attribution
 from gpu_audit.model.samples import GpuSample, ProcessSample
-
-if TYPE_CHECKING:
-    from exporter.attribution.kubelet import KubeletWatcher, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ class _ProcEntry:
     memo: dict[tuple[object, ...], Attribution] = field(default_factory=dict)
 
 
-_Generation = tuple[int, int]
+_Generation = tuple[int, ...]
 
 
 class Resolver:
@@ -95,40 +94,24 @@ class Resolver:
         clock: Callable[[], float] = time.monotonic,
         user_lookup: UserLookup | None = None,
         wall_clock: Callable[[], float] = time.time,
+        sources: Sequence[AttributionSource] | None = None,
     ) -> None:
+        """`sources`: the ordered sources to ask; by default `build_sources(config)`
+        (which alone uses `clock`, `user_lookup` and `wall_clock`)."""
         self._config = config
         self._root = str(config.procfs_root)
-        self._sources = config.sources
-        self._want_environ = SOURCE_ENVIRON in config.sources
-        self._want_cgroup = SOURCE_CGROUP in config.sources
-        self._want_owner = SOURCE_OWNER in config.sources
-        self._max_length = config.environ_value_max_length
+        if sources is None:
+            sources = build_sources(
+                config, clock=clock, user_lookup=user_lookup, wall_clock=wall_clock
+            )
+        self._sources: tuple[AttributionSource, ...] = tuple(sources)
+        needs = proc_needs(self._sources)
+        self._want_environ = PROC_ENVIRON in needs
+        self._want_cgroup = PROC_CGROUP in needs
+        self._want_owner = PROC_UID in needs
         self._environ = EnvironMapping.build(
             config.environ_keys, config.environ_fields, config.environ_value_max_length
         )
-        if user_lookup is None:
-            user_lookup = (
-                passwd_file_lookup(config.passwd_file) if config.passwd_file else system_lookup
-            )
-        self._users = CachedLookup(user_lookup)
-        self._jobmap: JobMap | None = None
-        if SOURCE_JOBMAP in config.sources:
-            self._jobmap = JobMap(
-                config.jobmap_dir,
-                max_file_bytes=config.jobmap_max_file_bytes,
-                max_value_length=config.environ_value_max_length,
-                wall_clock=wall_clock,
-            )
-        self._kubelet: KubeletWatcher | None = None
-        if SOURCE_KUBELET in config.sources and config.kubelet.enabled:
-            # grpc costs ~150 ms to import: only nodes that use the kubelet pay for it.
-            from exporter.attribution import kubelet  # noqa: PLC0415
-
-            self._kube_fields = kubelet.fields_for
-            self._kubelet = kubelet.KubeletWatcher(
-                config.kubelet, clock=clock, max_value_length=config.environ_value_max_length
-            )
-            self._kubelet.start()
         self._cache: dict[int, _ProcEntry] = {}
         self._counters: Counter[str] = Counter()
         self._logged: set[str] = set()
@@ -145,10 +128,7 @@ class Resolver:
         """One AttributedProcess per ProcessSample, per GPU uuid, in order. Never raises
         because of a process."""
         self._counters["cycles"] += 1
-        if self._jobmap is not None:
-            self._jobmap.refresh()
-        kube_gen, kube_map = (0, {}) if self._kubelet is None else self._kubelet.current()
-        generation = (self._jobmap.generation if self._jobmap else 0, kube_gen)
+        generation = tuple(source.begin_cycle() for source in self._sources)
         seen: dict[int, _ProcEntry | None] = {}
         out: dict[str, tuple[AttributedProcess, ...]] = {}
         cache = self._cache
@@ -191,7 +171,7 @@ class Resolver:
                             seen[pid] = entry
                         attribution = entry.memo.get(key) if entry is not None else None
                         if attribution is None:
-                            attribution = self._resolve(proc, entry, uuids, generation, kube_map)
+                            attribution = self._resolve(proc, entry, uuids, generation)
                     except Exception as exc:  # noqa: BLE001 - one process must not cost the cycle
                         self._count_and_log_once(
                             "attribution_errors",
@@ -231,22 +211,21 @@ class Resolver:
             "attribution_errors": 0,
         }
         out.update(self._counters)
-        if self._jobmap is not None:
-            out["jobmap_errors"] = self._jobmap.errors
-            out["jobmap_reloads"] = self._jobmap.reloads
-        if self._kubelet is not None:
-            out["kubelet_errors"] = self._kubelet.errors
-            out["kubelet_refreshes"] = self._kubelet.refreshes
+        for source in self._sources:
+            out.update(source.stats())
         return out
 
     def refresh_kubelet(self) -> bool:
         """Refresh the kubelet map now (tests, start-up); False when disabled or failed."""
-        return self._kubelet.refresh() if self._kubelet is not None else False
+        for source in self._sources:
+            if isinstance(source, KubeletSource):
+                return source.refresh()
+        return False
 
     def close(self) -> None:
         """Stop the kubelet thread; the resolver must not be used afterwards."""
-        if self._kubelet is not None:
-            self._kubelet.close()
+        for source in self._sources:
+            source.close()
         self._cache.clear()
 
     def __repr__(self) -> str:
@@ -367,7 +346,6 @@ class Resolver:
         entry: _ProcEntry | None,
         uuids: tuple[str, ...],
         generation: _Generation,
-        kube_map: Mapping[str, tuple[PodRef, ...]],
     ) -> Attribution:
         key = (uuids, generation)
         if entry is not None:
@@ -376,56 +354,16 @@ class Resolver:
                 return memo
         fields: dict[str, str] = {}
         sources: dict[str, str] = {}
+        query = Query(proc, entry, uuids)
         for source in self._sources:
-            for name, value in self._source_fields(source, proc, entry, uuids, kube_map).items():
-                if name not in fields:
-                    fields[name] = value
-                    sources[name] = source
+            name = source.name
+            for field_name, value in source.resolve(query).items():
+                if field_name not in fields:
+                    fields[field_name] = value
+                    sources[field_name] = name
         attribution = Attribution(**fields, sources=sources)
         if entry is not None:
             if len(entry.memo) >= _MEMO_LIMIT:
                 entry.memo.clear()
             entry.memo[key] = attribution
         return attribution
-
-    def _source_fields(
-        self,
-        source: str,
-        proc: ProcessSample,
-        entry: _ProcEntry | None,
-        uuids: tuple[str, ...],
-        kube_map: Mapping[str, tuple[PodRef, ...]],
-    ) -> Mapping[str, str]:
-        if source == SOURCE_JOBMAP:
-            if self._jobmap is None:
-                return {}
-            record, ambiguous = self._jobmap.lookup(proc.pid, uuids)
-            if ambiguous:
-                self._counters["jobmap_ambiguous"] += 1
-            return record.fields if record is not None else {}
-        if source == SOURCE_ENVIRON:
-            return entry.environ if entry is not None else {}
-        if source == SOURCE_CGROUP:
-            return entry.cgroup if entry is not None else {}
-        if source == SOURCE_OWNER:
-            return self._owner(proc, entry)
-        if source == SOURCE_KUBELET:
-            for uuid in uuids:
-                refs = kube_map.get(uuid)
-                if refs:
-                    return self._kube_fields(refs)
-            return {}
-        return {}
-
-    def _owner(self, proc: ProcessSample, entry: _ProcEntry | None) -> dict[str, str]:
-        uid = entry.uid if entry is not None else None
-        if uid is None and entry is None:
-            # The process is gone or unreadable: fall back to what the backend reported.
-            uid = proc.uid
-            if uid is None and proc.identity is not None:
-                uid = proc.identity.uid
-        if uid is None:
-            return {}
-        name = self._users(uid)
-        text = clean_text(name, self._max_length) if name else ""
-        return {"user": text or f"uid:{uid}"}

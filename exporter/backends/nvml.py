@@ -2,8 +2,10 @@
 
 `NvmlBackend` discovers the devices once, then on each cycle reads every catalogue
 field NVML offers (exporter.backends.nvml_fields), the processes on each GPU
-(exporter.backends.nvml_processes), MIG instances and XID events. Failure handling is
-per field and per GPU:
+(exporter.backends.nvml_processes), identity and MIG instances
+(exporter.backends.nvml_identity) and XID events (exporter.backends.nvml_events). The
+binding, error classification and versioned calls come from exporter.backends.nvml_shim,
+the only module that imports pynvml. Failure handling is per field and per GPU:
 - a field the device does not offer (NotSupported, NoPermission, FunctionNotFound) is
   listed in `unsupported`, logged once and never asked for again on that device;
 - any other NVML error marks only that GPU down (`up=False`, error kind gpu_lost /
@@ -11,37 +13,39 @@ per field and per GPU:
   about five minutes), with its handle re-acquired by UUID, and is reported down
   without touching NVML in between.
 
-This module (with its nvml_* helpers and dcgm.py) is the only place that imports a
-vendor library. It must never fall back to another backend, never raise from
-`sample()` because of one GPU, and never put NaN, 0 or a sentinel in place of a value
-it could not read.
+These modules (with dcgm.py) are the only ones that talk to a vendor library. It must
+never fall back to another backend, never raise from `sample()` because of one GPU,
+and never put NaN, 0 or a sentinel in place of a value it could not read.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pynvml
-
 from exporter.backends.base import BackendUnavailable
-from exporter.backends.nvml_fields import (
-    READERS,
-    DeviceCtx,
-    Values,
-    error_name,
-    is_unsupported,
-)
+from exporter.backends.nvml_events import XidEvents, XidState
+from exporter.backends.nvml_fields import READERS, DeviceCtx, Values
+from exporter.backends.nvml_identity import MigSlot, enumerate_mig, read_identity, read_mig
 from exporter.backends.nvml_processes import (
-    ProcessCallProbe,
     apply_utilization,
     merge_process_lists,
     newest_util_samples,
+    read_process_list,
     read_process_utilization,
+)
+from exporter.backends.nvml_shim import (
+    cuda_version_call,
+    error_kind,
+    error_name,
+    format_cuda_version,
+    is_unsupported,
+    load_binding,
+    process_list_calls,
+    text,
 )
 from exporter.config import ExporterConfig
 from gpu_audit.model.samples import (
@@ -51,7 +55,6 @@ from gpu_audit.model.samples import (
     MigInstance,
     ProcessSample,
     ProcessType,
-    XidEvent,
 )
 
 log = logging.getLogger("gpu_audit.nvml")
@@ -61,53 +64,7 @@ DRIVER_HINT = (
     "(--gpus / nvidia runtime)?"
 )
 BACKOFF_CAP_SECONDS = 300.0
-MAX_EVENTS_PER_CYCLE = 1000  # a storm of XIDs must not stall the sampling loop
 PROCESS_KINDS: tuple[ProcessType, ...] = ("compute", "graphics", "mps")
-
-
-def error_kind(nvml: Any, err: BaseException) -> str:
-    """The error kind a failed GPU is reported and counted under."""
-    for cls_name, kind in (
-        ("NVMLError_GpuIsLost", "gpu_lost"),
-        ("NVMLError_Timeout", "timeout"),
-        ("NVMLError_Unknown", "unknown"),
-    ):
-        cls = getattr(nvml, cls_name, None)
-        if cls is not None and isinstance(err, cls):
-            return kind
-    return "nvml_error"
-
-
-def format_cuda_version(v: int) -> str:
-    """NVML's integer CUDA driver version (12040) as "12.4"."""
-    return f"{v // 1000}.{(v % 1000) // 10}"
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return str(value)
-
-
-def _handle_key(handle: Any) -> int:
-    """A stable key for a device handle (its address for real ctypes handles)."""
-    try:
-        value = ctypes.cast(handle, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)
-    return int(value) if value is not None else id(handle)
-
-
-def mig_profile(name: str) -> str:
-    """The MIG profile ("1g.5gb") from a MIG device name ("NVIDIA A100 MIG 1g.5gb")."""
-    _head, sep, tail = name.rpartition(" MIG ")
-    return tail.strip() if sep else name
-
-
-@dataclass(slots=True)
-class _MigSlot:
-    handle: Any
-    instance: MigInstance
 
 
 @dataclass(slots=True)
@@ -118,21 +75,26 @@ class _Device:
     uuid: str
     handle: Any
     info: GpuInfo
-    ctx: DeviceCtx = field(default_factory=DeviceCtx)
+    ctx: DeviceCtx = field(init=False)
     unsupported_calls: set[str] = field(default_factory=set)
     slow_values: Values = field(default_factory=dict)
     slow_missing: frozenset[str] = frozenset()
     slow_done: bool = False
-    mig: list[_MigSlot] = field(default_factory=list)
+    mig: list[MigSlot] = field(default_factory=list)
     failures: int = 0
     retry_cycle: int = 0
     error: str | None = None
     util_last_seen_us: int | None = None
     util_supported: bool = True
     names: dict[int, str] = field(default_factory=dict)
-    xid_totals: dict[int, int] = field(default_factory=dict)
-    xid_last: float | None = None
-    new_xids: list[XidEvent] = field(default_factory=list)
+    xids: XidState = field(default_factory=XidState)
+
+    def __post_init__(self) -> None:
+        self.new_context()
+
+    def new_context(self) -> None:
+        """Forget what the readers learnt about the handle (re-probe versioned calls)."""
+        self.ctx = DeviceCtx.for_device(f"GPU {self.index} ({self.uuid})")
 
 
 class NvmlBackend:
@@ -145,9 +107,8 @@ class NvmlBackend:
         self._nvml_override = nvml
         self._nvml: Any = None
         self._devices: list[_Device] = []
-        self._by_handle: dict[int, _Device] = {}
-        self._event_set: Any = None
-        self._probe = ProcessCallProbe()
+        self._xid_events: XidEvents | None = None
+        self._process_calls = process_list_calls()
         self._errors: dict[str, int] = {}
         self._cycle = 0
         self._prev_now: float | None = None
@@ -156,7 +117,7 @@ class NvmlBackend:
 
     # --- lifecycle -----------------------------------------------------------------------
     def open(self) -> BackendInfo:
-        nvml = self._nvml_override if self._nvml_override is not None else pynvml
+        nvml = load_binding(self._nvml_override)
         self._nvml = nvml
         try:
             nvml.nvmlInit()
@@ -164,7 +125,7 @@ class NvmlBackend:
             raise self._init_error(nvml, err) from err
         self._open = True
         try:
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            driver = text(nvml.nvmlSystemGetDriverVersion())
             cuda = self._cuda_version()
             count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as err:
@@ -175,12 +136,16 @@ class NvmlBackend:
             raise BackendUnavailable("NVML sees no GPU on this host", DRIVER_HINT)
         library = ""
         try:
-            library = _text(nvml.nvmlSystemGetNVMLVersion())
+            library = text(nvml.nvmlSystemGetNVMLVersion())
         except nvml.NVMLError:
             log.debug("nvmlSystemGetNVMLVersion failed; library version left blank")
         for index in range(count):
             self._devices.append(self._discover(index, driver, cuda))
-        self._register_events()
+        self._xid_events = XidEvents(nvml)
+        for dev in self._devices:
+            if dev.handle is not None:
+                self._xid_events.track(dev)
+        self._xid_events.start(self._devices)
         up = sum(1 for d in self._devices if d.failures == 0)
         log.info("NVML %s, driver %s, CUDA %s: %d GPU(s), %d readable",
                  library, driver, cuda, count, up)
@@ -197,12 +162,8 @@ class NvmlBackend:
             return
         self._open = False
         nvml = self._nvml
-        if self._event_set is not None:
-            try:
-                nvml.nvmlEventSetFree(self._event_set)
-            except nvml.NVMLError:
-                log.debug("nvmlEventSetFree failed at close")
-            self._event_set = None
+        if self._xid_events is not None:
+            self._xid_events.close()
         try:
             nvml.nvmlShutdown()
         except nvml.NVMLError:
@@ -219,11 +180,12 @@ class NvmlBackend:
     # --- sampling ------------------------------------------------------------------------
     def sample(self, now: float, slow: bool) -> Sequence[GpuSample]:
         self._cycle += 1
-        self._drain_xids(now)
+        if self._xid_events is not None:
+            self._xid_events.drain(now)
         out: list[GpuSample] = []
         for dev in self._devices:
             out.append(self._sample_or_down(dev, now, slow))
-            dev.new_xids = []
+            dev.xids.new = []
         self._prev_now = now
         return out
 
@@ -257,15 +219,15 @@ class NvmlBackend:
             info=dev.info,
             up=False,
             error=dev.error,
-            xid_totals=dict(dev.xid_totals),
-            xid_last_timestamp=dev.xid_last,
-            new_xids=tuple(dev.new_xids),
+            xid_totals=dict(dev.xids.totals),
+            xid_last_timestamp=dev.xids.last,
+            new_xids=tuple(dev.xids.new),
         )
 
     def _sample_device(self, dev: _Device, now: float, slow: bool) -> GpuSample:
         nvml = self._nvml
         run_slow = slow or not dev.slow_done
-        info = self._identity(dev) if run_slow else dev.info
+        info = read_identity(nvml, dev.handle, dev.info) if run_slow else dev.info
         values: Values = {}
         slow_values: Values = {}
         missing: set[str] = set()
@@ -289,7 +251,6 @@ class NvmlBackend:
                          ", ".join(reader.keys))
                 gaps.update(reader.keys)
                 continue
-            self._flush_notes(dev)
             target.update(got)
             gaps.update(k for k in reader.keys if k not in got)
         mig = self._mig(dev, info, run_slow)
@@ -307,97 +268,25 @@ class NvmlBackend:
             unsupported=frozenset(missing | dev.slow_missing),
             processes=tuple(processes),
             mig=mig,
-            xid_totals=dict(dev.xid_totals),
-            xid_last_timestamp=dev.xid_last,
-            new_xids=tuple(dev.new_xids),
-        )
-
-    def _flush_notes(self, dev: _Device) -> None:
-        for note in dev.ctx.notes:
-            log.info("GPU %d (%s): %s", dev.index, dev.uuid, note)
-        dev.ctx.notes.clear()
-
-    # --- identity and MIG ----------------------------------------------------------------
-    def _optional(self, fn: str, *args: Any) -> Any:
-        """Call an identity getter; None when the device does not offer it."""
-        nvml = self._nvml
-        try:
-            return getattr(nvml, fn)(*args)
-        except nvml.NVMLError as err:
-            if is_unsupported(nvml, err):
-                return None
-            raise
-
-    def _identity(self, dev: _Device) -> GpuInfo:
-        h = dev.handle
-        name = self._optional("nvmlDeviceGetName", h)
-        serial = self._optional("nvmlDeviceGetSerial", h)
-        pci = self._optional("nvmlDeviceGetPciInfo", h)
-        vbios = self._optional("nvmlDeviceGetVbiosVersion", h)
-        minor = self._optional("nvmlDeviceGetMinorNumber", h)
-        mig_mode = self._optional("nvmlDeviceGetMigMode", h)
-        enabled = getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
-        return GpuInfo(
-            uuid=dev.uuid,
-            index=dev.index,
-            name=_text(name) if name is not None else "",
-            serial=_text(serial) if serial is not None else "",
-            pci_bus_id=_text(pci.busId) if pci is not None else "",
-            driver_version=dev.info.driver_version,
-            cuda_version=dev.info.cuda_version,
-            vbios_version=_text(vbios) if vbios is not None else "",
-            minor_number=int(minor) if minor is not None else None,
-            mig_mode=bool(mig_mode is not None and mig_mode[0] == enabled),
+            xid_totals=dict(dev.xids.totals),
+            xid_last_timestamp=dev.xids.last,
+            new_xids=tuple(dev.xids.new),
         )
 
     def _mig(self, dev: _Device, info: GpuInfo, run_slow: bool) -> tuple[MigInstance, ...]:
-        nvml = self._nvml
         if not info.mig_mode:
             dev.mig = []
             return ()
         if run_slow:
-            dev.mig = self._enumerate_mig(dev)
-        out: list[MigInstance] = []
-        for slot in dev.mig:
-            total = used = None
-            try:
-                mem = nvml.nvmlDeviceGetMemoryInfo(slot.handle)
-                total, used = int(mem.total), int(mem.used)
-            except nvml.NVMLError as err:
-                if not is_unsupported(nvml, err):
-                    raise
-            inst = slot.instance
-            out.append(MigInstance(
-                uuid=inst.uuid, gpu_instance_id=inst.gpu_instance_id,
-                compute_instance_id=inst.compute_instance_id, profile=inst.profile,
-                memory_total_bytes=total, memory_used_bytes=used,
-            ))
-        return tuple(out)
-
-    def _enumerate_mig(self, dev: _Device) -> list[_MigSlot]:
-        nvml = self._nvml
-        count = self._optional("nvmlDeviceGetMaxMigDeviceCount", dev.handle) or 0
-        slots: list[_MigSlot] = []
-        for i in range(int(count)):
-            try:
-                mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
-            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
-                continue  # an empty slot: not every index holds a MIG device
-            name = self._optional("nvmlDeviceGetName", mh)
-            slots.append(_MigSlot(mh, MigInstance(
-                uuid=_text(nvml.nvmlDeviceGetUUID(mh)),
-                gpu_instance_id=int(nvml.nvmlDeviceGetGpuInstanceId(mh)),
-                compute_instance_id=int(nvml.nvmlDeviceGetComputeInstanceId(mh)),
-                profile=mig_profile(_text(name)) if name is not None else "",
-            )))
-        return slots
+            dev.mig = enumerate_mig(self._nvml, dev.handle)
+        return read_mig(self._nvml, dev.mig)
 
     # --- processes -----------------------------------------------------------------------
     def _processes(self, dev: _Device, now: float) -> list[ProcessSample]:
         nvml = self._nvml
         lists: list[tuple[ProcessType, list[Any]]] = []
         for kind in PROCESS_KINDS:
-            got = self._probe.call(nvml, kind, dev.handle)
+            got = read_process_list(nvml, self._process_calls[kind], dev.handle)
             if got is not None:
                 lists.append((kind, got))
         procs = merge_process_lists(lists)
@@ -433,7 +322,7 @@ class NvmlBackend:
     def _process_name(self, pid: int) -> str:
         nvml = self._nvml
         try:
-            return _text(nvml.nvmlSystemGetProcessName(pid))
+            return text(nvml.nvmlSystemGetProcessName(pid))
         except nvml.NVMLError:
             # The process may have exited, or live in a namespace we cannot see.
             return ""
@@ -452,15 +341,11 @@ class NvmlBackend:
 
     def _cuda_version(self) -> str:
         nvml = self._nvml
-        for call in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
-            fn = getattr(nvml, call, None)
-            if fn is None:
-                continue
-            try:
-                return format_cuda_version(int(fn()))
-            except nvml.NVMLError as err:
-                if not is_unsupported(nvml, err):
-                    raise
+        try:
+            return format_cuda_version(int(cuda_version_call()(nvml)))
+        except nvml.NVMLError as err:
+            if not is_unsupported(nvml, err):
+                raise
         return ""
 
     def _discover(self, index: int, driver: str, cuda: str) -> _Device:
@@ -468,7 +353,7 @@ class NvmlBackend:
         base = GpuInfo(uuid="", index=index, driver_version=driver, cuda_version=cuda)
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
         except nvml.NVMLError as err:
             # Without a handle there is no UUID: report the slot under a placeholder
             # so the failure is visible, and keep retrying it by index.
@@ -481,72 +366,23 @@ class NvmlBackend:
                           info=_replace_uuid(base, placeholder))
             dev.failures, dev.retry_cycle, dev.error = 1, 1, kind
             return dev
-        dev = _Device(index=index, uuid=uuid, handle=handle, info=_replace_uuid(base, uuid))
-        self._by_handle[_handle_key(handle)] = dev
-        return dev
+        return _Device(index=index, uuid=uuid, handle=handle, info=_replace_uuid(base, uuid))
 
     def _reacquire(self, dev: _Device) -> None:
         nvml = self._nvml
-        if dev.handle is None:
+        old_handle = dev.handle
+        if old_handle is None:
             handle = nvml.nvmlDeviceGetHandleByIndex(dev.index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
             dev.uuid = uuid
             dev.info = _replace_uuid(dev.info, uuid)
         else:
             handle = nvml.nvmlDeviceGetHandleByUUID(dev.uuid)
-            self._by_handle.pop(_handle_key(dev.handle), None)
         dev.handle = handle
         dev.slow_done = False  # re-read identity and slow fields on recovery
-        dev.ctx = DeviceCtx()
-        self._by_handle[_handle_key(handle)] = dev
-        self._register(dev)
-
-    def _register_events(self) -> None:
-        nvml = self._nvml
-        try:
-            self._event_set = nvml.nvmlEventSetCreate()
-        except nvml.NVMLError as err:
-            log.warning("NVML event set unavailable (%s): XID errors will not be counted",
-                        error_name(err))
-            return
-        for dev in self._devices:
-            if dev.handle is not None:
-                self._register(dev)
-
-    def _register(self, dev: _Device) -> None:
-        nvml = self._nvml
-        if self._event_set is None:
-            return
-        try:
-            nvml.nvmlDeviceRegisterEvents(
-                dev.handle, nvml.nvmlEventTypeXidCriticalError, self._event_set)
-        except nvml.NVMLError as err:
-            log.info("GPU %d (%s): XID events not available (%s)",
-                     dev.index, dev.uuid, error_name(err))
-
-    def _drain_xids(self, now: float) -> None:
-        nvml = self._nvml
-        if self._event_set is None:
-            return
-        for _ in range(MAX_EVENTS_PER_CYCLE):
-            try:
-                data = nvml.nvmlEventSetWait(self._event_set, 0)
-            except nvml.NVMLError_Timeout:
-                return  # no event pending: the queue is drained
-            except nvml.NVMLError as err:
-                log.debug("nvmlEventSetWait failed (%s); XIDs read next cycle", error_name(err))
-                return
-            if not int(data.eventType) & int(nvml.nvmlEventTypeXidCriticalError):
-                continue
-            dev = self._by_handle.get(_handle_key(data.device))
-            if dev is None:
-                log.warning("XID %d from an unknown device handle ignored", int(data.eventData))
-                continue
-            xid = int(data.eventData)
-            dev.xid_totals[xid] = dev.xid_totals.get(xid, 0) + 1
-            dev.xid_last = now
-            dev.new_xids.append(XidEvent(uuid=dev.uuid, xid=xid, timestamp=now))
-            log.warning("GPU %d (%s): XID %d", dev.index, dev.uuid, xid)
+        dev.new_context()
+        if self._xid_events is not None:
+            self._xid_events.retrack(dev, old_handle)
 
 
 def _replace_uuid(info: GpuInfo, uuid: str) -> GpuInfo:

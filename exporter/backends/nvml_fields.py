@@ -10,26 +10,29 @@ A key a reader declares but leaves out of its result is "not supported on this d
 this cycle" (for example `memory_reserved` on the v1 memory call, or NVLink keys on a
 board without links). Readers never return NaN, 0 or a sentinel for a missing value.
 
+Versioned functions (memory info, clock event reasons) go through the per-device
+`VersionedCall`s in `DeviceCtx` (exporter.backends.nvml_shim), which pick the version
+once and log the choice.
+
 This module must never decide GPU health, log, or call NVML outside `FieldReader.read`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from exporter.backends.nvml_shim import (
+    VersionedCall,
+    clock_reasons_call,
+    is_one_of,
+    memory_info_call,
+)
 from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
 from gpu_audit.model.samples import LabelValues
 
 Values = dict[str, dict[LabelValues, float]]
-
-# Errors that mean "this device or driver does not offer the call", never "GPU broken".
-UNSUPPORTED_ERRORS: tuple[str, ...] = (
-    "NVMLError_NotSupported",
-    "NVMLError_NoPermission",
-    "NVMLError_FunctionNotFound",
-)
 
 ECC_ERROR_TYPES: tuple[tuple[str, str], ...] = (
     ("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
@@ -53,30 +56,24 @@ PSTATE_UNKNOWN = 32  # NVML_PSTATE_UNKNOWN
 NVLINK_MAX_LINKS_DEFAULT = 18
 
 
-def error_name(err: BaseException) -> str:
-    """The pynvml class name of an NVML error (NVMLError_GpuIsLost, ...)."""
-    return type(err).__name__
-
-
-def is_unsupported(nvml: Any, err: BaseException) -> bool:
-    """True when the error says the call is not offered, rather than the GPU failing."""
-    if not isinstance(err, nvml.NVMLError):
-        return False
-    return any(isinstance(err, getattr(nvml, n)) for n in UNSUPPORTED_ERRORS if hasattr(nvml, n))
-
-
 @dataclass(slots=True)
 class DeviceCtx:
     """What the readers remember about one device between cycles.
 
     `links` is filled on slow cycles by the NVLink reader and used by the fast
-    field-values reader; `memory_v2` is the probed memory call (None until probed).
+    field-values reader; `memory_info` and `clock_reasons` remember which version of
+    their function this device answered (re-probed when the handle is re-acquired,
+    because the context is then built anew).
     """
 
+    memory_info: VersionedCall
+    clock_reasons: VersionedCall
     links: tuple[int, ...] | None = None
-    memory_v2: bool | None = None
-    clock_reasons_call: str | None = None
-    notes: list[str] = field(default_factory=list)  # one-off remarks for the log
+
+    @classmethod
+    def for_device(cls, device: str) -> DeviceCtx:
+        """A fresh context; `device` names the GPU in the version-choice log line."""
+        return cls(memory_info=memory_info_call(device), clock_reasons=clock_reasons_call(device))
 
 
 ReadFn = Callable[[Any, Any, DeviceCtx], Values]
@@ -96,115 +93,74 @@ def _scalar(key: str, value: float) -> Values:
     return {key: {(): float(value)}}
 
 
-def _utilization(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    u = nvml.nvmlDeviceGetUtilizationRates(h)
+def _utilization(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    u = nvml.nvmlDeviceGetUtilizationRates(handle)
     return {
         "utilization_gpu": {(): u.gpu / 100.0},
         "utilization_memory": {(): u.memory / 100.0},
     }
 
 
-def _encoder(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    util, _period = nvml.nvmlDeviceGetEncoderUtilization(h)
+def _encoder(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    util, _period = nvml.nvmlDeviceGetEncoderUtilization(handle)
     return _scalar("utilization_encoder", util / 100.0)
 
 
-def _decoder(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    util, _period = nvml.nvmlDeviceGetDecoderUtilization(h)
+def _decoder(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    util, _period = nvml.nvmlDeviceGetDecoderUtilization(handle)
     return _scalar("utilization_decoder", util / 100.0)
 
 
-def _memory_v2_unavailable(nvml: Any, err: BaseException) -> bool:
-    if isinstance(err, AttributeError):
-        return True
-    names = (*UNSUPPORTED_ERRORS, "NVMLError_ArgumentVersionMismatch", "NVMLError_InvalidArgument")
-    return any(isinstance(err, getattr(nvml, n)) for n in names if hasattr(nvml, n))
-
-
-def _memory(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
-    # The v2 call separates driver-reserved memory from "used" (driver >= 510); older
-    # drivers lack it, so probe once per device and stay on what worked.
-    if ctx.memory_v2 is not False and hasattr(nvml, "nvmlMemory_v2"):
-        try:
-            m = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)
-        except (nvml.NVMLError, AttributeError) as err:
-            if not _memory_v2_unavailable(nvml, err):
-                raise
-            ctx.memory_v2 = False
-            ctx.notes.append(
-                f"nvmlDeviceGetMemoryInfo_v2 unavailable ({error_name(err)}), using v1"
-            )
-        else:
-            ctx.memory_v2 = True
-            return {
-                "memory_total": {(): float(m.total)},
-                "memory_used": {(): float(m.used)},
-                "memory_free": {(): float(m.free)},
-                "memory_reserved": {(): float(m.reserved)},
-            }
-    m = nvml.nvmlDeviceGetMemoryInfo(h)
-    return {
-        "memory_total": {(): float(m.total)},
-        "memory_used": {(): float(m.used)},
-        "memory_free": {(): float(m.free)},
+def _memory(nvml: Any, handle: Any, ctx: DeviceCtx) -> Values:
+    memory = ctx.memory_info(nvml, handle)
+    out: Values = {
+        "memory_total": {(): float(memory.total)},
+        "memory_used": {(): float(memory.used)},
+        "memory_free": {(): float(memory.free)},
     }
+    reserved = getattr(memory, "reserved", None)  # only the v2 struct has it
+    if reserved is not None:
+        out["memory_reserved"] = {(): float(reserved)}
+    return out
 
 
-def _temperature(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("temperature_gpu", nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
+def _temperature(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+    return _scalar("temperature_gpu", celsius)
 
 
-def _power_usage(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("power_usage", nvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
+def _power_usage(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("power_usage", nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
 
 
-def _power_limit(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
+def _power_limit(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)
 
 
-def _energy(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("energy", nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)
+def _energy(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("energy", nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0)
 
 
-def _clock_sm(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("clock_sm", nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM) * 1e6)
+def _clock_sm(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("clock_sm", nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM) * 1e6)
 
 
-def _clock_mem(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("clock_memory", nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM) * 1e6)
+def _clock_mem(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("clock_memory", nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM) * 1e6)
 
 
-def _fan(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("fan_speed", nvml.nvmlDeviceGetFanSpeed(h) / 100.0)
+def _fan(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("fan_speed", nvml.nvmlDeviceGetFanSpeed(handle) / 100.0)
 
 
-def _pstate(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    p = int(nvml.nvmlDeviceGetPerformanceState(h))
+def _pstate(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    p = int(nvml.nvmlDeviceGetPerformanceState(handle))
     # NVML_PSTATE_UNKNOWN is a sentinel, not a state: leave the key out this cycle.
     return {} if p == PSTATE_UNKNOWN else _scalar("performance_state", p)
 
 
-def _clock_reasons(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
-    # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (driver 535);
-    # the bit layout is the same, so fall back once and remember the choice.
-    if ctx.clock_reasons_call is None:
-        for call in (
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-        ):
-            fn = getattr(nvml, call, None)
-            if fn is None:
-                continue
-            try:
-                mask = int(fn(h))
-            except nvml.NVMLError_FunctionNotFound:
-                continue
-            ctx.clock_reasons_call = call
-            break
-        else:
-            raise nvml.NVMLError_FunctionNotFound()
-    else:
-        mask = int(getattr(nvml, ctx.clock_reasons_call)(h))
+def _clock_reasons(nvml: Any, handle: Any, ctx: DeviceCtx) -> Values:
+    mask = int(ctx.clock_reasons(nvml, handle))
     return {
         "clock_event_reason": {
             (reason,): 1.0 if mask & bit else 0.0 for reason, bit in CLOCK_EVENT_REASONS.items()
@@ -212,33 +168,33 @@ def _clock_reasons(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
     }
 
 
-def _ecc(nvml: Any, h: Any, _: DeviceCtx) -> Values:
+def _ecc(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
     out: dict[LabelValues, float] = {}
     for type_label, type_const in ECC_ERROR_TYPES:
         for counter_label, counter_const in ECC_COUNTERS:
             out[(type_label, counter_label)] = float(
                 nvml.nvmlDeviceGetTotalEccErrors(
-                    h, getattr(nvml, type_const), getattr(nvml, counter_const)
+                    handle, getattr(nvml, type_const), getattr(nvml, counter_const)
                 )
             )
     return {"ecc_errors": out}
 
 
-def _retired_pages(nvml: Any, h: Any, _: DeviceCtx) -> Values:
+def _retired_pages(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
     out: dict[LabelValues, float] = {}
     for cause_label, cause_const in RETIREMENT_CAUSES:
-        pages = nvml.nvmlDeviceGetRetiredPages(h, getattr(nvml, cause_const))
+        pages = nvml.nvmlDeviceGetRetiredPages(handle, getattr(nvml, cause_const))
         out[(cause_label,)] = float(len(pages))
     return {"retired_pages": out}
 
 
-def _retired_pending(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    pending = nvml.nvmlDeviceGetRetiredPagesPendingStatus(h)
+def _retired_pending(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    pending = nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
     return _scalar("retired_pages_pending", 1.0 if pending else 0.0)
 
 
-def _remapped_rows(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    corr, unc, pending, failure = nvml.nvmlDeviceGetRemappedRows(h)
+def _remapped_rows(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    corr, unc, pending, failure = nvml.nvmlDeviceGetRemappedRows(handle)
     return {
         "remapped_rows": {("correctable",): float(corr), ("uncorrectable",): float(unc)},
         "remapped_rows_pending": {(): 1.0 if pending else 0.0},
@@ -246,25 +202,24 @@ def _remapped_rows(nvml: Any, h: Any, _: DeviceCtx) -> Values:
     }
 
 
-def _violation(nvml: Any, h: Any, _: DeviceCtx) -> Values:
+def _violation(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
     # violationTime is nanoseconds of clock reduction by the policy since driver load.
     out: dict[LabelValues, float] = {}
     for policy, code in VIOLATION_POLICIES.items():
-        status = nvml.nvmlDeviceGetViolationStatus(h, code)
+        status = nvml.nvmlDeviceGetViolationStatus(handle, code)
         out[(policy,)] = float(status.violationTime) / 1e9
     return {"violation_time": out}
 
 
-def _pcie_replay(nvml: Any, h: Any, _: DeviceCtx) -> Values:
-    return _scalar("pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter(h))
+def _pcie_replay(nvml: Any, handle: Any, _: DeviceCtx) -> Values:
+    return _scalar("pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter(handle))
 
 
 def _link_absent(nvml: Any, err: BaseException) -> bool:
-    names = ("NVMLError_NotSupported", "NVMLError_InvalidArgument")
-    return any(isinstance(err, getattr(nvml, n)) for n in names if hasattr(nvml, n))
+    return is_one_of(nvml, err, ("NVMLError_NotSupported", "NVMLError_InvalidArgument"))
 
 
-def _nvlink(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
+def _nvlink(nvml: Any, handle: Any, ctx: DeviceCtx) -> Values:
     # Links are numbered from 0; the first NotSupported / InvalidArgument marks the end,
     # so a PCIe-only board costs one call and an 18-link H100 costs 18 + counters.
     max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS_DEFAULT))
@@ -273,7 +228,7 @@ def _nvlink(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
     links: list[int] = []
     for link in range(max_links):
         try:
-            state = nvml.nvmlDeviceGetNvLinkState(h, link)
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
         except nvml.NVMLError as err:
             if _link_absent(nvml, err):
                 break
@@ -284,7 +239,7 @@ def _nvlink(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
             continue  # an inactive link's counters are not maintained
         for type_label, const in NVLINK_ERROR_COUNTERS:
             try:
-                value = nvml.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(nvml, const))
+                value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, getattr(nvml, const))
             except nvml.NVMLError as err:
                 if _link_absent(nvml, err):
                     continue
@@ -299,7 +254,7 @@ def _nvlink(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
     return out
 
 
-def _field_values(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
+def _field_values(nvml: Any, handle: Any, ctx: DeviceCtx) -> Values:
     # One batched call for every field-id value: memory temperature plus NVLink data
     # counters for each existing link. Each entry carries its own return code.
     ids: list[Any] = [nvml.NVML_FI_DEV_MEMORY_TEMP]
@@ -307,7 +262,7 @@ def _field_values(nvml: Any, h: Any, ctx: DeviceCtx) -> Values:
     for link in links:
         ids.append((nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
         ids.append((nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
-    results = nvml.nvmlDeviceGetFieldValues(h, ids)
+    results = nvml.nvmlDeviceGetFieldValues(handle, ids)
     out: Values = {}
     success = getattr(nvml, "NVML_SUCCESS", 0)
     first = results[0]

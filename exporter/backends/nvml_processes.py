@@ -2,10 +2,11 @@
 
 The process-info struct changed between drivers (v1 -> v2 -> v3) and a binding/driver
 mismatch scrambles pids and memory values, so each list call (compute, graphics, MPS
-compute) is probed once, newest first, and the choice is logged once on the
-"gpu_audit.nvml" logger. Utilisation comes from `nvmlDeviceGetProcessUtilization`
-with the newest driver timestamp seen on the previous cycle, so each cycle sees only
-the samples taken since the last one; NVML's NotFound there means "no new samples".
+compute) is a `VersionedCall` (exporter.backends.nvml_shim): probed once, newest
+first, the choice logged once on the "gpu_audit.nvml" logger. Utilisation comes from
+`nvmlDeviceGetProcessUtilization` with the newest driver timestamp seen on the previous
+cycle, so each cycle sees only the samples taken since the last one; NVML's NotFound
+there means "no new samples".
 
 This module must never decide GPU health; NVML errors other than "not offered" are
 raised to the backend, which marks the GPU down.
@@ -13,77 +14,25 @@ raised to the backend, which marks the GPU down.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.backends.nvml_fields import is_unsupported
+from exporter.backends.nvml_shim import VersionedCall
 from gpu_audit.model.samples import ProcessSample, ProcessType
-
-log = logging.getLogger("gpu_audit.nvml")
-
-# Newest first. The plain name is the oldest API on old bindings; on current bindings
-# it is an alias of v3, which is harmless as a last resort.
-PROCESS_CALLS: dict[ProcessType, tuple[str, ...]] = {
-    "compute": (
-        "nvmlDeviceGetComputeRunningProcesses_v3",
-        "nvmlDeviceGetComputeRunningProcesses_v2",
-        "nvmlDeviceGetComputeRunningProcesses",
-    ),
-    "graphics": (
-        "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        "nvmlDeviceGetGraphicsRunningProcesses_v2",
-        "nvmlDeviceGetGraphicsRunningProcesses",
-    ),
-    "mps": (
-        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
-        "nvmlDeviceGetMPSComputeRunningProcesses",
-    ),
-}
 
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 INSTANCE_NOT_AVAILABLE = (1 << 32) - 1  # gpuInstanceId / computeInstanceId outside MIG
 
 
-@dataclass(slots=True)
-class ProcessCallProbe:
-    """Which versioned process-list call works, chosen once per kind for the library.
-
-    A kind whose every variant is missing or unsupported is switched off for good
-    (`chosen` is ""), so the calls are not repeated each cycle.
-    """
-
-    chosen: dict[ProcessType, str] = field(default_factory=dict)
-
-    def call(self, nvml: Any, kind: ProcessType, handle: Any) -> list[Any] | None:
-        """The process list of one kind, or None when this kind is not available."""
-        name = self.chosen.get(kind)
-        if name == "":
-            return None
-        if name is not None:
-            return list(getattr(nvml, name)(handle))
-        tried: list[str] = []
-        for candidate in PROCESS_CALLS[kind]:
-            fn = getattr(nvml, candidate, None)
-            if fn is None:
-                tried.append(f"{candidate} (absent from the binding)")
-                continue
-            try:
-                result = list(fn(handle))
-            except nvml.NVMLError as err:
-                if is_unsupported(nvml, err):
-                    tried.append(f"{candidate} ({type(err).__name__})")
-                    continue
-                raise
-            self.chosen[kind] = candidate
-            skipped = f" after {', '.join(tried)}" if tried else ""
-            log.info("NVML %s process list: using %s%s", kind, candidate, skipped)
-            return result
-        self.chosen[kind] = ""
-        log.info("NVML %s process list not available: %s", kind, ", ".join(tried))
-        return None
+def read_process_list(nvml: Any, call: VersionedCall, handle: Any) -> list[Any] | None:
+    """The process list of one kind, or None when no version of its call is offered."""
+    try:
+        return list(call(nvml, handle))
+    except nvml.NVMLError:
+        if call.exhausted:
+            return None  # no version is offered: this kind is off for good, unasked
+        raise
 
 
 def _optional_instance(value: Any) -> int | None:

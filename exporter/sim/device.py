@@ -97,14 +97,16 @@ class _Proc:
 
     def build(self, values: list[float], mig: bool) -> ProcessSample:
         """The ProcessSample for curve `values` (as returned by `values`)."""
-        p = self.plan
+        plan = self.plan
         mem, sm, memutil, enc, dec = values
         if mig:
             # NVML has no per-process utilisation inside MIG instances.
-            return ProcessSample(p.pid, p.name, p.uid, p.type, int(mem), None, None, None,
-                                 None, p.gpu_instance_id, p.compute_instance_id, p.identity)
-        return ProcessSample(p.pid, p.name, p.uid, p.type, int(mem), sm, memutil, enc, dec,
-                             p.gpu_instance_id, p.compute_instance_id, p.identity)
+            return ProcessSample(plan.pid, plan.name, plan.uid, plan.type, int(mem), None,
+                                 None, None, None, plan.gpu_instance_id,
+                                 plan.compute_instance_id, plan.identity)
+        return ProcessSample(plan.pid, plan.name, plan.uid, plan.type, int(mem), sm, memutil,
+                             enc, dec, plan.gpu_instance_id, plan.compute_instance_id,
+                             plan.identity)
 
 
 
@@ -259,7 +261,7 @@ class SimDevice:
         self, t: float, dt: float, *, sm: float, memutil: float, enc: float, dec: float,
         mem_used: int, busy: bool,
     ) -> dict[str, FieldValues]:
-        spec, th, clk = self.spec, self.spec.thermal, self.spec.clocks
+        spec, thermal, clocks = self.spec, self.spec.thermal, self.spec.clocks
         bucket = math.floor(t)
         load = min(1.0, 0.75 * sm + 0.25 * memutil)
         power = self.spec.idle_power_watts + (self.max_power - spec.idle_power_watts) * load
@@ -273,16 +275,16 @@ class SimDevice:
         if self.temp_curve is not None:
             temp = self.temp_curve.at(t)
         else:
-            temp = th.idle_celsius + (th.load_celsius - th.idle_celsius) * load
+            temp = thermal.idle_celsius + (thermal.load_celsius - thermal.idle_celsius) * load
             temp += 0.6 * unit_noise(self.noise_key ^ 0x5A5A, bucket)
         temp = float(round(temp))
-        sw_thermal = temp >= th.slowdown_celsius
-        hw_thermal = temp >= th.hw_slowdown_celsius
-        sm_mhz = clk.sm_max_mhz if busy or sm >= 0.01 else clk.sm_idle_mhz
+        sw_thermal = temp >= thermal.slowdown_celsius
+        hw_thermal = temp >= thermal.hw_slowdown_celsius
+        sm_mhz = clocks.sm_max_mhz if busy or sm >= 0.01 else clocks.sm_idle_mhz
         if hw_thermal:
-            sm_mhz *= clk.hw_thermal_clock_ratio
+            sm_mhz *= clocks.hw_thermal_clock_ratio
         elif sw_thermal:
-            sm_mhz *= clk.sw_thermal_clock_ratio
+            sm_mhz *= clocks.sw_thermal_clock_ratio
         power_capped = power >= 0.98 * spec.power_limit_watts
         # The state seen now is charged for the whole interval since the last sample.
         if sw_thermal:
@@ -298,8 +300,8 @@ class SimDevice:
         reasons: dict[tuple[str, ...], float] = {
             (r,): 1.0 if active.get(r, False) else 0.0 for r in CLOCK_EVENT_REASONS
         }
-        fan_span = max(th.hw_slowdown_celsius - th.idle_celsius, 1.0)
-        fan = min(1.0, max(0.3, 0.3 + 0.7 * (temp - th.idle_celsius) / fan_span))
+        fan_span = max(thermal.hw_slowdown_celsius - thermal.idle_celsius, 1.0)
+        fan = min(1.0, max(0.3, 0.3 + 0.7 * (temp - thermal.idle_celsius) / fan_span))
         free = max(spec.memory_total - spec.memory_reserved - mem_used, 0.0)
         values: dict[str, FieldValues] = {
             "utilization_gpu": {(): sm},
@@ -311,11 +313,11 @@ class SimDevice:
             "memory_free": {(): float(free)},
             "memory_reserved": {(): float(spec.memory_reserved)},
             "temperature_gpu": {(): temp},
-            "temperature_memory": {(): temp + th.memory_offset_celsius},
+            "temperature_memory": {(): temp + thermal.memory_offset_celsius},
             "power_usage": {(): round(power, 3)},
             "energy": {(): round(self.energy, 3)},
             "clock_sm": {(): float(round(sm_mhz)) * 1e6},
-            "clock_memory": {(): clk.memory_mhz * 1e6},
+            "clock_memory": {(): clocks.memory_mhz * 1e6},
             "fan_speed": {(): round(fan, 2)},
             "performance_state": {(): _PSTATE_BUSY if busy else _PSTATE_IDLE},
             "clock_event_reason": reasons,
@@ -364,20 +366,22 @@ class SimDevice:
                 _ECC_KEYS[3]: float(spec.ecc.aggregate_uncorrected + unc),
             }
         if spec.retired_pages is not None:
-            rp = spec.retired_pages
+            retired = spec.retired_pages
             values["retired_pages"] = {
-                ("single_bit_ecc",): float(rp.single_bit_ecc),
-                ("double_bit_ecc",): float(rp.double_bit_ecc + self.dbe_count),
+                ("single_bit_ecc",): float(retired.single_bit_ecc),
+                ("double_bit_ecc",): float(retired.double_bit_ecc + self.dbe_count),
             }
-            values["retired_pages_pending"] = {(): 1.0 if rp.pending or self.dbe_count else 0.0}
+            pending = retired.pending or self.dbe_count
+            values["retired_pages_pending"] = {(): 1.0 if pending else 0.0}
         if spec.remapped_rows is not None:
-            rr = spec.remapped_rows
+            remapped = spec.remapped_rows
             values["remapped_rows"] = {
-                ("correctable",): float(rr.correctable),
-                ("uncorrectable",): float(rr.uncorrectable + self.dbe_count),
+                ("correctable",): float(remapped.correctable),
+                ("uncorrectable",): float(remapped.uncorrectable + self.dbe_count),
             }
-            values["remapped_rows_pending"] = {(): 1.0 if rr.pending or self.dbe_count else 0.0}
-            values["remapped_rows_failure"] = {(): 1.0 if rr.failure else 0.0}
+            pending = remapped.pending or self.dbe_count
+            values["remapped_rows_pending"] = {(): 1.0 if pending else 0.0}
+            values["remapped_rows_failure"] = {(): 1.0 if remapped.failure else 0.0}
         if spec.nvlink is not None:
             errs = spec.nvlink.errors
             rates = (errs.replay_per_hour, errs.recovery_per_hour, errs.crc_flit_per_hour,

@@ -46,7 +46,7 @@ _DEFAULT_BUSES: tuple[int, ...] = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xD
 _MiB = 1024**2
 
 Loc = tuple[str | int, ...]
-M = TypeVar("M", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ def parse_scenario(text: str, source: str) -> Scenario:
     )
 
 
-def _partial(model: type[M], raw: Any) -> list[tuple[int, M]]:
+def _partial(model: type[ModelT], raw: Any) -> list[tuple[int, ModelT]]:
     if not isinstance(raw, list):
         return []
     out = []
@@ -272,7 +272,7 @@ class _Checker:
                                  "an explicit MIG uuid needs a GPU group with count 1")
             for k in range(spec.count):
                 index = len(plans)
-                uuid = _pick(spec.uuids, k) or f"GPU-{_uuid_text(seed, name, 'gpu', index)}"
+                uuid = _nth_or_none(spec.uuids, k) or f"GPU-{_uuid_text(seed, name, 'gpu', index)}"
                 loc: Loc = (*base, "uuids", k) if spec.uuids else base
                 if not uuid.startswith("GPU-"):
                     self.add(loc, f"GPU uuid {uuid!r} must start with 'GPU-' like NVML's")
@@ -282,9 +282,9 @@ class _Checker:
                     uuid=uuid,
                     index=index,
                     name=spec.model,
-                    serial=_pick(spec.serials, k)
+                    serial=_nth_or_none(spec.serials, k)
                     or f"1{seed_key(seed, name, index) % 10**12:012d}",
-                    pci_bus_id=_pick(spec.pci_bus_ids, k)
+                    pci_bus_id=_nth_or_none(spec.pci_bus_ids, k)
                     or f"{bus // 0x100:08X}:{bus % 0x100:02X}:00.0",
                     vbios_version=spec.vbios_version,
                     driver_version=driver_version,
@@ -317,11 +317,11 @@ class _Checker:
             self.add((*base, "idle_power_watts"), f"above the full-load draw {max_power:g} W")
         if spec.max_power_watts is not None and spec.max_power_watts > spec.power_limit_watts:
             self.add((*base, "max_power_watts"), "above power_limit_watts")
-        th = spec.thermal
-        if th.hw_slowdown_celsius < th.slowdown_celsius:
+        thermal = spec.thermal
+        if thermal.hw_slowdown_celsius < thermal.slowdown_celsius:
             self.add((*base, "thermal", "hw_slowdown_celsius"), "below slowdown_celsius")
-        if th.curve is not None:
-            lo, hi = curve_bounds(th.curve, None)
+        if thermal.curve is not None:
+            lo, hi = curve_bounds(thermal.curve, None)
             if lo < 0 or hi > 120:
                 self.add((*base, "thermal", "curve"), "temperatures must stay within 0..120 C")
         if spec.clocks.sm_idle_mhz > spec.clocks.sm_max_mhz:
@@ -342,8 +342,8 @@ class _Checker:
             self.add(loc, f"instances use {slices} compute slices; a GPU has 7")
         memory = sum(_mig_memory(m) for m in spec.mig)
         if memory > spec.memory_total:
-            self.add(loc, f"instances need {_size(memory)}; the GPU has "
-                          f"{_size(spec.memory_total)}")
+            self.add(loc, f"instances need {_describe_bytes(memory)}; the GPU has "
+                          f"{_describe_bytes(spec.memory_total)}")
 
     # --- processes -------------------------------------------------------------------------
     def processes(
@@ -401,8 +401,9 @@ class _Checker:
                             pid=pid,
                             uid=spec.uid,
                             start_time_ticks=ticks,
-                            environ={k: _fill(v, values) for k, v in spec.environ.items()},
-                            cgroup=_fill(spec.cgroup, values),
+                            environ={key: _fill_placeholders(text, values)
+                                     for key, text in spec.environ.items()},
+                            cgroup=_fill_placeholders(spec.cgroup, values),
                         ),
                         source_index=pi,
                         pod=spec.pod,
@@ -479,8 +480,8 @@ class _Checker:
                 room = float(inst.memory_total_bytes or 0)
             if hi > room:
                 over.add(id(p))
-                self.add(loc, f"peaks at {_size(hi)}, more than the {_size(room)} available on "
-                              f"GPU {p.gpu_index}")
+                self.add(loc, f"peaks at {_describe_bytes(hi)}, more than the "
+                              f"{_describe_bytes(room)} available on GPU {p.gpu_index}")
         # The set of live processes only changes at a start, so the worst total is at one.
         reported: set[tuple[int, int | None]] = set()
         for p in procs:
@@ -499,7 +500,8 @@ class _Checker:
                 reported.add(group)
                 self.add(("processes", p.source_index, "memory"),
                          f"with the processes beside it on GPU {p.gpu_index} the peak total is "
-                         f"{_size(total)}, more than the {_size(room)} available")
+                         f"{_describe_bytes(total)}, more than the "
+                         f"{_describe_bytes(room)} available")
 
     # --- events ------------------------------------------------------------------------------
     def events(self, specs: list[tuple[int, EventSpec]], n_gpus: int, all_valid: bool) -> None:
@@ -518,12 +520,12 @@ class _Checker:
                 lost.setdefault(ev.gpu, []).append((ev.at, end))
 
 
-def _size(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB ({n:.0f} bytes)"
+def _describe_bytes(size: float) -> str:
+    return f"{size / 1024**3:.2f} GiB ({size:.0f} bytes)"
 
 
-def _pick(values: list[str] | None, k: int) -> str | None:
-    return values[k] if values is not None and k < len(values) else None
+def _nth_or_none(values: list[str] | None, index: int) -> str | None:
+    return values[index] if values is not None and index < len(values) else None
 
 
 def _mig_memory(m: MigSpec) -> int:
@@ -546,7 +548,7 @@ def _placeholder_values(
     }
 
 
-def _fill(text: str, values: Mapping[str, str]) -> str:
+def _fill_placeholders(text: str, values: Mapping[str, str]) -> str:
     if "{" not in text:
         return text
     try:

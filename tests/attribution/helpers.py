@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
+from exporter.sim.fakeproc import write_fake_proc
 from gpu_audit.model.samples import GpuInfo, GpuSample, MigInstance, ProcessIdentity, ProcessSample
 
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"

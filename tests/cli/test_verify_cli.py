@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.fakeproc import write_fake_proc
 from exporter.attribution.resolver import Resolver
 from exporter.sim.backend import SimBackend
+from exporter.sim.fakeproc import write_fake_proc
 from exporter.sim.scenario import load_scenario
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.attribution import procfs
-from exporter.attribution.fakeproc import write_fake_proc
+from exporter.sim.fakeproc import write_fake_proc
 from gpu_audit.model.samples import ProcessSample
 from tests.attribution.helpers import GPU0, config, gpu, proc, resolver
 
