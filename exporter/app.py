@@ -230,7 +230,7 @@ class ExporterApp:
         web = load_web_config(ex.web_config_file) if ex.web_config_file else WebConfig()
         sinks = None
         if self.with_shipper:
-            from shipper.sinks.factory import create_sink
+            from shipper.sinks.registry import create_sink
 
             # resolves every secret now; a sink only connects when it is started
             sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))

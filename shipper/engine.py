@@ -45,9 +45,9 @@ from shipper.config import ShipperConfig
 from shipper.deadletter import DeadLetterFile
 from shipper.ledger import Ledger
 from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
+from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.base import Sink
-from shipper.sinks.config import ArchiveSinkConfig
-from shipper.sinks.factory import create_sink, default_archive_dir
+from shipper.sinks.registry import create_sink, default_archive_dir
 from shipper.worker import SinkWorker
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-import shipper.sinks.archive as archive_mod
+import shipper.sinks.archive.sink as archive_mod
 from gpu_audit.cli import main
 from tests.sinks.archive_crasher import KillingOs
 

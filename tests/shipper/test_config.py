@@ -12,7 +12,7 @@ from gpu_audit.errors import ConfigError
 from gpu_audit.spool.config import SpoolConfig
 from shipper.check import check_shipper
 from shipper.config import ShipperConfig
-from shipper.sinks.config import ArchiveSinkConfig
+from shipper.sinks.archive.config import ArchiveSinkConfig
 
 
 def test_default_is_one_archive_sink() -> None:

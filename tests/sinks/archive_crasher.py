@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-import shipper.sinks.archive as archive_mod
+import shipper.sinks.archive.sink as archive_mod
 from shipper.__main__ import main
 from tests.sinks.test_archive_crash import FaultyOs
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shipper.sinks.archive import STATE_FILE, ArchiveSink
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.sink import STATE_FILE, ArchiveSink
 from shipper.sinks.base import Outcome, SinkError, SinkRecord
-from shipper.sinks.config import ArchiveSinkConfig
 from tests.sinks.records import BASE_NS, make_batch, make_record
 
 DAY = 86_400 * 1_000_000_000
@@ -178,7 +178,7 @@ def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
     import errno
     import os
 
-    import shipper.sinks.archive as archive_mod
+    import shipper.sinks.archive.sink as archive_mod
 
     s = sink(tmp_path)
     first, second = make_batch(3), make_batch(3, start=3)

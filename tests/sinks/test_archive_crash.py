@@ -29,13 +29,13 @@ from typing import Any
 import orjson
 import pytest
 
-import shipper.sinks.archive as archive_mod
+import shipper.sinks.archive.sink as archive_mod
 from gpu_audit.archive import list_parts, read_lines
 from gpu_audit.audit.verify import VerifyReport
 from gpu_audit.verify_cli import verify_archive_dir
-from shipper.sinks.archive import ArchiveSink
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import Outcome, SinkRecord
-from shipper.sinks.config import ArchiveSinkConfig
 from tests.shipper.producer import chained
 from tests.sinks.records import make_batch
 

@@ -12,9 +12,9 @@ import pytest
 
 from gpu_audit.archive import list_parts, parse_name, part_name, read_lines, read_records
 from gpu_audit.cli import main
-from shipper.sinks.archive import ArchiveSink
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import SinkRecord
-from shipper.sinks.config import ArchiveSinkConfig
 from tests.shipper.producer import chained
 
 MIDNIGHT_NS = 1_790_035_200 * 1_000_000_000  # 2026-09-22T00:00:00Z

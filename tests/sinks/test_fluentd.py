@@ -7,13 +7,13 @@ from typing import Any
 
 import msgpack
 import pytest
-from fluent.sender import EventTime
 from pydantic import SecretStr
 
 from shipper.sinks.base import Outcome, SinkError
-from shipper.sinks.config import FluentdSinkConfig
 from shipper.sinks.errors import ReadBackUnsupported
-from shipper.sinks.fluentd import FluentdSink, chunk_id
+from shipper.sinks.fluentd.config import FluentdSinkConfig
+from shipper.sinks.fluentd.encode import chunk_id, event_time
+from shipper.sinks.fluentd.sink import FluentdSink
 from tests.sinks.records import make_batch, make_record
 from tests.sinks.servers.forward import ForwardServer
 
@@ -148,7 +148,7 @@ def test_server_parses_message_and_packed_forward_modes(server: ForwardServer) -
     """The test server itself understands Message and PackedForward (contract check)."""
     import socket
 
-    et = EventTime.from_unix_nano(1_700_000_000_123_456_789)
+    et = event_time(1_700_000_000_123_456_789)
     packed = msgpack.packb([et, {"a": 1}], use_bin_type=True) + msgpack.packb(
         [et, {"a": 2}], use_bin_type=True)
     with socket.create_connection(("127.0.0.1", server.port)) as sock:

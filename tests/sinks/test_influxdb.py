@@ -10,10 +10,10 @@ import pytest
 from pydantic import SecretStr
 
 from shipper.sinks.base import Outcome, SinkError, SinkRecord
-from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.errors import ReadBackUnsupported
-from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from shipper.sinks.lineprotocol import encode_record
+from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.influxdb.encode import encode_record
+from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.sinks.records import BASE_NS, make_batch, make_record
 from tests.sinks.servers.http_base import Fault
 from tests.sinks.servers.influx import InfluxServer

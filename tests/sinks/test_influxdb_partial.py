@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from shipper.sinks.base import Outcome, SinkRecord
-from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
-from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from shipper.sinks.lineprotocol import encode_record
+from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.influxdb.encode import encode_record
+from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.sinks.records import make_batch
 from tests.sinks.servers.influx import InfluxServer
 

@@ -9,14 +9,14 @@ import pytest
 
 from gpu_audit.audit.verify import verify_readback
 from shipper.sinks.base import Outcome
-from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
-from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from shipper.sinks.lineprotocol import (
+from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.influxdb.encode import (
     INFLUX_POINT_TIME,
     VICTORIAMETRICS_POINT_TIME,
     encode_record,
     point_time_ns,
 )
+from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.sinks.lp_parser import parse_line
 from tests.sinks.records import make_record
 from tests.sinks.servers.influx import InfluxServer

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from gpu_audit.audit.verify import verify_readback
-from shipper.sinks import influxdb
 from shipper.sinks.base import Outcome
-from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
-from shipper.sinks.influxdb import InfluxV1Sink, InfluxV2Sink
-from shipper.sinks.lineprotocol import encode_record
+from shipper.sinks.influxdb import sink as influxdb_sink
+from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.influxdb.encode import encode_record
+from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.realservers import vm_flush
 from tests.sinks.records import BASE_NS, make_batch
 from tests.sinks.trail import audit_trail, kinds, trail_window
@@ -115,7 +115,7 @@ def test_real_influxd_unparsable_line_is_named_and_the_rest_is_not_sent_again(
         line = encode_record(doc, raw, record_id, **kw)
         return b"gpu_audit_process,host=x seq= 1" if doc["seq"] == 5 else line
 
-    monkeypatch.setattr(influxdb, "encode_record", broken_seq_5)
+    monkeypatch.setattr(influxdb_sink, "encode_record", broken_seq_5)
     sink = _v1(url, db)
     posts: list[str] = []
     real_request = sink._pool.request

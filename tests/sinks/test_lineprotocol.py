@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shipper.sinks.lineprotocol import (
+from shipper.sinks.influxdb.encode import (
     EncodeError,
     encode_record,
     escape_key,

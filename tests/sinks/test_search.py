@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from shipper.sinks import bulk
 from shipper.sinks.base import Outcome, SinkError
-from shipper.sinks.config import ElasticsearchSinkConfig, OpenSearchSinkConfig
-from shipper.sinks.elasticsearch import ElasticClient, SearchSink
-from shipper.sinks.opensearch import OpenSearchClient
+from shipper.sinks.elasticsearch import response
+from shipper.sinks.elasticsearch.client import ElasticClient
+from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
+from shipper.sinks.elasticsearch.sink import SearchSink
+from shipper.sinks.opensearch.client import OpenSearchClient
+from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 from tests.sinks.records import BASE_NS, make_batch, make_record
 from tests.sinks.servers.http_base import Fault
 from tests.sinks.servers.search import SearchServer
@@ -189,7 +191,7 @@ def test_data_stream_mode_adds_timestamp_and_read_back_strips_it(server: SearchS
 
 def test_read_back_pages_with_search_after(server: SearchServer, monkeypatch: Any) -> None:
     """read_back pages through more hits than one page, in (stream, seq) order, in range."""
-    monkeypatch.setattr("shipper.sinks.elasticsearch._PAGE", 4)
+    monkeypatch.setattr("shipper.sinks.elasticsearch.sink._PAGE", 4)
     sink = make_sink(server)
     sink.send(make_batch(11))
     got = list(sink.read_back(BASE_NS + 1_000_000, BASE_NS + 10_000_000))
@@ -213,13 +215,13 @@ def test_item_classification_table() -> None:
     def item(status: int, etype: str = "") -> dict[str, Any]:
         return {"create": {"status": status, "error": {"type": etype, "reason": "r"}}}
 
-    assert bulk.classify_item(item(201)).outcome is Outcome.DELIVERED
-    assert bulk.classify_item(item(409)).outcome is Outcome.DELIVERED
-    assert bulk.classify_item(item(429)).outcome is Outcome.RETRY
-    assert bulk.classify_item(item(403, "cluster_block_exception")).outcome is Outcome.RETRY
-    assert bulk.classify_item(item(502)).outcome is Outcome.RETRY
-    assert bulk.classify_item(item(404, "index_not_found_exception")).outcome is Outcome.HOLD
-    assert bulk.classify_item(item(400, "mapper_parsing_exception")).outcome is \
+    assert response.classify_item(item(201)).outcome is Outcome.DELIVERED
+    assert response.classify_item(item(409)).outcome is Outcome.DELIVERED
+    assert response.classify_item(item(429)).outcome is Outcome.RETRY
+    assert response.classify_item(item(403, "cluster_block_exception")).outcome is Outcome.RETRY
+    assert response.classify_item(item(502)).outcome is Outcome.RETRY
+    assert response.classify_item(item(404, "index_not_found_exception")).outcome is Outcome.HOLD
+    assert response.classify_item(item(400, "mapper_parsing_exception")).outcome is \
         Outcome.DEAD_LETTER
-    short = bulk.classify_response({"items": [item(201)]}, 2)
+    short = response.classify_response({"items": [item(201)]}, 2)
     assert [r.outcome for r in short] == [Outcome.DELIVERED, Outcome.RETRY]

@@ -66,8 +66,8 @@ from typing import Any
 import orjson
 
 from gpu_audit.archive import day_of, list_parts, parse_name, part_name, read_records
+from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
-from shipper.sinks.config import ArchiveSinkConfig
 
 log = logging.getLogger(__name__)
 

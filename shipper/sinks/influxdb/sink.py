@@ -40,8 +40,7 @@ import csv
 import dataclasses
 import gzip
 import io
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -50,23 +49,25 @@ import urllib3
 from pydantic import SecretStr
 
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
-from shipper.sinks.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.errors import ReadBackUnsupported
 from shipper.sinks.httputil import exception_reason, header, make_pool, parse_retry_after
-from shipper.sinks.lineprotocol import (
+from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
+from shipper.sinks.influxdb.encode import (
     INFLUX_POINT_TIME,
     VICTORIAMETRICS_POINT_TIME,
     EncodeError,
     PointTime,
     encode_record,
-    escape_key,
-    escape_measurement,
 )
-
-_UNABLE = re.compile(r"unable to parse '((?:[^'\\]|\\.|'(?! *:))*)'")
-_DROPPED = re.compile(r"dropped=(\d+)")
-# influxd's reason for a refused point: `input field "F" on measurement "M" is type T`
-_CONFLICT = re.compile(r'input field "((?:[^"\\]|\\.)*)" on measurement "((?:[^"\\]|\\.)*)"')
+from shipper.sinks.influxdb.response import (
+    CONFLICT,
+    DROPPED,
+    UNABLE,
+    error_text,
+    field_probe,
+    line_reason,
+    whole_failure,
+)
 
 _Line = tuple[int, bytes]  # (index in the batch, encoded line)
 
@@ -180,7 +181,7 @@ class _InfluxSink(abc.ABC):
             state.sends[i] += 1
         try:
             status, body, headers = self._post(b"\n".join(line for _, line in group) + b"\n")
-            whole = _whole_failure(status, body, headers)
+            whole = whole_failure(status, body, headers)
         except SinkError as exc:
             whole = exc
         if whole is not None:
@@ -191,7 +192,7 @@ class _InfluxSink(abc.ABC):
             for i, _ in group:
                 state.results[i] = ItemResult(Outcome.DELIVERED)
             return
-        reason = f"HTTP {status}: {_error_text(body)}"
+        reason = f"HTTP {status}: {error_text(body)}"
         if status == 413:
             if len(group) == 1:
                 state.results[group[0][0]] = ItemResult(
@@ -206,15 +207,15 @@ class _InfluxSink(abc.ABC):
             self._partial(group, state, status, body, reason)
             return
         # any other 4xx is a property of these lines: isolate and quarantine them
-        self._split(group, state, _error_text(body), reason)
+        self._split(group, state, error_text(body), reason)
 
     def _partial(
         self, group: list[_Line], state: _Send, status: int, body: str, reason: str
     ) -> None:
         kept = self._partial_kept(status, body)
-        text = _error_text(body)
-        named = {m.group(1) for m in _UNABLE.finditer(text)}
-        dropped_match = _DROPPED.search(text)
+        text = error_text(body)
+        named = {m.group(1) for m in UNABLE.finditer(text)}
+        dropped_match = DROPPED.search(text)
         dropped = int(dropped_match.group(1)) if dropped_match else None
         rejected = [
             (i, line) for i, line in group if line.decode("utf-8", "replace") in named
@@ -222,7 +223,7 @@ class _InfluxSink(abc.ABC):
         if rejected and len(rejected) == len(named):
             rejected_idx = {i for i, _ in rejected}
             for i, line in rejected:
-                state.results[i] = ItemResult(Outcome.DEAD_LETTER, _line_reason(text, line))
+                state.results[i] = ItemResult(Outcome.DEAD_LETTER, line_reason(text, line))
             rest = [(i, line) for i, line in group if i not in rejected_idx]
             # influxd names unparsable lines only when every parsed point was stored, and
             # counts them in `dropped` as 0 (they are no points): the rest is stored
@@ -245,9 +246,9 @@ class _InfluxSink(abc.ABC):
         if len(group) == 1:
             state.results[group[0][0]] = ItemResult(Outcome.DEAD_LETTER, reason)
             return
-        conflict = _CONFLICT.search(text)
+        conflict = CONFLICT.search(text)
         if conflict is not None:
-            suspect = _field_probe(conflict.group(2), conflict.group(1))
+            suspect = field_probe(conflict.group(2), conflict.group(1))
             suspects = [(i, line) for i, line in group if suspect(line)]
             if 0 < len(suspects) < len(group):
                 # the lines that cannot have this conflict are most likely stored: one
@@ -263,54 +264,6 @@ class _InfluxSink(abc.ABC):
     @abc.abstractmethod
     def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
         """The records the backend holds with time in [start_ns, end_ns)."""
-
-
-def _whole_failure(status: int, body: str, headers: Mapping[str, str]) -> SinkError | None:
-    """The SinkError for an answer about the whole request (auth, missing db, busy)."""
-    if 200 <= status < 300:
-        return None
-    reason = f"HTTP {status}: {_error_text(body)}"
-    if status in (401, 403):
-        return SinkError(Outcome.HOLD, f"not authorised: {reason}")
-    if status == 404 or (status == 400 and "retention policy not found" in body):
-        return SinkError(Outcome.HOLD, f"database/bucket missing: {reason}")
-    if status == 429 or status >= 500 or status == 408:
-        return SinkError(Outcome.RETRY, reason, parse_retry_after(header(headers, "Retry-After")))
-    return None
-
-
-def _field_probe(measurement: str, field: str) -> Callable[[bytes], bool]:
-    """Does an encoded line write `field` on `measurement`? (A guess that only decides
-    how lines are grouped for the next request, never an outcome.)"""
-    head = escape_measurement(measurement).encode()
-    key = escape_key(field).encode() + b"="
-    starts = (head + b",", head + b" ")
-
-    def probe(line: bytes) -> bool:
-        return line.startswith(starts) and (b" " + key in line or b"," + key in line)
-
-    return probe
-
-
-def _error_text(body: str) -> str:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body.strip()[:2000]
-    if isinstance(data, dict):
-        for key in ("error", "message"):
-            if isinstance(data.get(key), str):
-                return str(data[key])
-    return body.strip()[:2000]
-
-
-def _line_reason(text: str, line: bytes) -> str:
-    decoded = line.decode("utf-8", "replace")
-    for part in re.split(r"\n|; ", text):
-        if decoded in part:
-            tail = part.split(decoded, 1)[1].lstrip("': ")
-            return f"rejected by InfluxDB: {tail[:300] or part[:300]}"
-    return f"rejected by InfluxDB: {text[:300]}"
 
 
 class InfluxV1Sink(_InfluxSink):
@@ -354,12 +307,12 @@ class InfluxV1Sink(_InfluxSink):
         if 200 <= status < 300:
             return
         if status in (401, 403):
-            raise SinkError(Outcome.HOLD, f"not authorised: HTTP {status}: {_error_text(body)}")
+            raise SinkError(Outcome.HOLD, f"not authorised: HTTP {status}: {error_text(body)}")
         if status == 404:
-            raise SinkError(Outcome.HOLD, f"database missing: HTTP {status}: {_error_text(body)}")
+            raise SinkError(Outcome.HOLD, f"database missing: HTTP {status}: {error_text(body)}")
         raise SinkError(
             Outcome.RETRY,
-            f"HTTP {status}: {_error_text(body)}",
+            f"HTTP {status}: {error_text(body)}",
             parse_retry_after(header(headers, "Retry-After")),
         )
 
@@ -391,7 +344,7 @@ class InfluxV1Sink(_InfluxSink):
         try:
             if resp.status != 200:
                 raise SinkError(
-                    Outcome.RETRY, f"query HTTP {resp.status}: {_error_text(resp.data.decode())}"
+                    Outcome.RETRY, f"query HTTP {resp.status}: {error_text(resp.data.decode())}"
                 )
             buffer = b""
             for chunk in resp.stream(65536):
@@ -493,7 +446,7 @@ class InfluxV2Sink(_InfluxSink):
             raise SinkError(Outcome.RETRY, exception_reason(exc)) from None
         if resp.status != 200:
             raise SinkError(
-                Outcome.RETRY, f"query HTTP {resp.status}: {_error_text(resp.data.decode())}"
+                Outcome.RETRY, f"query HTTP {resp.status}: {error_text(resp.data.decode())}"
             )
         yield from _in_range(self._flux_records(resp.data), start_ns, end_ns)
 

@@ -1,10 +1,11 @@
-"""OpenSearch's client for the search sink (shipper/sinks/elasticsearch.py's SearchSink).
+"""OpenSearch's client for the search sink (shipper/sinks/elasticsearch/sink.py).
 
-`opensearch-py` is the `gpu-audit[opensearch]` extra; it lives in its own module so an
+`opensearch-py` is the `gpu-audit[opensearch]` extra, imported only here, so an
 Elasticsearch-only install never imports it (and the other way round). The official
 `elasticsearch` client refuses OpenSearch servers (its product check), hence this one.
-Like ElasticClient it has its own retries off and maps every failure to HttpFailure or
-ConnFailure. It never logs the password it is given.
+Like ElasticClient it has its own retries off, maps every failure to HttpFailure or
+ConnFailure and takes its TLS from shipper/sinks/tls.py. It never logs the password it
+is given.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from opensearchpy.connection import Urllib3HttpConnection
 from pydantic import SecretStr
 from typing_extensions import override
 
-from shipper.sinks.config import OpenSearchSinkConfig
-from shipper.sinks.elasticsearch import ConnFailure, HttpFailure
+from shipper.sinks.elasticsearch.response import ConnFailure, HttpFailure
 from shipper.sinks.httputil import exception_reason
+from shipper.sinks.opensearch.config import OpenSearchSinkConfig
+from shipper.sinks.tls import ssl_context, uses_tls
 
 
 class _StatusConnection(Urllib3HttpConnection):
@@ -63,18 +65,11 @@ class OpenSearchClient:
         }
         if cfg.username is not None and password is not None:
             kwargs["http_auth"] = (cfg.username, password.get_secret_value())
-        tls = cfg.tls
-        if tls.enabled or any(h.startswith("https") for h in cfg.hosts):
+        if uses_tls(cfg.tls, cfg.hosts):
+            # with a context opensearch-py takes every TLS setting from it (and warns
+            # about any other TLS argument, so none is given)
             kwargs["use_ssl"] = True
-            kwargs["verify_certs"] = tls.verify
-            kwargs["ssl_show_warn"] = False
-            if not tls.verify:
-                kwargs["ssl_assert_hostname"] = False
-        if tls.ca_file is not None:
-            kwargs["ca_certs"] = str(tls.ca_file)
-        if tls.client_cert is not None:
-            kwargs["client_cert"] = str(tls.client_cert)
-            kwargs["client_key"] = str(tls.client_key)
+            kwargs["ssl_context"] = ssl_context(cfg.tls, f"sink {cfg.name or cfg.type}: tls")
         self._os = opensearchpy.OpenSearch(**kwargs)
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Mapping[str, Any]:
