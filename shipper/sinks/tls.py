@@ -71,20 +71,28 @@ def ssl_context(tls: TlsConfig, what: str = "tls") -> ssl.SSLContext:
     return ctx
 
 
-def elastic_transport_kwargs(tls: TlsConfig) -> dict[str, object]:
+def elastic_transport_kwargs(
+    tls: TlsConfig, urls: Iterable[str], what: str = "tls"
+) -> dict[str, object]:
     """`tls` as elastic-transport's TLS arguments, for the Elasticsearch client.
 
-    Not a context: next to an ssl_context elastic-transport still passes urllib3 its own
-    CA bundle (certifi) whenever it verifies, so a configured `ca_file` would stop being
-    the only CA trusted. With these arguments the transport builds the context itself
-    from exactly the configured files, as `ssl_context()` does.
+    Verifying, not a context: next to an ssl_context elastic-transport still passes
+    urllib3 its own CA bundle (certifi), so a configured `ca_file` would stop being the
+    only CA trusted; with `ca_certs` the transport builds the context from exactly the
+    configured files, as `ssl_context()` does. Not verifying, a context: without one
+    elastic-transport drops the client certificate when `verify_certs` is off, and a
+    server that demands one would refuse us. (A context on http:// nodes is refused by
+    the transport, so plain-HTTP nodes get no TLS arguments beyond `verify_certs`.)
     """
     kwargs: dict[str, object] = {}
-    if tls.ca_file is not None:
-        kwargs["ca_certs"] = str(tls.ca_file)
     if not tls.verify:
         kwargs["verify_certs"] = False
         kwargs["ssl_show_warn"] = False
+        if uses_tls(TlsConfig(), urls):
+            kwargs["ssl_context"] = ssl_context(tls, what)
+        return kwargs
+    if tls.ca_file is not None:
+        kwargs["ca_certs"] = str(tls.ca_file)
     if tls.client_cert is not None:
         kwargs["client_cert"] = str(tls.client_cert)
         kwargs["client_key"] = str(tls.client_key)

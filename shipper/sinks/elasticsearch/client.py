@@ -48,7 +48,9 @@ class ElasticClient:
             kwargs["basic_auth"] = (cfg.username, password.get_secret_value())
         if api_key is not None:
             kwargs["api_key"] = api_key.get_secret_value()
-        kwargs.update(elastic_transport_kwargs(cfg.tls))
+        kwargs.update(elastic_transport_kwargs(
+            cfg.tls, ["https://"] if cfg.cloud_id else cfg.hosts,
+            f"sink {cfg.name or cfg.type}: tls"))
         self._es = elasticsearch.Elasticsearch(**kwargs)
 
     def _call(self, fn: Any, **kw: Any) -> Mapping[str, Any]:

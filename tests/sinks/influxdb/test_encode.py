@@ -15,7 +15,7 @@ from shipper.sinks.influxdb.encode import (
     escape_measurement,
     escape_string_field,
 )
-from tests.sinks.lp_parser import parse_line, split_lines
+from tests.sinks.influxdb.lp_parser import parse_line, split_lines
 from tests.sinks.records import make_doc, make_record
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)),

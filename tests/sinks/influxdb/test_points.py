@@ -17,7 +17,7 @@ from shipper.sinks.influxdb.encode import (
     point_time_ns,
 )
 from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
-from tests.sinks.lp_parser import parse_line
+from tests.sinks.influxdb.lp_parser import parse_line
 from tests.sinks.records import make_record
 from tests.sinks.servers.influx import InfluxServer
 from tests.sinks.trail import audit_trail, kinds, trail_window

@@ -130,3 +130,47 @@ def test_archive_only_shipper_never_imports_sink_client_libraries(tmp_path: Path
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_registry_lists_exactly_the_configurable_sink_types() -> None:
+    """Every `type:` the YAML accepts has one registry entry whose config class is the
+    union member for that type and builds its own sink; nothing else is registered."""
+    from typing import get_args
+
+    from shipper.sinks.registry import OPTIONAL_SDKS, SINK_TYPES
+
+    union_members = get_args(get_args(SinkConfig)[0])
+    by_type = {cls.model_fields["type"].annotation.__args__[0]: cls for cls in union_members}
+    assert set(SINK_TYPES) == set(by_type)
+    for name, entry in SINK_TYPES.items():
+        assert entry.type == name and entry.config is by_type[name]
+        assert callable(getattr(entry.config, "build", None)), name
+    assert set(OPTIONAL_SDKS) == {"elasticsearch", "opensearch", "fluentd"}
+
+
+@pytest.mark.parametrize(
+    ("sink_type", "foreign"),
+    [("elasticsearch", ("opensearchpy",)), ("opensearch", ("elasticsearch", "elastic_transport"))],
+)
+def test_each_search_sink_loads_only_its_own_client_library(
+    sink_type: str, foreign: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Building an Elasticsearch sink never imports opensearch-py, and an OpenSearch sink
+    never imports the elasticsearch library (each is its own optional extra)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from pydantic import TypeAdapter\n"
+        "from shipper.sinks.config import SinkConfig\n"
+        "from shipper.sinks.registry import create_sink\n"
+        f"cfg = TypeAdapter(SinkConfig).validate_python({{'type': {sink_type!r}}})\n"
+        f"create_sink(cfg, spool_dir=Path({str(tmp_path)!r}))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {foreign!r}))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"

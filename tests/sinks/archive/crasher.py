@@ -1,6 +1,6 @@
 """Run the real standalone shipper, SIGKILLing itself at one archive boundary.
 
-    python -m tests.sinks.archive_crasher CONFIG LABEL N
+    python -m tests.sinks.archive.crasher CONFIG LABEL N
 
 The archive sink's `os` is wrapped so that the Nth disk-changing call labelled LABEL
 ("write:part", "replace:state", "replace:gz", "unlink:part", "ftruncate:part", ...; see
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import shipper.sinks.archive.sink as archive_mod
 from shipper.__main__ import main
-from tests.sinks.test_archive_crash import FaultyOs
+from tests.sinks.archive.test_crash import FaultyOs
 
 
 class KillingOs(FaultyOs):

@@ -18,7 +18,7 @@ from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb.encode import encode_record, point_time_ns
 from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.realservers import vm_flush
-from tests.sinks.lp_parser import parse_line
+from tests.sinks.influxdb.lp_parser import parse_line
 from tests.sinks.records import BASE_NS, make_batch, make_record
 
 

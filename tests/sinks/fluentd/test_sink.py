@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -166,3 +167,25 @@ def test_read_back_is_refused_clearly(server: ForwardServer) -> None:
     """Fluentd is a router: read_back raises ReadBackUnsupported with a hint."""
     with pytest.raises(ReadBackUnsupported, match="router"):
         list(make_sink(server).read_back(0, 1))
+
+
+def test_the_sink_needs_no_fluent_logger(server: ForwardServer,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink owns its forward connection: with fluent-logger unimportable it is built
+    by the registry and delivers with acks (it never relied on FluentSender's private
+    methods)."""
+    import importlib
+    import sys
+
+    for module in list(sys.modules):
+        if module == "fluent" or module.startswith(("fluent.", "shipper.sinks.fluentd.")):
+            monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "fluent", None)
+    monkeypatch.setitem(sys.modules, "fluent.sender", None)
+    registry = importlib.import_module("shipper.sinks.registry")
+    cfg = FluentdSinkConfig.model_validate({"type": "fluentd", "host": "127.0.0.1",
+                                            "port": server.port, "ack_timeout_s": 5})
+    assert registry.missing_sdk("fluentd") is None
+    sink = registry.create_sink(cfg, spool_dir=Path("/nonexistent"))
+    assert outcomes(sink.send(make_batch(2))) == [Outcome.DELIVERED] * 2
+    assert "fluent" not in {m.split(".")[0] for m, mod in sys.modules.items() if mod}

@@ -1,7 +1,7 @@
 """The real shipper process SIGKILLed at archive boundaries, several times in a row.
 
 A spool is prefilled with a sealed trail that crosses midnight; the standalone shipper
-(`python -m shipper`, through tests/sinks/archive_crasher.py) ships it to an archive of
+(`python -m shipper`, through tests/sinks/archive/crasher.py) ships it to an archive of
 8 KB parts and SIGKILLs itself at a chosen boundary: a torn line, the truncation that
 recovery does next, a compression's rename, the unlink after it, the state's rename.
 A last clean run finishes and stops on SIGTERM. The archive then holds exactly the
@@ -25,7 +25,7 @@ from gpu_audit.cli import main
 from gpu_audit.spool import CursorStore, SpoolReader
 from tests.shipper import producer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIDNIGHT_NS = 1_790_035_200 * 1_000_000_000  # 2026-09-22T00:00:00Z
 N = 3000
 
@@ -87,7 +87,7 @@ def test_sigkill_at_archive_boundaries_in_a_row_leaves_an_exact_archive(
     log = tmp_path / "shipper.log"
     cursors = CursorStore(tmp_path / "spool")
     for label, nth in KILLS:
-        proc = _run(["tests.sinks.archive_crasher", str(config), label, str(nth)], log)
+        proc = _run(["tests.sinks.archive.crasher", str(config), label, str(nth)], log)
         try:
             rc = proc.wait(60)
         except subprocess.TimeoutExpired:
