@@ -65,8 +65,9 @@ from typing import Any
 
 import orjson
 
-from gpu_audit.archive import day_of, list_parts, parse_name, part_name, read_records
+from gpu_audit.archive import list_parts, parse_name, part_name, read_records
 from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.encode import NotArchivable, archive_line
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
 
 log = logging.getLogger(__name__)
@@ -333,20 +334,16 @@ class ArchiveSink:
         max_day: dt.date | None = None
         top = self._last_offset
         for rec in batch:
-            time_ns = rec.doc.get("time_ns")
-            if not isinstance(time_ns, int) or isinstance(time_ns, bool):
-                results.append(ItemResult(Outcome.DEAD_LETTER, "record has no time_ns"))
-                continue
-            if b"\n" in rec.raw or b"\r" in rec.raw:
-                results.append(ItemResult(
-                    Outcome.DEAD_LETTER, "raw record spans lines; JSON Lines needs one"))
+            try:
+                day, line = archive_line(rec)
+            except NotArchivable as exc:
+                results.append(ItemResult(Outcome.DEAD_LETTER, str(exc)))
                 continue
             results.append(ItemResult(Outcome.DELIVERED))
             if rec.offset <= top:
                 self.skipped += 1
                 continue
             top = rec.offset
-            day = day_of(time_ns)
             max_day = day if max_day is None or day > max_day else max_day
             part = current.get(day)
             if part is None:
@@ -355,8 +352,8 @@ class ArchiveSink:
             if item is None:
                 item = plan[part.name] = _Planned(part, part.size, created=part.fd is None)
             item.offsets.append(rec.offset)
-            item.data.append(rec.raw + b"\n")
-            part.size += len(rec.raw) + 1
+            item.data.append(line)
+            part.size += len(line)
             if part.size >= self._cfg.max_file_bytes:
                 to_close.append(current.pop(day))
         if not plan:
