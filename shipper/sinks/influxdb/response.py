@@ -1,6 +1,7 @@
-"""How the InfluxDB sinks read a write's answer: whole-request failures (auth, missing
-database or bucket, busy), the error text, and what a partial-write answer names (the
-unparsable lines, `dropped=`, the field type conflict).
+"""How the InfluxDB sinks read an answer: of a write, whole-request failures (auth,
+missing database or bucket, busy), the error text, and what a partial-write answer names
+(the unparsable lines, `dropped=`, the field type conflict); of a read-back query, the
+records in an InfluxQL or Flux answer.
 
 Pure; no I/O. The decisions built on these (what is delivered, dead-lettered or sent
 again) are in sink.py and docs/SHIPPER.md "Partial writes". Nothing here is an outcome
@@ -9,8 +10,11 @@ on its own: `field_probe` only decides how lines are grouped for the next reques
 
 from __future__ import annotations
 
+import csv
+import io
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import orjson
 
@@ -70,3 +74,43 @@ def line_reason(text: str, line: bytes) -> str:
             tail = part.split(decoded, 1)[1].lstrip("': ")
             return f"rejected by InfluxDB: {tail[:300] or part[:300]}"
     return f"rejected by InfluxDB: {text[:300]}"
+
+
+def in_range(
+    records: Iterator[Mapping[str, Any]], start_ns: int, end_ns: int
+) -> Iterator[Mapping[str, Any]]:
+    """The records whose own time_ns is in [start_ns, end_ns) (points sit up to one window
+    after their record, so read-back queries a wider range)."""
+    for doc in records:
+        t = doc.get("time_ns")
+        if isinstance(t, int) and start_ns <= t < end_ns:
+            yield doc
+
+
+def influxql_records(line: bytes) -> Iterator[Mapping[str, Any]]:
+    """The records in one line of a chunked InfluxQL answer (v1 read-back)."""
+    if not line.strip():
+        return
+    data = orjson.loads(line)
+    for result in data.get("results", []):
+        if "error" in result:
+            raise SinkError(Outcome.RETRY, f"query error: {result['error']}")
+        for series in result.get("series", []):
+            col = series["columns"].index("record")
+            for row in series.get("values", []):
+                if row[col] is not None:
+                    yield orjson.loads(row[col])
+
+
+def flux_records(data: bytes) -> Iterator[Mapping[str, Any]]:
+    """The records in the `record` column of a Flux CSV answer (v2 read-back)."""
+    value_col: int | None = None
+    for row in csv.reader(io.StringIO(data.decode("utf-8"))):
+        if not row:
+            value_col = None
+            continue
+        if "_value" in row:
+            value_col = row.index("_value")
+            continue
+        if value_col is not None and value_col < len(row) and row[value_col]:
+            yield orjson.loads(row[value_col])

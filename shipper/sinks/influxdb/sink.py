@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import abc
 import base64
-import csv
 import dataclasses
 import gzip
-import io
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -65,6 +63,9 @@ from shipper.sinks.influxdb.response import (
     UNABLE,
     error_text,
     field_probe,
+    flux_records,
+    in_range,
+    influxql_records,
     line_reason,
     whole_failure,
 )
@@ -351,33 +352,10 @@ class InfluxV1Sink(_InfluxSink):
                 buffer += chunk
                 *complete, buffer = buffer.split(b"\n")
                 for line in complete:
-                    yield from _in_range(_influxql_records(line), start_ns, end_ns)
-            yield from _in_range(_influxql_records(buffer), start_ns, end_ns)
+                    yield from in_range(influxql_records(line), start_ns, end_ns)
+            yield from in_range(influxql_records(buffer), start_ns, end_ns)
         finally:
             resp.release_conn()
-
-
-def _in_range(
-    records: Iterator[Mapping[str, Any]], start_ns: int, end_ns: int
-) -> Iterator[Mapping[str, Any]]:
-    for doc in records:
-        t = doc.get("time_ns")
-        if isinstance(t, int) and start_ns <= t < end_ns:
-            yield doc
-
-
-def _influxql_records(line: bytes) -> Iterator[Mapping[str, Any]]:
-    if not line.strip():
-        return
-    data = orjson.loads(line)
-    for result in data.get("results", []):
-        if "error" in result:
-            raise SinkError(Outcome.RETRY, f"query error: {result['error']}")
-        for series in result.get("series", []):
-            col = series["columns"].index("record")
-            for row in series.get("values", []):
-                if row[col] is not None:
-                    yield orjson.loads(row[col])
 
 
 class InfluxV2Sink(_InfluxSink):
@@ -448,17 +426,4 @@ class InfluxV2Sink(_InfluxSink):
             raise SinkError(
                 Outcome.RETRY, f"query HTTP {resp.status}: {error_text(resp.data.decode())}"
             )
-        yield from _in_range(self._flux_records(resp.data), start_ns, end_ns)
-
-    @staticmethod
-    def _flux_records(data: bytes) -> Iterator[Mapping[str, Any]]:
-        value_col: int | None = None
-        for row in csv.reader(io.StringIO(data.decode("utf-8"))):
-            if not row:
-                value_col = None
-                continue
-            if "_value" in row:
-                value_col = row.index("_value")
-                continue
-            if value_col is not None and value_col < len(row) and row[value_col]:
-                yield orjson.loads(row[value_col])
+        yield from in_range(flux_records(resp.data), start_ns, end_ns)
