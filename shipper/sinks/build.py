@@ -15,15 +15,11 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, SecretStr
 
 from gpu_audit.errors import ConfigError
 from shipper.sinks.credentials import resolve_secret
-
-if TYPE_CHECKING:
-    from shipper.sinks.base import Sink
 
 # A configured sink name: it names the sink's cursor, ledger and dead-letter files.
 SINK_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -59,15 +55,6 @@ class BuildContext:
         """Raise every problem of this sink at once, before its module is imported."""
         if self.problems:
             raise ConfigError(f"sink {self.name}", self.problems)
-
-
-class BuildsSink(Protocol):
-    """A sink configuration: it knows its type and builds its sink."""
-
-    type: str
-    name: str
-
-    def build(self, ctx: BuildContext) -> Sink: ...
 
 
 @dataclass(frozen=True)
