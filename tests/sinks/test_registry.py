@@ -88,14 +88,6 @@ def test_fluentd_user_auth_needs_shared_key() -> None:
         parse({"type": "fluentd", "username": "u", "password_env": "P"})
 
 
-def test_opensearch_api_key_is_refused_loudly(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """OpenSearch has no ES API keys: configuring one is a ConfigError, not ignored."""
-    monkeypatch.setenv("K", "abc")
-    with pytest.raises(ConfigError, match="API keys"):
-        create_sink(parse({"type": "opensearch", "api_key_env": "K"}), spool_dir=tmp_path)
-
-
 def test_archive_defaults_beside_the_spool(tmp_path: Path) -> None:
     """Without a directory the archive lives in 'archive' next to the spool directory."""
     sink = create_sink(parse({"type": "archive"}), spool_dir=tmp_path / "spool")

@@ -22,6 +22,7 @@ from shipper.sinks.tls import TlsConfig
 class SearchSinkConfigBase(Section):
     """What Elasticsearch and OpenSearch sinks share."""
 
+    type: str  # each sink type's own model narrows it to its Literal
     name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
                       description="Sink name (cursor name).")
     hosts: list[str] = Field(

@@ -52,7 +52,7 @@ class SearchSink:
         client: SearchClient,
     ) -> None:
         self.name = name
-        self.kind: str = str(getattr(cfg, "type", "elasticsearch"))
+        self.kind: str = cfg.type
         self._cfg = cfg
         self._client = client
 
