@@ -32,7 +32,7 @@ class Batch:
     reasons: list[str]
 
     @classmethod
-    def of(cls, entries: list[tuple[int, bytes]]) -> Batch:
+    def from_entries(cls, entries: list[tuple[int, bytes]]) -> Batch:
         offsets = [o for o, _ in entries]
         raws = [r for _, r in entries]
         records = [decode(o, r) for o, r in entries]
@@ -132,7 +132,7 @@ class BatchReader:
                 break
             if not result.entries:
                 self._pause(min(cfg.poll_interval_s, cfg.batch_max_wait_s - waited))
-        return Batch.of(entries)
+        return Batch.from_entries(entries)
 
     def read_ahead(self, start: int) -> None:
         """Read and decode the full batch that starts at `start`, if the spool holds one now.
@@ -157,4 +157,4 @@ class BatchReader:
             entries += result.entries
             size += sum(len(raw) for _, raw in result.entries)
             pos = result.next_offset
-        self._ahead = Batch.of(entries)
+        self._ahead = Batch.from_entries(entries)
