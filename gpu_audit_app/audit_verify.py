@@ -78,7 +78,7 @@ def verify_command(args: argparse.Namespace) -> int:
 def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     from gpu_audit_app.config import load_settings
     from shipper.sinks.errors import ReadBackUnsupported
-    from shipper.sinks.factory import create_sink
+    from shipper.sinks.registry import create_sink
 
     if not (args.time_from and args.time_to):
         print("gpu-audit audit verify --sink needs --from and --to", file=sys.stderr)

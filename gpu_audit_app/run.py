@@ -32,7 +32,7 @@ class EmbeddedShipper:
 
     def prepare(self) -> None:
         # Imported here: `gpu-audit exporter` and check-config never pay for the sinks.
-        from shipper.sinks.factory import create_sink  # noqa: PLC0415
+        from shipper.sinks.registry import create_sink  # noqa: PLC0415
 
         cfg = self._config
         # resolves every secret now; a sink only connects when it is started

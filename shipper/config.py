@@ -12,7 +12,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from gpu_audit.config_section import Section
-from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, sink_name
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.config import SinkConfig, sink_name
 
 
 def _default_sinks() -> list[SinkConfig]:

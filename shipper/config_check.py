@@ -22,8 +22,11 @@ from gpu_audit.paths import path_problems
 from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
 from gpu_audit.yamlload import Loc
 from shipper.config import ShipperConfig
-from shipper.sinks.config import ArchiveSinkConfig, SinkConfig, TlsConfig, resolve_secret
-from shipper.sinks.factory import missing_sdk
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.config import SinkConfig
+from shipper.sinks.credentials import resolve_secret
+from shipper.sinks.registry import missing_sdk
+from shipper.sinks.tls import TlsConfig
 
 Finding = tuple[Loc, str]
 _SINKS: Loc = ("shipper", "sinks")

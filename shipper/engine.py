@@ -13,6 +13,9 @@ Two ways to run:
   single-writer lock, so it runs the GC (`gpu_audit.spool.gc_floor` gives it the
   offset); this engine only reads what is readable and commits cursors.
 
+What it sees of the spool (its end, whether it refuses records, its size) and the
+directory locks are shipper/spoolview.py; one sink's loop is shipper/worker.py.
+
 One shipper at a time per spool: the engine locks `<spool>/shipper/.shipper.lock` (the
 cursors and ledgers), its dead-letter directory and every archive directory before it
 reads any of their state, and a second shipper on any of them is refused (`LockHeld`
@@ -39,70 +42,20 @@ from typing import Any
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
 from gpu_audit.lockfile import ProcessLock
 from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter, gc_floor
-from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
+from gpu_audit.spool.config import SpoolConfig, default_deadletter_dir
 from shipper.backoff import Backoff
 from shipper.config import ShipperConfig
 from shipper.deadletter import DeadLetterFile
 from shipper.ledger import Ledger
 from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
+from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.base import Sink
-from shipper.sinks.config import ArchiveSinkConfig
-from shipper.sinks.factory import create_sink
+from shipper.sinks.registry import create_sink
+from shipper.spoolview import FullState, SpoolEnd, lock_directories, spool_status
 from shipper.worker import SinkWorker
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".shipper.lock"
-
-
-class _SpoolEnd:
-    """The spool's end as a reader sees it, for a shipper without the writer in-process.
-
-    It reads forward from where it last stopped, so each record is scanned once in total;
-    a fresh reader each time so that no cached segment state can hide new records.
-    """
-
-    def __init__(self, directory: Path, max_age: float = 0.5) -> None:
-        self._dir = directory
-        self._end = 0
-        self._at = -max_age
-        self._max_age = max_age  # every sink's status asks; one scan serves them all
-        self._lock = threading.Lock()
-
-    def end(self) -> int:
-        with self._lock:
-            if time.monotonic() - self._at < self._max_age:
-                return self._end
-            with SpoolReader(self._dir) as reader:
-                while True:
-                    result = reader.read(self._end, 4096, 4 * 1024 * 1024)
-                    if result.next_offset == self._end:
-                        break
-                    self._end = result.next_offset
-            self._at = time.monotonic()
-            return self._end
-
-
-class _FullState:
-    """Whether the spool refuses records now: from the first refused append until the
-    next append that succeeds (the writer keeps counters, not a state)."""
-
-    def __init__(self) -> None:
-        self._refused: dict[str, int] = {}
-        self._appended = 0
-        self._reason: str | None = None
-        self._lock = threading.Lock()
-
-    def update(self, refused: dict[str, int], appended: int) -> str | None:
-        with self._lock:
-            grew = [r for r, n in refused.items() if n > self._refused.get(r, 0)]
-            if grew:
-                self._reason = sorted(grew)[0]
-            elif appended > self._appended:
-                self._reason = None
-            self._refused = dict(refused)
-            self._appended = appended
-            return self._reason
 
 
 class Shipper:
@@ -125,8 +78,8 @@ class Shipper:
         # the default sleep wakes up at once when stop() is called
         self._sleep: Callable[[float], Any] = sleep or self._stopping.wait
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        self._end_probe = _SpoolEnd(self.spool_dir)
-        self._full = _FullState()
+        self._end_probe = SpoolEnd(self.spool_dir)
+        self._full = FullState()
         self._cursors = CursorStore(self.spool_dir)
         if sinks is None:
             sinks = [create_sink(cfg, spool_dir=self.spool_dir) for cfg in config.sinks]
@@ -151,28 +104,9 @@ class Shipper:
         self._started = False
 
     def _lock_directories(self, ledger_dir: Path, deadletter_dir: Path) -> list[ProcessLock]:
-        wanted = [
-            (ledger_dir, f"the shipper state (cursors, ledgers) of spool {self.spool_dir}"),
-            (deadletter_dir, f"dead-letter directory {deadletter_dir}"),
-        ]
-        for cfg in self.config.sinks:
-            if isinstance(cfg, ArchiveSinkConfig):
-                directory = cfg.directory or default_archive_dir(self.spool_dir)
-                wanted.append((directory, f"archive directory {directory}"))
-        held: list[ProcessLock] = []
-        seen: set[Path] = set()
-        try:
-            for directory, what in wanted:
-                key = directory.resolve()
-                if key in seen:  # flock conflicts even within one process: lock once
-                    continue
-                seen.add(key)
-                held.append(ProcessLock.acquire(directory / LOCK_FILE, what))
-        except BaseException:
-            for lock in held:
-                lock.release()
-            raise
-        return held
+        archives = [cfg.directory_for(self.spool_dir) for cfg in self.config.sinks
+                    if isinstance(cfg, ArchiveSinkConfig)]
+        return lock_directories(self.spool_dir, ledger_dir, deadletter_dir, archives)
 
     def _release_locks(self) -> None:
         for lock in self._locks:
@@ -357,26 +291,7 @@ class Shipper:
         return [w.status() for w in self.workers]
 
     def spool_status(self) -> SpoolStatus:
-        segments = 0
-        size = 0
-        for seg in self.spool_dir.glob("*.seg"):
-            try:
-                size += seg.stat().st_size
-            except FileNotFoundError:
-                continue  # deleted by GC between the listing and the stat
-            segments += 1
-        if self._writer is None:
-            return SpoolStatus(size, segments, self._end_probe.end(), None, {})
-        counters = self._writer.counters_snapshot()
-        return SpoolStatus(
-            bytes=size,
-            segments=segments,
-            produced=self._writer.next_offset,
-            full_reason=self._full.update(counters.refused, counters.records_appended),
-            refused=dict(counters.refused),
-            evicted=counters.records_evicted,
-            corrupt=counters.records_corrupt,
-        )
+        return spool_status(self.spool_dir, self._writer, self._end_probe, self._full)
 
     def collector(self) -> ShipperCollector:
         return ShipperCollector(self.statuses, self.spool_status, self._clock)

@@ -1,9 +1,10 @@
 """Small HTTP helpers shared by the sinks that speak HTTP through urllib3.
 
-What it is for: one place that builds a TLS-aware urllib3 pool with no retries of its
-own (the shipper engine owns retries), parses Retry-After, and turns exceptions into
-reasons that can be logged. It must never put a secret into a reason: URLs may carry
-`p=` / `token=` parameters, so every reason passes through `redact`.
+What it is for: one place that builds a urllib3 pool with no retries of its own (the
+shipper engine owns retries) and its TLS from shipper/sinks/tls.py, parses Retry-After,
+and turns exceptions into reasons that can be logged. It must never put a secret into a
+reason: URLs may carry `p=` / `token=` parameters, so every reason passes through
+`redact`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 import urllib3
 
 from gpu_audit import logredact
-from shipper.sinks.config import TlsConfig
+from shipper.sinks.tls import TlsConfig, ssl_context
 
 
 def redact(text: str) -> str:
@@ -64,14 +65,7 @@ def make_pool(tls: TlsConfig, timeout_s: float, *, https: bool) -> urllib3.PoolM
         "timeout": urllib3.Timeout(connect=timeout_s, read=timeout_s),
     }
     if https or tls.enabled:
-        kwargs["cert_reqs"] = "CERT_REQUIRED" if tls.verify else "CERT_NONE"
-        if not tls.verify:
-            kwargs["assert_hostname"] = False
-        if tls.ca_file is not None:
-            kwargs["ca_certs"] = str(tls.ca_file)
-        if tls.client_cert is not None:
-            kwargs["cert_file"] = str(tls.client_cert)
-            kwargs["key_file"] = str(tls.client_key)
+        kwargs["ssl_context"] = ssl_context(tls)
     return urllib3.PoolManager(**kwargs)  # type: ignore[arg-type]
 
 

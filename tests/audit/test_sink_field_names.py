@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_audit.audit.schema import record_schema
-from shipper.sinks import bulk
-from shipper.sinks.config import ElasticsearchSinkConfig
+from shipper.sinks.elasticsearch import encode
+from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
 
 _SCALAR = {"keyword": {"string"}, "date_nanos": {"string"}, "long": {"integer"},
            "integer": {"integer"}, "double": {"number", "integer"}, "boolean": {"boolean"}}
@@ -53,7 +53,7 @@ def test_search_index_template_names_only_v2_fields_with_their_shapes() -> None:
     XID event would be rejected, and attribution mapped `department`, `pod` and
     `namespace`, which records never had: they are `k8s_pod` and `k8s_namespace`)."""
     cfg = ElasticsearchSinkConfig(type="elasticsearch", hosts=["http://127.0.0.1:9200"])
-    mapping = bulk.template_body(cfg)["template"]["mappings"]["properties"]
+    mapping = encode.template_body(cfg)["template"]["mappings"]["properties"]
     schema = record_schema(2)
     problems: list[str] = []
     _check(mapping, schema["properties"], schema["$defs"], "", problems)

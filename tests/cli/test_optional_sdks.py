@@ -16,7 +16,7 @@ import pytest
 from gpu_audit.errors import ConfigError
 from gpu_audit_app.cli import main
 from gpu_audit_app.config import load_settings
-from shipper.sinks.factory import OPTIONAL_SDKS, create_sink
+from shipper.sinks.registry import OPTIONAL_SDKS, create_sink
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -104,7 +104,9 @@ def test_a_missing_sink_library_names_the_extra(
         if module.split(".")[0] == modules[0].split(".")[0]:
             monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, modules[0].split(".")[0], None)
-    for cached in ("shipper.sinks.opensearch", "shipper.sinks.fluentd"):
+    for cached in ("shipper.sinks.opensearch.client", "shipper.sinks.opensearch.sink",
+                   "shipper.sinks.fluentd.client", "shipper.sinks.fluentd.encode",
+                   "shipper.sinks.fluentd.sink", "shipper.sinks.elasticsearch.client"):
         monkeypatch.delitem(sys.modules, cached, raising=False)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"spool: {{directory: {tmp_path / 'spool'}}}\n"

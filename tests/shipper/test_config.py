@@ -12,7 +12,7 @@ from gpu_audit.spool.config import SpoolConfig
 from gpu_audit_app.config import load_config
 from shipper.config import ShipperConfig
 from shipper.config_check import check_shipper
-from shipper.sinks.config import ArchiveSinkConfig
+from shipper.sinks.archive.config import ArchiveSinkConfig
 
 
 def test_default_is_one_archive_sink() -> None:

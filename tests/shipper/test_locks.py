@@ -12,7 +12,7 @@ from gpu_audit.errors import LockHeld
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
-from shipper.sinks.config import ArchiveSinkConfig
+from shipper.sinks.archive.config import ArchiveSinkConfig
 from tests.shipper.memsinks import MemorySink
 
 

@@ -15,16 +15,15 @@ import pytest
 from pydantic import SecretStr
 
 from shipper.sinks.base import Outcome
-from shipper.sinks.config import (
-    ElasticsearchSinkConfig,
-    FluentdSinkConfig,
-    InfluxV2SinkConfig,
-    OpenSearchSinkConfig,
-)
-from shipper.sinks.elasticsearch import ElasticClient, SearchSink
-from shipper.sinks.fluentd import FluentdSink
-from shipper.sinks.influxdb import InfluxV2Sink
-from shipper.sinks.opensearch import OpenSearchClient
+from shipper.sinks.elasticsearch.client import ElasticClient
+from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
+from shipper.sinks.elasticsearch.sink import SearchSink
+from shipper.sinks.fluentd.config import FluentdSinkConfig
+from shipper.sinks.fluentd.sink import FluentdSink
+from shipper.sinks.influxdb.config import InfluxV2SinkConfig
+from shipper.sinks.influxdb.sink import InfluxV2Sink
+from shipper.sinks.opensearch.client import OpenSearchClient
+from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 from tests.sinks.records import BASE_NS, make_batch
 
 

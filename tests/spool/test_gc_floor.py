@@ -9,7 +9,7 @@ from gpu_audit.spool import CursorStore, gc_floor
 from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
 from shipper.config_check import check_engine
 from shipper.sinks.config import ArchiveSinkConfig
-from shipper.sinks.factory import create_sink
+from shipper.sinks.registry import create_sink
 
 
 def test_gc_floor_is_the_lowest_cursor_of_the_configured_sinks_only(tmp_path: Path) -> None:

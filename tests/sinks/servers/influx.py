@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Literal
 from urllib.parse import parse_qs, urlparse
 
-from tests.sinks.lp_parser import ParseError, Point, parse_line, split_lines
+from tests.sinks.influxdb.lp_parser import ParseError, Point, parse_line, split_lines
 from tests.sinks.servers.http_base import FaultHandler, FaultServer
 
 Key = tuple[tuple[str, tuple[tuple[str, str], ...]], int]

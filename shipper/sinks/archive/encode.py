@@ -1,0 +1,28 @@
+"""What the archive sink writes for a record: one JSON Lines line, the exact spooled
+bytes plus "\\n", so `audit verify` re-checks the hash chain on the archive itself; and
+the UTC day the line belongs to, from the record's own time. Pure; no I/O.
+
+A record that cannot be one line of its day is refused here with the reason (a dead
+letter), never written half or changed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from gpu_audit.archive import day_of
+from shipper.sinks.base import SinkRecord
+
+
+class NotArchivable(ValueError):
+    """This record cannot be an archive line; the message is the dead-letter reason."""
+
+
+def archive_line(rec: SinkRecord) -> tuple[dt.date, bytes]:
+    """(the record's UTC day, its line), or NotArchivable."""
+    time_ns = rec.doc.get("time_ns")
+    if not isinstance(time_ns, int) or isinstance(time_ns, bool):
+        raise NotArchivable("record has no time_ns")
+    if b"\n" in rec.raw or b"\r" in rec.raw:
+        raise NotArchivable("raw record spans lines; JSON Lines needs one")
+    return day_of(time_ns), rec.raw + b"\n"

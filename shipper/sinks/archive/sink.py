@@ -1,0 +1,475 @@
+"""The local archive sink: rotated, gzip-compressed JSON Lines on the local disk.
+
+It is the embedded default, so `gpu-audit run` keeps a complete audit trail with nothing
+else installed. Each line is the exact spooled record bytes plus "\\n" (so `audit verify`
+re-checks the hash chain on the archive itself). The layout (names, part order, reading
+back) is gpu_audit.archive's: `<prefix>-YYYY-MM-DD[.N].jsonl`, the day being the record's
+own UTC day. A part is closed when it reaches `max_file_bytes` or when a record of a
+later day is written, and a closed part is compressed to `.jsonl.gz`.
+
+Exactly once, in order, after any sequence of crashes
+-----------------------------------------------------
+The engine sends records in spool-offset order, resends after a crash from its last
+committed cursor, and commits a cursor only past records this sink answered DELIVERED.
+The sink keeps one number, L: every record with a spool offset <= L that the archive
+takes (not a dead letter) is in the archive exactly once, and no record above L is. A
+record with offset <= L is answered DELIVERED without being written again; one above L
+is appended. L never falls below an acknowledged offset (a batch is acknowledged only
+once it is complete on disk), so the engine's cursor is never past L + 1 and every
+record above L is sent again. That is exactly-once as long as L is exact after a crash
+at any point, which is what the state file is for.
+
+The state file `.archive-state.json` is a write-ahead journal, replaced atomically (tmp,
+fsync, rename, fsync of the directory). Before a batch's first byte is written it holds
+L and the plan of the batch: for each file the batch appends to, its size before the
+batch and the offsets of the lines planned for it. Only then are the lines written and
+fsynced, and only then is DELIVERED returned. So at every instant the journal, together
+with the files themselves, says exactly what is on disk:
+- the lines of the batch that are complete (ending in "\\n": records never contain one)
+  are counted from each file's size before the batch; every planned offset below the
+  first incomplete one, in whichever file, is archived; everything after it is cut off
+  (truncated: it was never acknowledged), so the archive is always a prefix of the
+  offsets the engine sent, and L is the last offset of that prefix;
+- recovery first makes the files match that prefix, then replaces the journal with
+  L and an empty plan, and only then tidies up. Every recovery step is idempotent, so a
+  crash during recovery is recovered by the next start exactly like the first crash.
+A part is compressed only while the journal holds no plan (an empty-plan journal is
+written before compressing after a batch, and recovery writes one first), so a plan
+never names a compressed file. A compression writes `.gz.tmp`, fsyncs it, renames it to
+`.jsonl.gz`, fsyncs the directory, then deletes the `.jsonl`: a leftover `.gz.tmp` is
+deleted on start, and a `.jsonl` beside its `.jsonl.gz` is the same complete part (the
+`.gz` appeared whole) and is deleted. A closed part is never appended to again: on start
+only the newest day's last part is reopened, and only when it is plain and not full;
+records for other days open a new part. All file I/O is unbuffered `os` calls, so what a
+kill -9 leaves is exactly what the calls before it wrote.
+
+With `fsync: false` the same holds for a killed process, but not across a power loss.
+The offsets are the spool's: a spool recreated from scratch needs a fresh archive state
+too (delete `.archive-state.json`; the archive then appends whatever is sent).
+
+This sink must never rewrite or reorder an acknowledged line, and never drop a record
+without a per-record outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpu_audit.archive import list_parts, parse_name, part_name, read_records
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.encode import NotArchivable, archive_line
+from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = ".archive-state.json"
+_VERSION = 2
+_CHUNK = 1 << 20
+
+
+class ArchiveInconsistent(Exception):
+    """The files do not match the journal in a way no crash of this sink can cause."""
+
+
+@dataclass
+class _Part:
+    """The part currently appended to for one day."""
+
+    name: str
+    day: dt.date
+    number: int
+    size: int
+    fd: int | None = None
+
+
+@dataclass
+class _Planned:
+    """One file a batch appends to: its size before the batch, and what goes into it."""
+
+    part: _Part
+    start: int
+    offsets: list[int] = field(default_factory=list)
+    data: list[bytes] = field(default_factory=list)
+    created: bool = False
+
+
+def _runs(offsets: Sequence[int]) -> list[list[int]]:
+    """[[first, count], ...]: a batch's offsets are mostly consecutive, so this is short."""
+    out: list[list[int]] = []
+    for off in offsets:
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1][1] += 1
+        else:
+            out.append([off, 1])
+    return out
+
+
+def _expand(runs: Sequence[Sequence[int]]) -> list[int]:
+    return [first + i for first, count in runs for i in range(count)]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # Two calls on purpose where there is more than one byte: a crash between them is a
+    # torn line, the case recovery must cut off, and the fault-injection tests reach it.
+    view = memoryview(data)
+    half = len(view) // 2
+    for part in (view[:half], view[half:]):
+        rest = part
+        while rest:
+            rest = rest[os.write(fd, rest):]
+
+
+class ArchiveSink:
+    kind = "archive"
+
+    def __init__(self, cfg: ArchiveSinkConfig, name: str, directory: Path) -> None:
+        self.name = name
+        self._cfg = cfg
+        self._dir = directory
+        self._open: dict[dt.date, _Part] = {}
+        self._last_offset = -1
+        self._ready = False
+        self.skipped = 0  # records recognised as already archived (for tests/metrics)
+
+    # -- start: recover ------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._recover()
+        except OSError as exc:
+            raise SinkError(Outcome.HOLD, f"archive directory {self._dir}: {exc}") from None
+        except ArchiveInconsistent as exc:
+            raise SinkError(Outcome.HOLD, str(exc)) from None
+
+    def _recover(self) -> None:
+        """Make the files and the journal say exactly what is archived (see the docstring)."""
+        self._ready = False
+        self._close_fds()
+        self._open.clear()
+        for path in self._dir.iterdir():
+            if path.name.endswith(".gz.tmp") or path.name == STATE_FILE + ".tmp":
+                os.unlink(path)
+        last = self._apply_journal()
+        self._write_journal(last, [])
+        self._last_offset = last
+        self._tidy()
+        self._ready = True
+
+    def _apply_journal(self) -> int:
+        state_path = self._dir / STATE_FILE
+        try:
+            state: dict[str, Any] = orjson.loads(state_path.read_bytes())
+        except FileNotFoundError:
+            return -1
+        except orjson.JSONDecodeError as exc:
+            raise ArchiveInconsistent(
+                f"archive state {state_path} is not JSON ({exc}); it is only ever replaced "
+                "whole, so something else wrote it: restore it, or delete it to make the "
+                "archive append everything the shipper sends from its cursor"
+            ) from None
+        try:
+            if state.get("version") == 1:
+                return self._apply_v1(state)
+            last = int(state["last_offset"])
+            planned = [(str(n), int(s), _expand(r)) for n, s, r in state.get("files", [])]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArchiveInconsistent(
+                f"archive state {state_path} is not a state this sink writes "
+                f"({type(exc).__name__}: {exc}); restore it, or delete it to make the "
+                "archive append everything the shipper sends from its cursor"
+            ) from None
+        found: list[tuple[Path, int, list[int], list[int], int | None]] = []
+        cut = None  # the first planned offset that is not complete on disk
+        for name, start, offsets in planned:
+            ends, size = self._complete_lines(name, start, len(offsets))
+            if len(ends) < len(offsets):
+                first_missing = offsets[len(ends)]
+                cut = first_missing if cut is None else min(cut, first_missing)
+            found.append((self._dir / name, start, offsets, ends, size))
+        for path, start, offsets, ends, size in found:
+            keep = sum(1 for i in range(len(ends)) if cut is None or offsets[i] < cut)
+            if keep:
+                last = max(last, offsets[keep - 1])
+            if size is None:
+                continue
+            end = start + ends[keep - 1] if keep else start
+            if end == 0:
+                os.unlink(path)  # created for this batch, nothing of it kept
+            elif size > end:
+                self._truncate(path, end)
+        return last
+
+    def _complete_lines(self, name: str, start: int, planned: int) -> tuple[list[int], int | None]:
+        """Ends (relative to start) of the complete planned lines in `name`, and its size."""
+        path = self._dir / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            if (self._dir / (name + ".gz")).exists():
+                raise ArchiveInconsistent(
+                    f"archive part {name} is compressed but its last batch is not settled; "
+                    "parts are compressed only after that, so another process changed "
+                    "this directory"
+                ) from None
+            if start > 0:
+                raise ArchiveInconsistent(
+                    f"archive part {path} held {start} bytes before its last batch and is "
+                    "gone: it was deleted or moved by something else"
+                ) from None
+            return [], None
+        if size < start:
+            raise ArchiveInconsistent(
+                f"archive part {path} is {size} bytes, shorter than the {start} bytes it "
+                "held before its last batch: it was truncated or replaced by something else"
+            )
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(size - start)
+        ends: list[int] = []
+        pos = data.find(b"\n")
+        while pos >= 0:
+            ends.append(pos + 1)
+            pos = data.find(b"\n", pos + 1)
+        if len(ends) > planned:
+            raise ArchiveInconsistent(
+                f"archive part {path} holds {len(ends) - planned} complete line(s) after "
+                "the lines of its last batch: another writer appended to it"
+            )
+        return ends, size
+
+    def _apply_v1(self, state: Mapping[str, Any]) -> int:
+        # The previous format saved the state after the lines: bytes past the sizes it
+        # recorded were never acknowledged, so they are cut and the engine sends them again.
+        for name, size in dict(state.get("files", {})).items():
+            path = self._dir / str(name)
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_size > int(size):
+                    self._truncate(path, int(size))
+        log.warning("archive %s: state file upgraded from version 1", self._dir)
+        return int(state.get("last_offset", -1))
+
+    def _tidy(self) -> None:
+        """Finish interrupted compressions, close what is closed, reopen the live part."""
+        for path in list(self._dir.iterdir()):
+            parsed = parse_name(path.name)
+            if parsed and not parsed[3] and (self._dir / (path.name + ".gz")).exists():
+                os.unlink(path)  # its .gz is complete: renamed into place only when whole
+        parts = list_parts(self._dir, self._cfg.prefix)
+        if not parts:
+            return
+        newest = max(p.day for p in parts)
+        live = max((p for p in parts if p.day == newest), key=lambda p: p.number)
+        for p in parts:
+            if p.compressed or p is live:
+                continue
+            self._compress(p.path.name)
+        if live.compressed:
+            return
+        size = self._cut_torn_tail(live.path)
+        if size >= self._cfg.max_file_bytes:
+            self._compress(live.path.name)
+            return
+        fd = os.open(live.path, os.O_WRONLY | os.O_APPEND)
+        self._open[live.day] = _Part(live.path.name, live.day, live.number, size, fd)
+
+    def _cut_torn_tail(self, path: Path) -> int:
+        """Cut bytes after the last "\\n" (a line torn outside any plan); the new size."""
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            pos = size
+            while pos > 0:
+                step = min(pos, 64 * 1024)
+                fh.seek(pos - step)
+                block = fh.read(step)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    end = pos - step + nl + 1
+                    break
+                pos -= step
+            else:
+                end = 0
+        if end < size:
+            self._truncate(path, end)
+        return end
+
+    def _truncate(self, path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            if self._cfg.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- writing -------------------------------------------------------------------
+    def send(self, batch: Sequence[SinkRecord]) -> Sequence[ItemResult]:
+        try:
+            if not self._ready:
+                self._recover()
+            return self._send(batch)
+        except OSError as exc:
+            # ENOSPC and friends: nothing of this batch is acknowledged. Recovery cuts
+            # what was written of it (freeing the space) and makes L exact again.
+            with contextlib.suppress(OSError, ArchiveInconsistent):
+                self._recover()
+            raise SinkError(Outcome.RETRY, f"archive write failed: {exc}") from None
+        except ArchiveInconsistent as exc:
+            raise SinkError(Outcome.HOLD, str(exc)) from None
+
+    def _send(self, batch: Sequence[SinkRecord]) -> Sequence[ItemResult]:
+        results: list[ItemResult] = []
+        plan: dict[str, _Planned] = {}
+        current = dict(self._open)
+        to_close: list[_Part] = []
+        max_day: dt.date | None = None
+        top = self._last_offset
+        for rec in batch:
+            try:
+                day, line = archive_line(rec)
+            except NotArchivable as exc:
+                results.append(ItemResult(Outcome.DEAD_LETTER, str(exc)))
+                continue
+            results.append(ItemResult(Outcome.DELIVERED))
+            if rec.offset <= top:
+                self.skipped += 1
+                continue
+            top = rec.offset
+            max_day = day if max_day is None or day > max_day else max_day
+            part = current.get(day)
+            if part is None:
+                part = current[day] = self._new_part(day, plan)
+            item = plan.get(part.name)
+            if item is None:
+                item = plan[part.name] = _Planned(part, part.size, created=part.fd is None)
+            item.offsets.append(rec.offset)
+            item.data.append(line)
+            part.size += len(line)
+            if part.size >= self._cfg.max_file_bytes:
+                to_close.append(current.pop(day))
+        if not plan:
+            return results
+        if max_day is not None:
+            to_close += [p for d, p in list(current.items()) if d < max_day]
+            current = {d: p for d, p in current.items() if d >= max_day}
+        self._write_journal(self._last_offset, list(plan.values()))
+        for item in plan.values():
+            if item.part.fd is None:
+                item.part.fd = os.open(
+                    self._dir / item.part.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+                )
+            _write_all(item.part.fd, b"".join(item.data))
+        if self._cfg.fsync:
+            for item in plan.values():
+                assert item.part.fd is not None
+                os.fsync(item.part.fd)
+            if any(item.created for item in plan.values()):
+                self._fsync_dir()
+        # durable: from here on the batch is acknowledged whatever happens next
+        self._last_offset = top
+        self._open = current
+        if to_close:
+            self._close_parts(to_close)
+        return results
+
+    def _new_part(self, day: dt.date, plan: Mapping[str, _Planned]) -> _Part:
+        numbers = [p.number for p in list_parts(self._dir, self._cfg.prefix) if p.day == day]
+        numbers += [i.part.number for i in plan.values() if i.part.day == day]
+        number = max(numbers, default=-1) + 1
+        return _Part(part_name(self._cfg.prefix, day, number), day, number, 0)
+
+    def _close_parts(self, parts: Sequence[_Part]) -> None:
+        for p in parts:
+            if p.fd is not None:
+                os.close(p.fd)
+                p.fd = None
+        if not self._cfg.compress:
+            return
+        self._write_journal(self._last_offset, [])  # a plan never names a compressed part
+        for p in parts:
+            try:
+                self._compress(p.name)
+            except OSError as exc:
+                # the lines are safe in the plain part; the next start compresses it
+                log.warning("archive %s: compressing %s failed: %s", self._dir, p.name, exc)
+
+    def _compress(self, name: str) -> None:
+        if not self._cfg.compress:
+            return
+        src = self._dir / name
+        gz = self._dir / (name + ".gz")
+        tmp = self._dir / (name + ".gz.tmp")
+        fd_in = os.open(src, os.O_RDONLY)
+        try:
+            fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                # wbits 31: a gzip stream, header with mtime 0 (same bytes on every run)
+                comp = zlib.compressobj(6, zlib.DEFLATED, 31)
+                while chunk := os.read(fd_in, _CHUNK):
+                    _write_all(fd_out, comp.compress(chunk))
+                _write_all(fd_out, comp.flush())
+                if self._cfg.fsync:
+                    os.fsync(fd_out)
+            finally:
+                os.close(fd_out)
+        finally:
+            os.close(fd_in)
+        os.replace(tmp, gz)
+        if self._cfg.fsync:
+            self._fsync_dir()
+        os.unlink(src)
+
+    def _write_journal(self, last: int, plan: Sequence[_Planned]) -> None:
+        state = {
+            "version": _VERSION,
+            "last_offset": last,
+            "files": [[i.part.name, i.start, _runs(i.offsets)] for i in plan],
+        }
+        tmp = self._dir / (STATE_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, orjson.dumps(state))
+            if self._cfg.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._dir / STATE_FILE)
+        if self._cfg.fsync:
+            self._fsync_dir()  # the plan must be on disk before any of its lines
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _close_fds(self) -> None:
+        for p in self._open.values():
+            if p.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(p.fd)
+                p.fd = None
+
+    def close(self) -> None:
+        """Close open files without compressing: the next start appends to the live part."""
+        self._close_fds()
+        self._open.clear()
+        self._ready = False
+
+    # -- reading -------------------------------------------------------------------
+    def files(self) -> list[Path]:
+        """Archive files in archive order (day, then part number)."""
+        return [p.path for p in list_parts(self._dir, self._cfg.prefix)]
+
+    def read_back(self, start_ns: int, end_ns: int) -> Iterator[Mapping[str, Any]]:
+        return read_records(self._dir, start_ns, end_ns, self._cfg.prefix)

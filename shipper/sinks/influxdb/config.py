@@ -1,0 +1,90 @@
+"""Configuration of the InfluxDB sinks: `influxdb_v1` (the 1.x `/write` API) and
+`influxdb_v2` (`/api/v2/write`: InfluxDB 2 / 3 and VictoriaMetrics).
+
+Both versions share this folder: the same line protocol (`encode.py`), the same answers
+to classify (`response.py`) and the same sink (`sink.py`); only the write request (path,
+auth) and what a 400 means differ. They need no optional library (urllib3 only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gpu_audit.config_section import Section
+from shipper.sinks.base import Sink
+from shipper.sinks.build import OPTIONAL_NAME_PATTERN, BuildContext, SinkType
+from shipper.sinks.credentials import only_one_of
+from shipper.sinks.tls import TlsConfig
+
+
+class InfluxConfigBase(Section):
+    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN)
+    url: str = Field(default="http://localhost:8086", pattern=r"^https?://")
+    tls: TlsConfig = TlsConfig()
+    gzip: bool = Field(default=False, description="Send bodies with Content-Encoding: gzip.")
+    timeout_s: float = Field(default=30.0, gt=0)
+    measurement_prefix: str = Field(default="gpu_audit", pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    identity_tags: bool = Field(
+        default=True,
+        description="Tag points with user/project/job (a few hundred values per cluster; "
+        "switch off where job ids would make series cardinality too high).",
+    )
+
+
+class InfluxV1SinkConfig(InfluxConfigBase):
+    type: Literal["influxdb_v1"]
+    database: str = Field(..., min_length=1)
+    retention_policy: str | None = None
+    username: str | None = None
+    password_env: str | None = None
+    password_file: Path | None = None
+    auth: Literal["basic", "query"] = Field(
+        default="basic", description="basic: Authorization header; query: u=/p= URL parameters."
+    )
+
+    @model_validator(mode="after")
+    def _secrets(self) -> InfluxV1SinkConfig:
+        only_one_of([("password", self.password_env, self.password_file)])
+        if (self.password_env or self.password_file) and self.username is None:
+            raise ValueError("a password needs a username")
+        return self
+
+    def build(self, ctx: BuildContext) -> Sink:
+        password = ctx.secret("password", self.password_env, self.password_file)
+        ctx.check()
+        from shipper.sinks.influxdb.sink import InfluxV1Sink  # noqa: PLC0415 - only when used
+
+        return InfluxV1Sink(self, ctx.name, password=password)
+
+
+class InfluxV2SinkConfig(InfluxConfigBase):
+    type: Literal["influxdb_v2"]
+    org: str = Field(default="", description="Organisation (InfluxDB 2); may be empty for v3 / VM.")
+    bucket: str = Field(..., min_length=1)
+    token_env: str | None = None
+    token_file: Path | None = None
+    flavour: Literal["influxdb", "victoriametrics"] = Field(
+        default="influxdb",
+        description="victoriametrics keeps no string fields, so read_back is unsupported there.",
+    )
+
+    @model_validator(mode="after")
+    def _secrets(self) -> InfluxV2SinkConfig:
+        only_one_of([("token", self.token_env, self.token_file)])
+        return self
+
+    def build(self, ctx: BuildContext) -> Sink:
+        token = ctx.secret("token", self.token_env, self.token_file)
+        ctx.check()
+        from shipper.sinks.influxdb.sink import InfluxV2Sink  # noqa: PLC0415 - only when used
+
+        return InfluxV2Sink(self, ctx.name, token=token)
+
+
+SINK_TYPES = (
+    SinkType("influxdb_v1", InfluxV1SinkConfig),
+    SinkType("influxdb_v2", InfluxV2SinkConfig),
+)
