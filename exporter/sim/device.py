@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from exporter.catalogue import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
+from exporter.catalogue import CATALOGUE, CLOCK_EVENT_REASONS
 from exporter.model import (
     FieldValues,
     GpuSample,
@@ -383,8 +383,3 @@ class SimDevice:
             }
         assert set(values) <= SLOW_KEYS, set(values) - SLOW_KEYS
         return values
-
-
-def supported_keys(device: SimDevice) -> frozenset[str]:
-    """Catalogue keys this device fills when it is up."""
-    return frozenset(BY_KEY) - device.unsupported
