@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 
 def free_port() -> int:
+    """A port that was free a moment ago. Racy (another process may take it before it is
+    bound): prefer `--listen 127.0.0.1:0` and `bound_port()` for processes of ours."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -32,3 +37,23 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0, b""
+
+
+# `gpu-audit run|exporter` logs "serving http://HOST:PORT/metrics", the standalone shipper
+# "shipper metrics on http://HOST:PORT/metrics", both with the port actually bound.
+_SERVING = re.compile(rb"(?:serving|shipper metrics on) https?://\S+:(\d+)/metrics")
+
+
+def bound_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """The port a process of ours started with `--listen 127.0.0.1:0` bound, read from
+    its log file (stderr redirected to `log`; log level info or lower)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _SERVING.search(log.read_bytes()) if log.exists() else None
+        if found:
+            return int(found.group(1))
+        if proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode} before listening: "
+                                 f"{log.read_bytes()[-3000:].decode(errors='replace')}")
+        time.sleep(0.05)
+    raise AssertionError(f"no 'serving ...' line in {log} after {timeout}s")

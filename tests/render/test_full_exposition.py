@@ -33,8 +33,8 @@ from gpu_audit.audit import AuditConfig, AuditProducer
 from gpu_audit.audit.metrics import AuditCollector
 from shipper.metrics import Histogram, ShipperCollector, SinkStatus, SpoolStatus
 from tests.audit.fakes import MemorySpool
+from tests.render.goldens import check_golden, promtool_check
 from tests.render.snapshots import small_snapshot
-from tests.render.test_render import check_golden, promtool_check
 
 NOW = 1_790_000_000.0  # the fixed wall clock of the scrape
 

@@ -17,7 +17,7 @@ import yaml
 
 from gpu_audit.config import Config
 from tests.netutil import free_port, wait_for
-from tests.shipper.test_crash import ROOT, _env, _wait_for_signal_handler
+from tests.shipper.helpers import ROOT, subprocess_env, wait_for_signal_handler
 
 
 def _get(url: str, auth: str | None = None) -> tuple[int, bytes]:
@@ -39,7 +39,7 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
     exits 0. The exporter's web-config (another file, another user) does not apply."""
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), "50"],
-        cwd=ROOT, env=_env(), check=True, capture_output=True,
+        cwd=ROOT, env=subprocess_env(), check=True, capture_output=True,
     )
     web = tmp_path / "web.yml"
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -56,9 +56,9 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
                     "sinks": [{"type": "archive", "directory": str(tmp_path / "archive")}]},
     }))
     proc = subprocess.Popen([sys.executable, "-m", "gpu_audit.cli", "shipper", "--config",
-                             str(config)], cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
+                             str(config)], cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE)
     try:
-        _wait_for_signal_handler(proc.pid)
+        wait_for_signal_handler(proc.pid)
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _get(url + "/healthz")[0] != 0, 20, "endpoint up")
         assert _get(url + "/metrics")[0] == 401
@@ -109,7 +109,7 @@ def test_check_config_checks_the_shippers_web_config(tmp_path: Path) -> None:
     config.write_text(f"spool:\n  directory: {tmp_path / 'spool'}\n"
                       f"shipper:\n  web_config_file: {web}\n")
     res = subprocess.run([sys.executable, "-m", "gpu_audit.cli", "check-config", "--config",
-                          str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                         check=False, timeout=60)
+                          str(config)], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                         text=True, check=False, timeout=60)
     assert res.returncode == 2
     assert f"{web}:4: basic_auth_users.prom: not a complete bcrypt hash" in res.stderr
