@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -57,3 +58,31 @@ def bound_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 30) ->
                                  f"{log.read_bytes()[-3000:].decode(errors='replace')}")
         time.sleep(0.05)
     raise AssertionError(f"no 'serving ...' line in {log} after {timeout}s")
+
+
+def owns_listener(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on 127.0.0.1:`port` (TCP, IPv4).
+
+    Answers "is it *our* server that answers there": a server started on a port found
+    free can lose it to another process and exit, while that other process answers."""
+    want = f"0100007F:{port:04X}"
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == want and fields[3] == "0A":  # local address, state LISTEN
+                inodes.add(fields[9])
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
