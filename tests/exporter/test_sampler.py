@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from exporter.attribution.model import UNKNOWN, AttributedProcess
 from exporter.model import BackendInfo, GpuInfo, GpuSample
 from exporter.render import RenderedSnapshot, RenderOptions
 from exporter.sampler import Sampler
 from exporter.snapshot import Snapshot
+from tests.exporter.helpers import NoAttribution
 
 
 class FakeBackend:
@@ -36,12 +36,6 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
-
-
-class NoAttribution:
-    def attribute(self, gpus: Sequence[GpuSample]) -> dict[str, tuple[AttributedProcess, ...]]:
-        return {g.uuid: tuple(AttributedProcess(g.uuid, p, UNKNOWN) for p in g.processes)
-                for g in gpus}
 
 
 def _sampler(backend: FakeBackend, clock: list[float], **kw: object) -> Sampler:

@@ -16,7 +16,7 @@ from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
 from exporter.snapshot import Snapshot
 from exporter.watch import GpuWatch, SummaryLog
-from tests.exporter.test_sampler import NoAttribution
+from tests.exporter.helpers import NoAttribution
 from tests.sim.conftest import FakeClock
 
 
