@@ -100,9 +100,6 @@ class Sampler:
     def latest(self) -> Published | None:
         return self._latest
 
-    def add_listener(self, listener: SnapshotListener) -> None:
-        self._listeners.append(listener)
-
     # -- one cycle -----------------------------------------------------------------------
     def run_cycle(self) -> Published:
         """Sample, attribute, render and publish once. Returns what was published."""
@@ -193,9 +190,6 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-
-    def previous(self) -> Snapshot | None:
-        return self._prev
 
     def counters(self) -> Mapping[str, float]:
         s = self.stats

@@ -45,7 +45,3 @@ def header(name: str, type_: str, help_: str) -> str:
     """The # HELP and # TYPE lines of one family."""
     return f"# HELP {name} {escape_help(help_)}\n# TYPE {name} {type_}\n"
 
-
-def label_pairs(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    """`a="x",b="y"` for already-validated label names and raw values."""
-    return ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True))

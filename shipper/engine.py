@@ -30,7 +30,6 @@ or counted as dropped with a reason.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -237,13 +236,6 @@ class Shipper:
                 return False
             time.sleep(0.05)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until stop is requested; True if it was."""
-        return self._stopping.wait(timeout)
-
-    def request_stop(self) -> None:
-        self._stopping.set()
-
     def run_forever(self) -> int:
         """Standalone mode: run until SIGTERM/SIGINT, then stop cleanly; the exit code."""
 
@@ -309,7 +301,6 @@ class Shipper:
                 "dropped": dict(st.dropped),
                 "retried": st.retried,
                 "redelivered": st.redelivered,
-                "pending": st.lag_records,
                 "lag_records": st.lag_records,
                 "lag_seconds": st.lag_seconds,
                 "last_success": st.last_success,
@@ -318,9 +309,7 @@ class Shipper:
                 "conservation_ok": st.conservation_ok,
             }
         return {
-            "pid": os.getpid(),
             "spool": {
-                "directory": str(self.spool_dir),
                 "bytes": spool.bytes,
                 "segments": spool.segments,
                 "produced": spool.produced,

@@ -15,11 +15,12 @@ behind the committed cursor (lost or edited file) makes the check fail; it is ne
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+
+from gpu_audit import atomicfile
 
 
 @dataclass
@@ -65,14 +66,4 @@ class Ledger:
                 "dropped": state.dropped,
             }
         )
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomicfile.replace_file(self.path, payload)

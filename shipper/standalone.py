@@ -75,8 +75,9 @@ def run_shipper(config: ShipperSettings) -> int:
             return EXIT_FAILURE
         server.start()
         state.set_backend(True)
-        log.info("shipper metrics on %s://%s/metrics", "https" if server.tls else "http",
-                 listen)
+        # the bound port, not the configured one: with port 0 this line is how it is learnt
+        log.info("shipper metrics on %s://%s:%d/metrics", "https" if server.tls else "http",
+                 address[0], server.port)
     log.info("shipping %s to %s", config.spool.directory,
              ", ".join(s.name for s in shipper.sinks) or "no sinks")
     try:

@@ -172,11 +172,6 @@ class NvmlBackend:
     def error_counts(self) -> Mapping[str, int]:
         return dict(self._errors)
 
-    @property
-    def uuids(self) -> tuple[str, ...]:
-        """The UUIDs of the discovered GPUs, in index order."""
-        return tuple(d.uuid for d in self._devices)
-
     # --- sampling ------------------------------------------------------------------------
     def sample(self, now: float, slow: bool) -> Sequence[GpuSample]:
         self._cycle += 1

@@ -325,5 +325,3 @@ READERS: tuple[FieldReader, ...] = (
     FieldReader("nvmlDeviceGetFieldValues", ("temperature_memory", "nvlink_bytes"), "fast",
                 _field_values),
 )
-
-NVML_KEYS: frozenset[str] = frozenset(k for r in READERS for k in r.keys)

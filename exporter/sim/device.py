@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
 from exporter.sim.scenario import GpuPlan, ProcessPlan
 from exporter.sim.schema import DcgmSpec, EventSpec
-from gpu_audit.model.fields import BY_KEY, CATALOGUE, CLOCK_EVENT_REASONS
+from gpu_audit.model.fields import CATALOGUE, CLOCK_EVENT_REASONS
 from gpu_audit.model.samples import (
     FieldValues,
     GpuSample,
@@ -397,8 +397,3 @@ class SimDevice:
             }
         assert set(values) <= SLOW_KEYS, set(values) - SLOW_KEYS
         return values
-
-
-def supported_keys(device: SimDevice) -> frozenset[str]:
-    """Catalogue keys this device fills when it is up."""
-    return frozenset(BY_KEY) - device.unsupported

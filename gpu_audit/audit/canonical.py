@@ -73,11 +73,12 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
 
     The stored bytes equal `canonical_bytes(record)` with the hash in. To serialise only
     once, the hash member is spliced into the hashed bytes just before the top-level
-    `"host"` key, which always directly follows `"hash"` in sorted order (no record key
-    sorts between them, and `,"host":` cannot occur inside a JSON string, whose quotes
-    are all escaped). When the first `,"host":` is not at nesting depth 1 (a nested
-    object with such a key, or braces inside strings that make the count unsure), the
-    record is simply serialised again.
+    `"host"` key, which directly follows `"hash"` in sorted order. That is exact only
+    when the first `,"host":` is the top-level one (it cannot occur inside a JSON string,
+    whose quotes are all escaped) and no top-level key sorts between "hash" and "host";
+    for any record where that is not certain (a nested object or a brace before it, a
+    key such as "hint") the record is simply serialised again. tests/audit/test_golden.py
+    holds this to seal_reference() on arbitrary records.
 
     A record whose `prev_hash` is PENDING (and that has no `hash` yet) was built by the
     audit builder with its keys in sorted order at every level (nested parts as
@@ -102,9 +103,14 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     at = body.find(b',"host":')
     # A presorted record's members before "host" hold no object with a "host" key (the
     # builder's owner and GPU parts), so its first `,"host":` is the top-level one.
-    if at < 0 or (
-        not presorted and body.count(b"{", 0, at) - body.count(b"}", 0, at) != 1
-    ):
+    if at < 0 or (not presorted and (
+        # Any "{" before it but the record's own: a nested object (or a brace inside a
+        # string, which would fool a depth count) may hold that `,"host":`.
+        body.count(b"{", 0, at) != 1
+        # A top-level key between "hash" and "host" ("hint") would follow the hash; the
+        # byte scan is cheap and only a record with some `"h...` before host pays the check.
+        or (body.find(b'"h', 0, at) >= 0 and any("hash" < k < "host" for k in record))
+    )):
         return orjson.dumps(record, option=_SORT)
     return b"".join((body[:at], b',"hash":"', digest.encode("ascii"), b'"', body[at:]))
 

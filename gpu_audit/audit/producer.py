@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit import atomicfile
 from gpu_audit.audit.builder import PartsCache, Record, build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, load_hmac_key, seal
 from gpu_audit.audit.config import AuditConfig
@@ -214,14 +214,9 @@ class AuditProducer:
         state = {"stream": self._stream, "seq": self._seq, "hash": self._prev_hash,
                  "offset": first_offset}
         path = self._state_path(directory)
-        tmp = path.with_suffix(".tmp")
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps(state))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomicfile.replace_file(path, orjson.dumps(state))
         except OSError as exc:
             log.debug("audit checkpoint %s not written: %s", path, exc)
 

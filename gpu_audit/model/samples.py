@@ -138,10 +138,3 @@ class BackendInfo:
     library_version: str = ""
     simulated: bool = False
     detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SampleErrors:
-    """Per-kind error counts from one backend cycle (kind -> count)."""
-
-    counts: Mapping[str, int] = field(default_factory=dict)

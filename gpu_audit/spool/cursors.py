@@ -12,14 +12,14 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from gpu_audit import atomicfile
 from gpu_audit.spool.errors import CursorError
 
 CURSOR_DIR = "cursors"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_TMP_SUFFIX = ".tmp"
 
 
 def cursor_checksum(name: str, offset: int) -> int:
@@ -29,14 +29,8 @@ def cursor_checksum(name: str, offset: int) -> int:
 class CursorStore:
     """Committed cursors of every sink of one spool directory."""
 
-    def __init__(
-        self,
-        spool_dir: Path | str,
-        *,
-        replace: Callable[[Path, Path], None] = os.replace,
-    ) -> None:
+    def __init__(self, spool_dir: Path | str) -> None:
         self._dir = Path(spool_dir) / CURSOR_DIR
-        self._replace = replace
         self._cache: dict[str, int] = {}
 
     @property
@@ -80,17 +74,7 @@ class CursorStore:
             {"sink": name, "offset": offset, "crc32": cursor_checksum(name, offset)},
             sort_keys=True,
         ).encode()
-        tmp = path.with_name(path.name + _TMP_SUFFIX)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._replace(tmp, path)
-        _fsync_dir(self._dir)
+        atomicfile.replace_file(path, body, mode=0o640)
         self._cache[name] = offset
 
     def names(self) -> list[str]:
@@ -107,9 +91,9 @@ class CursorStore:
         """Forget a sink's cursor (it is read as 0 afterwards)."""
         path = self.path(name)
         path.unlink(missing_ok=True)
-        path.with_name(path.name + _TMP_SUFFIX).unlink(missing_ok=True)
+        atomicfile.tmp_path(path).unlink(missing_ok=True)
         if self._dir.is_dir():
-            _fsync_dir(self._dir)
+            atomicfile.fsync_dir(self._dir)
         self._cache.pop(name, None)
 
 
@@ -130,13 +114,6 @@ def parse_cursor(path: Path, name: str, raw: bytes) -> int:
         raise CursorError(path, "checksum mismatch (the file was modified or damaged)")
     return offset
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def gc_floor(cursors: CursorStore, sink_names: Sequence[str]) -> int:

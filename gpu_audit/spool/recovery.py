@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_audit import atomicfile
+from gpu_audit.atomicfile import fsync_dir
 from gpu_audit.spool.format import (
     FRAME_HEAD,
     FRAME_HEAD_SIZE,
@@ -54,14 +56,6 @@ class Recovery:
     verified: set[int] = field(default_factory=set)
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     found: list[tuple[int, Path]] = []
     with os.scandir(directory) as entries:
@@ -71,17 +65,6 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
                 found.append((base, Path(entry.path)))
     found.sort()
     return found
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def evidence_kept(path: Path, data: bytes) -> bool:
@@ -113,11 +96,10 @@ def keep_evidence(path: Path, data: bytes) -> str:
     try:
         os.link(path, qdir / name)
     except OSError:
-        tmp = qdir / f".{name}.tmp"
-        tmp.unlink(missing_ok=True)
-        _write_new(tmp, data)
-        os.replace(tmp, qdir / name)
-    fsync_dir(qdir)
+        # a dot name: a leftover "<segment>.<ns>.tmp" would pass for evidence of the segment
+        atomicfile.replace_file(qdir / name, data, mode=0o640, tmp=qdir / f".{name}.tmp")
+    else:
+        fsync_dir(qdir)
     return name
 
 

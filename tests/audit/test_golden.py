@@ -8,7 +8,8 @@ silently breaking every stored archive.
   byte-identical to the checked-in files, and every id and hash recomputes from first
   principles (hashlib, not gpu_audit.audit.canonical);
 - the fast paths (presorted templates, spliced hash, cached parts) equal the plain
-  reference path byte for byte, on the goldens and on hypothesis-generated input;
+  reference path byte for byte, on the goldens and on hypothesis-generated input, and
+  seal()'s spliced hash equals seal_reference() on arbitrary JSON records;
 - one stream that goes from v1 to v2 (an upgrade) is one chain, verified across the
   change, in an archive file and in a spool.
 """
@@ -29,7 +30,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from gpu_audit.audit import AuditConfig, AuditProducer, verify_jsonl, verify_spool_dir
 from gpu_audit.audit.builder import build_records, exporter_event
-from gpu_audit.audit.canonical import ZERO_HASH, seal_reference
+from gpu_audit.audit.canonical import ZERO_HASH, seal, seal_reference
 from gpu_audit.audit.schema import record_schema
 from gpu_audit.model.attribution import IDENTITY_FIELDS, AttributedProcess, Attribution
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample, ProcessSample, XidEvent
@@ -228,6 +229,33 @@ def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
     assert spool.payloads == _plain_trail(key, snaps)
     for payload in spool.payloads:  # and whatever the input, a valid v2 record
         assert list(_V2.iter_errors(orjson.loads(payload))) == []
+
+
+_KEY = st.sampled_from(["host", "hash", "a", "gpu", "z", "hos", "hosts", "", '"host"'])
+_JSON_TEXT = st.text(st.sampled_from('{}[]",:\\ ahost\x1f\u00e9'), max_size=12)
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+              st.floats(allow_nan=False, allow_infinity=False), _JSON_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(_KEY, inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(record=st.dictionaries(_KEY, _JSON, max_size=6), host=st.one_of(st.none(), _JSON),
+       seq=st.integers(1, 2**40), keyed=st.booleans())
+def test_seal_equals_the_reference_on_any_record(record: dict[str, Any], host: Any,
+                                                 seq: int, keyed: bool) -> None:
+    """seal()'s spliced hash gives exactly seal_reference()'s bytes for any record: with
+    and without a top-level "host", with nested objects holding "host" keys, with
+    strings full of braces, quotes and a fake `,"host":`, and with a stale "hash"."""
+    if host is not None:
+        record["host"] = host
+    key = b"k" if keyed else None
+    prev = "ab" * 32
+    expected = seal_reference(record, seq, prev, key)
+    assert seal(dict(record), seq, prev, key) == expected
 
 
 def _v1_then_v2(key: bytes | None) -> tuple[list[bytes], list[bytes]]:

@@ -13,36 +13,14 @@ import orjson
 import pytest
 
 from gpu_audit.audit.canonical import seal
-from gpu_audit.audit.config import AuditConfig
-from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.audit.verify import VerifyReport, verify_jsonl, verify_readback, verify_spool_dir
 from gpu_audit.spool import SpoolConfig, SpoolWriter
-from tests.audit.factory import HOST, T0, advance, realistic
-from tests.audit.fakes import MemorySpool
+from tests.audit.trails import producer_trail
 
 Trail = list[bytes]
 
 
-def _trail(key: bytes | None = None, tmp: Path | None = None) -> Trail:
-    spool = MemorySpool()
-    cfg = AuditConfig()
-    if key is not None:
-        assert tmp is not None
-        (tmp / "k").write_bytes(key)
-        cfg = AuditConfig(hmac_key_file=tmp / "k")
-    ticks = iter(range(10**6))
-    p = AuditProducer(cfg, spool, host=HOST, exporter_version="0.1.0", simulated=False,
-                      clock=lambda: T0 - 100 + next(ticks))
-    p.start()
-    s = realistic()
-    for _ in range(3):
-        p.on_snapshot(s)
-        s = advance(s)
-    p.stop()
-    return list(spool.payloads)
-
-
-TRAIL = _trail()
+TRAIL = producer_trail()
 N = len(TRAIL)
 
 
@@ -166,7 +144,7 @@ def test_deleted_first_record_is_a_gap_in_a_complete_export(tmp_path: Path) -> N
 def test_hmac_trail_needs_the_key(tmp_path: Path) -> None:
     """An HMAC-keyed trail verifies with its key; without it every record fails and the
     report hints at the key."""
-    t = _trail(b"k3y", tmp_path)
+    t = producer_trail(b"k3y", tmp_path)
     path = _write_jsonl(tmp_path / "h.jsonl", t)
     assert verify_jsonl(path, b"k3y").ok
     bad = verify_jsonl(path, None)

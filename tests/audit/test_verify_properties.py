@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import verify_records, verify_spool
 from tests.audit.fakes import MemorySpool
-from tests.audit.test_verify import TRAIL
+from tests.audit.trails import producer_trail
 
+TRAIL = producer_trail()
 N = len(TRAIL)
 positions = st.integers(min_value=0, max_value=N - 1)
 

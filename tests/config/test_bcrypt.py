@@ -21,7 +21,7 @@ from gpu_audit.errors import ConfigError
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from gpu_audit.http.webconfig import BasicAuth, WebConfig, load_web_config
-from tests.netutil import free_port, wait_for
+from tests.netutil import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -145,7 +145,7 @@ def test_sigterm_during_start_up_with_the_slowest_allowed_hash_exits_promptly(
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({
         "exporter": {"backend": "sim", "scenario": "idle", "web_config_file": str(web),
-                     "listen": f"127.0.0.1:{free_port()}"},
+                     "listen": "127.0.0.1:0"},
         "audit": {"enabled": False},
         "spool": {"directory": str(tmp_path / "spool")},
     }))

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from exporter.render import RenderOptions
 from exporter.sampler import Sampler
 from gpu_audit.http.state import RenderedSnapshot
-from gpu_audit.model.attribution import UNKNOWN, AttributedProcess
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot
+from tests.exporter.helpers import NoAttribution
 
 
 class FakeBackend:
@@ -37,12 +37,6 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
-
-
-class NoAttribution:
-    def attribute(self, gpus: Sequence[GpuSample]) -> dict[str, tuple[AttributedProcess, ...]]:
-        return {g.uuid: tuple(AttributedProcess(g.uuid, p, UNKNOWN) for p in g.processes)
-                for g in gpus}
 
 
 def _sampler(backend: FakeBackend, clock: list[float], **kw: object) -> Sampler:

@@ -16,7 +16,7 @@ from exporter.sim.scenario import load_scenario
 from exporter.watch import GpuWatch, SummaryLog
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot
-from tests.exporter.test_sampler import NoAttribution
+from tests.exporter.helpers import NoAttribution
 from tests.sim.conftest import FakeClock
 
 

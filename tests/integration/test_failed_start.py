@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from gpu_audit.spool import spool_stats
-from tests.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING_ENV = "GPU_AUDIT_TEST_SURELY_UNSET_PASSWORD"
@@ -69,7 +68,7 @@ def test_a_missing_secret_exits_2_and_writes_no_record(tmp_path: Path) -> None:
         {"type": "influxdb_v1", "url": "http://127.0.0.1:9", "database": "x",
          "username": "u", "password_env": MISSING_ENV},
     ])
-    res = _run(["run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}"])
+    res = _run(["run", "--config", str(config), "--listen", "127.0.0.1:0"])
     assert res.returncode == 2, res.stderr
     assert MISSING_ENV in res.stderr
     assert _records(tmp_path / "spool") == 0

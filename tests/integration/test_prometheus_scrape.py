@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, free_port, http_get, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
@@ -25,16 +25,17 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def exporter(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
-         "--scenario", "busy", "--time-scale", "60", "--interval", "0.5",
-         "--listen", f"127.0.0.1:{port}", "--spool-dir", str(tmp_path / "spool")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "exporter.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
+             "--scenario", "busy", "--time-scale", "60", "--interval", "0.5",
+             "--listen", "127.0.0.1:0", "--spool-dir", str(tmp_path / "spool")],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
     try:
+        url = f"http://127.0.0.1:{bound_port(log, proc)}"
         wait_for(lambda: http_get(url + "/readyz")[0] == 200, 30, "exporter /readyz")
         yield url
     finally:

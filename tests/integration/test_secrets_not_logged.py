@@ -29,7 +29,7 @@ from gpu_audit import logredact
 from gpu_audit.spool import SpoolWriter
 from gpu_audit_app.config import load_config
 from shipper.engine import Shipper
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, http_get, wait_for
 from tests.shipper.producer import chained
 from tests.sinks.servers.forward import ForwardServer
 from tests.sinks.servers.influx import InfluxServer
@@ -210,21 +210,24 @@ def test_shipper_at_debug_logs_no_secret_of_any_sink(
 def test_cli_run_at_debug_prints_no_secret(servers: Servers, tmp_path: Path) -> None:
     """The real `gpu-audit run --log-level debug` with every sink type (and an HMAC key):
     neither its stderr nor its stdout shows any canary secret in any encoding."""
-    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **CANARIES)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit_app", "run", "--config",
-         str(write_config(servers, tmp_path)), "--listen", f"127.0.0.1:{port}",
-         "--log-level", "debug"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    with out_log.open("ab") as out_file, err_log.open("ab") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_audit_app", "run", "--config",
+             str(write_config(servers, tmp_path)), "--listen", "127.0.0.1:0",
+             "--log-level", "debug"],
+            stdout=out_file, stderr=err_file, env=env)
     try:
+        port = bound_port(err_log, proc, 60)
         wait_for(lambda: proc.poll() is not None or all(servers.delivered().values()), 60,
                  f"every sink to be tried: {servers.delivered()}")
         assert proc.poll() is None, "gpu-audit run ended early"
         assert http_get(f"http://127.0.0.1:{port}/status")[0] == 200
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(60)
+    out, err = out_log.read_bytes(), err_log.read_bytes()
     stderr = err.decode(errors="replace")
     assert "urllib3.connectionpool" in stderr and "/write?" in stderr, stderr[-2000:]
     assert_no_canary(stderr, "stderr")

@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
 import yaml
 
 from gpu_audit.spool import spool_stats
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +27,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+_LOGS: dict[int, Path] = {}  # pid -> its stderr, in a file (a pipe nobody reads can fill)
+
+
 def _cli(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "gpu_audit_app", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
+    with tempfile.NamedTemporaryFile(prefix="gpu-audit-", suffix=".log", delete=False) as err:
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", *args], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err, env=_env())
+    _LOGS[proc.pid] = Path(err.name)
+    return proc
 
 
 def _config(path: Path, spool: Path, archive: Path, **shipper: object) -> Path:
@@ -42,7 +49,10 @@ def _config(path: Path, spool: Path, archive: Path, **shipper: object) -> Path:
     return path
 
 
-def _serving(proc: subprocess.Popen[bytes], port: int) -> None:
+def _serving(proc: subprocess.Popen[bytes]) -> None:
+    """Wait until a process started with --listen 127.0.0.1:0 is ready."""
+    port = bound_port(_LOGS[proc.pid], proc, 60)
+
     def ready() -> bool:
         assert proc.poll() is None, _err(proc)
         return http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
@@ -50,7 +60,7 @@ def _serving(proc: subprocess.Popen[bytes], port: int) -> None:
 
 
 def _err(proc: subprocess.Popen[bytes]) -> str:
-    return proc.stderr.read().decode() if proc.stderr else ""
+    return _LOGS[proc.pid].read_text(errors="replace")
 
 
 def _refused(proc: subprocess.Popen[bytes], holder: int) -> str:
@@ -90,13 +100,12 @@ def test_a_second_writer_on_one_spool_refuses_and_the_lock_dies_with_its_process
     once it is SIGKILLed a new `run` starts at once."""
     spool, archive = tmp_path / "spool", tmp_path / "archive"
     config = str(_config(tmp_path / "c.yaml", spool, archive))
-    first_port = free_port()
-    first = _cli("run", "--config", config, "--listen", f"127.0.0.1:{first_port}")
-    _serving(first, first_port)
-    err = _refused(_cli("run", "--config", config, "--listen", f"127.0.0.1:{free_port()}"),
+    first = _cli("run", "--config", config, "--listen", "127.0.0.1:0")
+    _serving(first)
+    err = _refused(_cli("run", "--config", config, "--listen", "127.0.0.1:0"),
                    first.pid)
     assert f"spool {spool}" in err
-    _refused(_cli("exporter", "--config", config, "--listen", f"127.0.0.1:{free_port()}"),
+    _refused(_cli("exporter", "--config", config, "--listen", "127.0.0.1:0"),
              first.pid)
     _stop(first)
     records = _archived(archive)
@@ -104,16 +113,14 @@ def test_a_second_writer_on_one_spool_refuses_and_the_lock_dies_with_its_process
     assert len({r["id"] for r in records}) == len(records)
     assert [r.get("event") for r in records].count("exporter_start") == 1
 
-    port = free_port()
-    exporter = _cli("exporter", "--config", config, "--listen", f"127.0.0.1:{port}")
-    _serving(exporter, port)
-    _refused(_cli("run", "--config", config, "--listen", f"127.0.0.1:{free_port()}"),
+    exporter = _cli("exporter", "--config", config, "--listen", "127.0.0.1:0")
+    _serving(exporter)
+    _refused(_cli("run", "--config", config, "--listen", "127.0.0.1:0"),
              exporter.pid)
     exporter.send_signal(signal.SIGKILL)
     exporter.wait(30)
-    port = free_port()
-    again = _cli("run", "--config", config, "--listen", f"127.0.0.1:{port}")
-    _serving(again, port)
+    again = _cli("run", "--config", config, "--listen", "127.0.0.1:0")
+    _serving(again)
     _stop(again)
 
 

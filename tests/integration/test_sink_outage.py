@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, http_get, wait_for
 from tests.realservers import influxd_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,13 +42,12 @@ def test_influxdb_down_at_start_shows_lag_and_down_state_and_logs_once_each_way(
                    cwd=ROOT, env=_env(), check=True, capture_output=True)
     with influxd_server(tmp_path) as influx:
         influx.stop()
-        port = free_port()
         config = tmp_path / "c.yaml"
         config.write_text(yaml.safe_dump({
             "log_level": "info",
             "spool": {"directory": str(spool), "min_free_bytes": 0},
             "shipper": {"backoff_base_s": 0.05, "backoff_cap_s": 0.3,
-                        "metrics_listen": f"127.0.0.1:{port}",
+                        "metrics_listen": "127.0.0.1:0",
                         "sinks": [{"type": "influxdb_v1", "name": "influx", "url": influx.url,
                                    "database": influx.database, "timeout_s": 5}]},
         }))
@@ -57,8 +56,8 @@ def test_influxdb_down_at_start_shows_lag_and_down_state_and_logs_once_each_way(
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpu_audit_app", "shipper", "--config", str(config)],
                 cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}/metrics"
         try:
+            url = f"http://127.0.0.1:{bound_port(log, proc)}/metrics"
             def retried() -> bool:
                 assert proc.poll() is None, log.read_text()
                 value = _metric(http_get(url)[1], "gpu_audit_shipper_records_retried_total")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, http_get, wait_for
 
 
 def _metric(body: bytes, pattern: str) -> float:
@@ -24,14 +24,15 @@ def test_unwritable_spool_is_counted_and_never_stops_the_exporter(tmp_path: Path
     the path becomes a directory, records are written again."""
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
-         "--scenario", "busy", "--interval", "0.2", "--listen", f"127.0.0.1:{port}",
-         "--spool-dir", str(blocker / "spool")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    log = tmp_path / "exporter.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
+             "--scenario", "busy", "--interval", "0.2", "--listen", "127.0.0.1:0",
+             "--spool-dir", str(blocker / "spool")],
+            stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
     try:
+        url = f"http://127.0.0.1:{bound_port(log, proc)}"
         wait_for(lambda: http_get(url + "/readyz")[0] == 200, 30, "readyz")
         wait_for(lambda: _metric(http_get(url + "/metrics")[1],
                                  r"gpu_audit_records_failed_total") > 0, 20, "failures counted")

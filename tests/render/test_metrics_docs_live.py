@@ -24,7 +24,7 @@ from exporter.compat import COMPAT_NAMES
 from exporter.families import FAMILIES
 from gpu_audit.model.fields import CATALOGUE
 from gpu_audit.selfmetrics import SELF_METRICS
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import bound_port, http_get, wait_for
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "METRICS.md"
 _DOC_NAME = re.compile(r"^\| `([A-Za-z_:][A-Za-z0-9_:]*)` \|", re.MULTILINE)
@@ -63,12 +63,14 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
         "shipper:\n  batch_max_wait_s: 0.1\n"
         f"  sinks:\n    - type: archive\n      directory: {tmp / 'archive'}\n"
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_audit_app", "run", "--config", str(cfg),
-         "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    log = tmp / "run.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_audit_app", "run", "--config", str(cfg),
+             "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=err,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    port = bound_port(log, proc)
     url = f"http://127.0.0.1:{port}/metrics"
     body = b""
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,10 +21,8 @@ from exporter.render import Renderer, RenderOptions, render_snapshot
 from exporter.textformat import fmt_value
 from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
 from gpu_audit.model.snapshot import Snapshot
+from tests.render.goldens import check_golden, promtool_check
 from tests.render.snapshots import GIB, UUID0, UUID1, alice, proc, small_snapshot
-
-GOLDEN = Path(__file__).parent / "golden"
-PROMTOOL = shutil.which("promtool")
 
 
 def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -40,21 +35,6 @@ def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def named(body: bytes, name: str) -> list[tuple[dict[str, str], float]]:
     return [(dict(k[1]), v) for k, v in samples(body).items() if k[0] == name]
-
-
-def promtool_check(body: bytes) -> tuple[int, str]:
-    assert PROMTOOL, "promtool is installed on these machines"
-    r = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True,
-                       timeout=60, check=False)
-    return r.returncode, (r.stdout + r.stderr).decode()
-
-
-def check_golden(name: str, body: bytes) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_bytes(body)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert body.decode() == path.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(("golden", "opts"), [

@@ -9,31 +9,26 @@ producer process writes. The run ends with a SIGTERM, which must exit 0 with eve
 
 from __future__ import annotations
 
-import gzip
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 import yaml
 
 from gpu_audit.audit.verify import verify_readback
 from gpu_audit.spool import CursorStore
 from tests.realservers import influxd_server, victoria_metrics_server
+from tests.shipper.helpers import ROOT, archive_docs, subprocess_env, wait_for_signal_handler
 from tests.sinks.servers.search import SearchServer
 
 N = 6000
 KILLS = 22
 SINKS = ("archive", "es", "influx", "vm")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp: Path, es: str, influx: str, vm: str) -> Path:
@@ -64,39 +59,14 @@ def _config(tmp: Path, es: str, influx: str, vm: str) -> Path:
     return path
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _shipper(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "gpu_audit_app.shipper_main", "--config", str(config)],
-            cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT,
         )
 
 
-def _archive_docs(directory: Path) -> Iterator[dict[str, Any]]:
-    for path in sorted(directory.glob("*.jsonl*")):
-        opener: Any = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
-            for line in fh:
-                if line.strip():
-                    yield orjson.loads(line)
-
-
-def _wait_for_signal_handler(pid: int, timeout: float = 60) -> None:
-    """Wait until the process catches SIGTERM (its handler is installed), per /proc."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
-        if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} never installed its SIGTERM handler")
 
 
 @pytest.mark.slow
@@ -114,7 +84,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
         producer = subprocess.Popen(
             [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), str(N),
              "--batch", "40", "--pause", "0.15"],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
         )
         kills = 0
         for i in range(KILLS):
@@ -132,7 +102,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
         assert int(out) == N
 
         final = _shipper(config, log)
-        _wait_for_signal_handler(final.pid)
+        wait_for_signal_handler(final.pid)
         cursors = CursorStore(tmp_path / "spool")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -145,7 +115,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
         assert kills >= 20
 
         # the archive: exactly N lines, N distinct ids, and the hash chain verifies
-        archived = list(_archive_docs(tmp_path / "archive"))
+        archived = list(archive_docs(tmp_path / "archive"))
         ids = Counter(d["id"] for d in archived)
         assert len(archived) == N and len(ids) == N
         report = verify_readback(archived, hmac_key=None, source="archive")

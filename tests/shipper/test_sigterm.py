@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from gpu_audit.spool import CursorStore
-from tests.netutil import free_port, http_get
-from tests.shipper.test_crash import ROOT, _archive_docs, _env, _wait_for_signal_handler
+from tests.netutil import bound_port, http_get
+from tests.shipper.helpers import ROOT, archive_docs, subprocess_env, wait_for_signal_handler
 
 
 def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
@@ -23,40 +23,41 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), str(n),
          "--batch", "1000", "--pad", "400"],
-        cwd=ROOT, env=_env(), check=True, capture_output=True,
+        cwd=ROOT, env=subprocess_env(), check=True, capture_output=True,
     )
-    port = free_port()
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
-        "log_level": "warning",
+        "log_level": "info",  # the "shipper metrics on ..." line names the bound port
         "spool": {"directory": str(tmp_path / "spool"), "min_free_bytes": 0},
         "shipper": {"batch_max_records": 200, "commit_interval_s": 0.05,
                     "shutdown_grace_s": 0.3,
-                    "metrics_listen": f"127.0.0.1:{port}",
+                    "metrics_listen": "127.0.0.1:0",
                     "sinks": [{"type": "archive", "name": "archive", "compress": False,
                                "directory": str(tmp_path / "archive")}]},
     }))
     cursors = CursorStore(tmp_path / "spool")
 
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
-                                 "--config", str(config)],
-                                cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
-        _wait_for_signal_handler(proc.pid)
-        return proc
+    def start(log: Path) -> tuple[subprocess.Popen[bytes], int]:
+        with log.open("ab") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
+                                     "--config", str(config)],
+                                    cwd=ROOT, env=subprocess_env(), stderr=err)
+        port = bound_port(log, proc)
+        wait_for_signal_handler(proc.pid)
+        return proc, port
 
-    proc = start()
+    first_log = tmp_path / "first.log"
+    proc, _ = start(first_log)
     deadline = time.monotonic() + 60
     while cursors.get("archive") == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    assert proc.wait(20) == 0, first_log.read_text(errors="replace")[-2000:]
     stopped_at = cursors.get("archive")
     assert 0 < stopped_at < n, "the SIGTERM did not land in the middle of the backlog"
-    assert len(list(_archive_docs(tmp_path / "archive"))) == stopped_at
+    assert len(list(archive_docs(tmp_path / "archive"))) == stopped_at
 
-    proc = start()
+    proc, port = start(tmp_path / "second.log")
     status, body = http_get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200 and b'gpu_audit_shipper_cursor_lag_records{sink="archive"}' in body
     deadline = time.monotonic() + 60
@@ -64,7 +65,7 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
-    ids = [d["id"] for d in _archive_docs(tmp_path / "archive")]
+    ids = [d["id"] for d in archive_docs(tmp_path / "archive")]
     assert len(ids) == n == len(set(ids))
 
 
@@ -75,7 +76,7 @@ def test_sigterm_delivers_the_spooled_backlog_before_exiting(tmp_path: Path) -> 
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), str(n),
          "--batch", "1000", "--pad", "400"],
-        cwd=ROOT, env=_env(), check=True, capture_output=True,
+        cwd=ROOT, env=subprocess_env(), check=True, capture_output=True,
     )
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
@@ -87,11 +88,11 @@ def test_sigterm_delivers_the_spooled_backlog_before_exiting(tmp_path: Path) -> 
     }))
     proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
                              "--config", str(config)],
-                            cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
-    _wait_for_signal_handler(proc.pid)
+                            cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE)
+    wait_for_signal_handler(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=40)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert CursorStore(tmp_path / "spool").get("archive") == n
-    ids = [d["id"] for d in _archive_docs(tmp_path / "archive")]
+    ids = [d["id"] for d in archive_docs(tmp_path / "archive")]
     assert len(ids) == n == len(set(ids))

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpu_audit_app.config import Config
-from tests.netutil import free_port, wait_for
-from tests.shipper.test_crash import ROOT, _env, _wait_for_signal_handler
+from tests.netutil import bound_port, wait_for
+from tests.shipper.helpers import ROOT, subprocess_env, wait_for_signal_handler
 
 
 def _get(url: str, auth: str | None = None) -> tuple[int, bytes]:
@@ -39,27 +39,28 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
     exits 0. The exporter's web-config (another file, another user) does not apply."""
     subprocess.run(
         [sys.executable, "-m", "tests.shipper.producer", str(tmp_path / "spool"), "50"],
-        cwd=ROOT, env=_env(), check=True, capture_output=True,
+        cwd=ROOT, env=subprocess_env(), check=True, capture_output=True,
     )
     web = tmp_path / "web.yml"
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed}}))
     exporter_web = tmp_path / "exporter-web.yml"
     exporter_web.write_text(yaml.safe_dump({"basic_auth_users": {"other": hashed}}))
-    port = free_port()
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
-        "log_level": "warning",
+        "log_level": "info",  # the "shipper metrics on ..." line names the bound port
         "exporter": {"web_config_file": str(exporter_web)},
         "spool": {"directory": str(tmp_path / "spool"), "min_free_bytes": 0},
-        "shipper": {"metrics_listen": f"127.0.0.1:{port}", "web_config_file": str(web),
+        "shipper": {"metrics_listen": "127.0.0.1:0", "web_config_file": str(web),
                     "sinks": [{"type": "archive", "directory": str(tmp_path / "archive")}]},
     }))
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "shipper", "--config",
-                             str(config)], cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
+    log = tmp_path / "shipper.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "shipper", "--config",
+                                 str(config)], cwd=ROOT, env=subprocess_env(), stderr=err)
     try:
-        _wait_for_signal_handler(proc.pid)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{bound_port(log, proc)}"
+        wait_for_signal_handler(proc.pid)
         wait_for(lambda: _get(url + "/healthz")[0] != 0, 20, "endpoint up")
         assert _get(url + "/metrics")[0] == 401
         assert _get(url + "/metrics", "prom:wrong")[0] == 401
@@ -69,8 +70,8 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
         assert _get(url + "/readyz", "prom:s3cret")[0] == 200
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err.decode()[-2000:]
+        proc.wait(30)
+    assert proc.returncode == 0, log.read_text(errors="replace")[-2000:]
 
 
 def test_python_m_shipper_applies_the_environment_overrides(
@@ -110,7 +111,7 @@ def test_check_config_checks_the_shippers_web_config(tmp_path: Path) -> None:
     config.write_text(f"spool:\n  directory: {tmp_path / 'spool'}\n"
                       f"shipper:\n  web_config_file: {web}\n")
     res = subprocess.run([sys.executable, "-m", "gpu_audit_app", "check-config", "--config",
-                          str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                         check=False, timeout=60)
+                          str(config)], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                         text=True, check=False, timeout=60)
     assert res.returncode == 2
     assert f"{web}:4: basic_auth_users.prom: not a complete bcrypt hash" in res.stderr

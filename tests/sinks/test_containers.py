@@ -131,7 +131,14 @@ def test_fluentd_forward_with_acks(tmp_path: Path) -> None:
         sink.start()
         batch = make_batch(20)
         assert {r.outcome for r in sink.send(batch)} == {Outcome.DELIVERED}
-        time.sleep(2)
-        out = b"".join(x or b"" for x in container.get_logs()).decode()
+        def logs() -> str:
+            return b"".join(x or b"" for x in container.get_logs()).decode()
+
+        # fluentd's stdout output flushes on its own schedule: wait for it, not a guess
+        deadline = time.monotonic() + 60
+        while (not all(rec.record_id in logs() for rec in batch)
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        out = logs()
         for rec in batch:
             assert out.count(rec.record_id) == 1

@@ -22,7 +22,9 @@ def test_commit_get_names_remove(tmp_path: Path) -> None:
     assert store.get("es") == 0 and store.names() == ["influx.v1"]
 
 
-def test_crash_between_temp_write_and_rename_keeps_old_value(tmp_path: Path) -> None:
+def test_crash_between_temp_write_and_rename_keeps_old_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A crash after the temp file is written but before the rename leaves the old value,
     and the next commit succeeds over the leftover temp file."""
     store = CursorStore(tmp_path)
@@ -31,8 +33,10 @@ def test_crash_between_temp_write_and_rename_keeps_old_value(tmp_path: Path) -> 
     def crash(src: Path, dst: Path) -> None:
         raise KeyboardInterrupt("simulated crash before rename")
 
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        CursorStore(tmp_path, replace=crash).commit("es", 9)
+        CursorStore(tmp_path).commit("es", 9)
+    monkeypatch.undo()
     assert (tmp_path / "cursors" / "es.json.tmp").exists()
     assert CursorStore(tmp_path).get("es") == 5
     CursorStore(tmp_path).commit("es", 9)

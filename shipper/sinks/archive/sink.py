@@ -65,6 +65,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit import atomicfile
 from gpu_audit.archive import list_parts, parse_name, part_name, read_records
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.encode import NotArchivable, archive_line
@@ -434,24 +435,14 @@ class ArchiveSink:
             "last_offset": last,
             "files": [[i.part.name, i.start, _runs(i.offsets)] for i in plan],
         }
-        tmp = self._dir / (STATE_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, orjson.dumps(state))
-            if self._cfg.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._dir / STATE_FILE)
-        if self._cfg.fsync:
-            self._fsync_dir()  # the plan must be on disk before any of its lines
+        # `ops=os` is this module's `os`, looked up at call time: the crash-matrix tests
+        # replace it, so every step of the journal's replacement stays a crash point.
+        atomicfile.replace_file(self._dir / STATE_FILE, orjson.dumps(state),
+                                fsync=self._cfg.fsync, mode=0o644, ops=os)
+        # replace_file fsyncs the directory: the plan is on disk before any of its lines
 
     def _fsync_dir(self) -> None:
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomicfile.fsync_dir(self._dir, ops=os)
 
     def _close_fds(self) -> None:
         for p in self._open.values():

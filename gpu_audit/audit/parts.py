@@ -1,0 +1,309 @@
+"""The pieces every audit record is made of, and their cache across cycles.
+
+Nested parts (GPU, process, owner), value maps in base units, the id tail of a process,
+the visible-process keys the events diff, and `Cycle`, the members every record of one
+cycle shares. `PartsCache` keeps the parts that only change when a process does, so the
+builder makes them once per process lifetime, optionally pre-serialised.
+
+Pure: no I/O. Records carry only the allow-listed attribution fields (IDENTITY_FIELDS and
+their sources); this module must never copy a process's environ or cgroup text.
+"""
+
+from __future__ import annotations
+
+from math import isfinite
+from typing import Any
+
+import orjson
+
+from gpu_audit.audit.canonical import (
+    SCHEMA_ID,
+    canonical_bytes,
+    format_time_ns,
+    id_from_prefix,
+    id_prefix,
+    id_tail,
+    to_time_ns,
+)
+from gpu_audit.model.attribution import IDENTITY_FIELDS, UNKNOWN, AttributedProcess, Attribution
+from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.samples import GpuSample, ProcessSample
+from gpu_audit.model.snapshot import Snapshot
+
+# Catalogue key -> record value name: the metric name without its `gpu_` prefix.
+VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATALOGUE}
+
+Record = dict[str, Any]
+ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
+
+
+def gpu_values(gpu: GpuSample) -> dict[str, Any]:
+    """Measured values in base units: scalars as numbers, labelled values as an object
+    keyed by the label values joined with "/" in the catalogue's label order."""
+    out: dict[str, Any] = {}
+    for key, series in gpu.values.items():
+        name = VALUE_NAMES.get(key)
+        if name is None:
+            continue  # not a catalogue field: nothing downstream could name its unit
+        if len(series) == 1 and () in series:
+            v = series[()]
+            if isfinite(v):
+                out[name] = v
+            continue
+        labelled = {"/".join(lv): v for lv, v in series.items() if lv and isfinite(v)}
+        if labelled:
+            out[name] = labelled
+    return out
+
+
+def gpu_part_of(gpu: GpuSample) -> dict[str, Any]:
+    part: dict[str, Any] = {"uuid": gpu.info.uuid, "index": gpu.info.index, "up": gpu.up}
+    if gpu.info.name:  # unknown is absent, never ""
+        part["name"] = gpu.info.name
+    if gpu.error:
+        part["error"] = gpu.error
+    return part
+
+
+def process_part_of(p: ProcessSample) -> dict[str, Any]:
+    part: dict[str, Any] = {"pid": p.pid, "type": p.type}
+    if p.name:  # unknown is absent, never ""
+        part["name"] = p.name
+    uid = p.uid if p.uid is not None else (p.identity.uid if p.identity else None)
+    if uid is not None:
+        part["uid"] = uid
+    if p.gpu_instance_id is not None:
+        part["gpu_instance_id"] = p.gpu_instance_id
+    if p.compute_instance_id is not None:
+        part["compute_instance_id"] = p.compute_instance_id
+    if p.identity is not None and p.identity.start_time_ticks is not None:
+        part["start_time_ticks"] = p.identity.start_time_ticks
+    return part
+
+
+def attribution_part_of(a: Attribution) -> dict[str, Any]:
+    # Only what is known: an unknown field is absent (never ""), so a chart grouped by
+    # owner gets no empty bucket; a source is listed only for a field that is there.
+    part: dict[str, Any] = {}
+    for f in IDENTITY_FIELDS:
+        v = getattr(a, f)
+        if v:
+            part[f] = v
+    part["sources"] = {f: s for f, s in a.sources.items() if f in part}
+    return part
+
+
+# Value names shared by every record kind: one name per quantity, the name the gpu
+# record uses (the catalogue metric name without `gpu_`), so one query charts them all.
+MEMORY_USED = "memory_used_bytes"
+UTILIZATION = "utilization_ratio"  # process: its SM share of the GPU's busy time
+MEMORY_CONTROLLER_UTILIZATION = "memory_controller_utilization_ratio"
+ENCODER_UTILIZATION = "encoder_utilization_ratio"
+DECODER_UTILIZATION = "decoder_utilization_ratio"
+
+
+def process_values(p: ProcessSample) -> dict[str, Any]:
+    # Written out field by field: this runs once per process per cycle.
+    out: dict[str, Any] = {}
+    if p.used_memory_bytes is not None:
+        out[MEMORY_USED] = p.used_memory_bytes
+    v = p.sm_util_ratio
+    if v is not None and isfinite(v):
+        out[UTILIZATION] = v
+    v = p.memory_util_ratio
+    if v is not None and isfinite(v):
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
+    v = p.encoder_util_ratio
+    if v is not None and isfinite(v):
+        out[ENCODER_UTILIZATION] = v
+    v = p.decoder_util_ratio
+    if v is not None and isfinite(v):
+        out[DECODER_UTILIZATION] = v
+    return out
+
+
+def process_values_sorted(p: ProcessSample) -> dict[str, Any]:
+    # process_values with the keys inserted in sorted order (for PENDING records).
+    out: dict[str, Any] = {}
+    v = p.decoder_util_ratio
+    if v is not None and isfinite(v):
+        out[DECODER_UTILIZATION] = v
+    v = p.encoder_util_ratio
+    if v is not None and isfinite(v):
+        out[ENCODER_UTILIZATION] = v
+    v = p.memory_util_ratio
+    if v is not None and isfinite(v):
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
+    if p.used_memory_bytes is not None:
+        out[MEMORY_USED] = p.used_memory_bytes
+    v = p.sm_util_ratio
+    if v is not None and isfinite(v):
+        out[UTILIZATION] = v
+    return out
+
+
+def process_key_str(p: ProcessSample) -> str:
+    # NVML may list one pid once per type and per MIG instance: all of it is identity.
+    return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
+
+
+def start_ticks(p: ProcessSample) -> int | None:
+    return p.identity.start_time_ticks if p.identity is not None else None
+
+
+def processes_of(snap: Snapshot, gpu: GpuSample) -> tuple[AttributedProcess, ...]:
+    """The GPU's processes with their owners (unknown owner when attribution is absent)."""
+    attributed = snap.processes.get(gpu.info.uuid)
+    if attributed is not None:
+        return attributed
+    return tuple(AttributedProcess(gpu.info.uuid, p, UNKNOWN) for p in gpu.processes)
+
+
+def visible_processes(
+    snap: Snapshot | None, gpu: GpuSample | None
+) -> dict[ProcessKey, AttributedProcess]:
+    """(GPU uuid, pid, start time) -> process, for the processes an up GPU lists."""
+    if snap is None or gpu is None or not gpu.up:
+        return {}
+    return {
+        (gpu.info.uuid, ap.process.pid, start_ticks(ap.process)): ap
+        for ap in processes_of(snap, gpu)
+    }
+
+
+class PartsCache:
+    """Attribution parts carried from one cycle to the next.
+
+    The resolver hands out the same Attribution object for a process as long as the
+    process lives, so its record part (and whether it is attributed at all) is built once
+    per process lifetime, not once per cycle. Entries hold the Attribution itself, so an
+    id() is never reused while cached; entries unused in a cycle are dropped. Likewise a
+    process's `process` part and the per-record text of its id, keyed by everything they
+    are made of (GPU, pid, name, type, uid, MIG ids, start time).
+
+    fragments=True (the producer's setting) puts shared nested parts (owner, GPU,
+    process) into records as pre-serialised canonical JSON (orjson.Fragment) so each is
+    serialised once, not once per record, and builds `process` records with their keys
+    in sorted order and `seq` / `prev_hash` (PENDING) in place, so seal() serialises
+    them without sorting; the stored bytes are identical. Records built that way are for
+    sealing only: read them after parsing the stored bytes.
+    """
+
+    def __init__(self, *, fragments: bool = False) -> None:
+        self.fragments = fragments
+        self._parts: dict[int, tuple[Attribution, bool, Any]] = {}
+        self._used: dict[int, tuple[Attribution, bool, Any]] = {}
+        self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
+        self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
+        # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last cycle
+        # (where it was "now") for this cycle (where it is "before").
+        self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
+        self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
+
+    def shared(self, part: dict[str, Any]) -> Any:
+        """`part` as it goes into records: itself, or its canonical bytes as a Fragment."""
+        return orjson.Fragment(canonical_bytes(part)) if self.fragments else part
+
+    def get(self, a: Attribution) -> tuple[bool, Any]:
+        """(attributed, record part): the part is None for an unknown owner."""
+        key = id(a)
+        hit = self._used.get(key)
+        if hit is None:
+            hit = self._parts.get(key)
+            if hit is None or hit[0] is not a:
+                owned = a.attributed
+                hit = (a, owned, self.shared(attribution_part_of(a)) if owned else None)
+            self._used[key] = hit
+        return hit[1], hit[2]
+
+    def process(self, gpu_uuid: str, p: ProcessSample) -> tuple[Any, bytes]:
+        """(record part, id_tail) of a `process` record of `p` on the GPU."""
+        ident = p.identity
+        uid = p.uid if p.uid is not None else (ident.uid if ident is not None else None)
+        start = ident.start_time_ticks if ident is not None else None
+        key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
+               p.compute_instance_id, start)
+        hit = self._procs_used.get(key)
+        if hit is None:
+            hit = self._procs.get(key)
+            if hit is None:
+                hit = (self.shared(process_part_of(p)),
+                       id_tail("process", "", gpu_uuid, process_key_str(p), ""))
+            self._procs_used[key] = hit
+        return hit
+
+    def visible(
+        self, snap: Snapshot | None, gpu: GpuSample | None
+    ) -> dict[ProcessKey, AttributedProcess]:
+        """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as read-only)."""
+        if snap is None or gpu is None:
+            return {}
+        uuid = gpu.info.uuid
+        for cache in (self._visible_new, self._visible):
+            hit = cache.get(uuid)
+            if hit is not None and hit[0] is snap and hit[1] is gpu:
+                return hit[2]
+        found = visible_processes(snap, gpu)
+        self._visible_new[uuid] = (snap, gpu, found)
+        return found
+
+    def end_cycle(self) -> None:
+        self._parts, self._used = self._used, {}
+        self._procs, self._procs_used = self._procs_used, {}
+        self._visible, self._visible_new = self._visible_new, {}
+
+
+class Cycle:
+    """Shared parts of every record of one cycle, computed once."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        *,
+        host: str,
+        stream: str,
+        exporter_version: str,
+        simulated: bool,
+        elapsed: float,
+        parts: PartsCache,
+    ) -> None:
+        self.host = host
+        self.stream = stream
+        self.time_ns = to_time_ns(snap.timestamp)
+        self.id_prefix = id_prefix(host, stream, self.time_ns)
+        self.parts = parts
+        self.time = format_time_ns(self.time_ns)
+        self.exporter_version = exporter_version
+        self.interval_seconds = snap.interval_seconds
+        self.simulated = simulated
+        self.common: dict[str, Any] = {
+            "schema": SCHEMA_ID,
+            "stream": stream,
+            "time": self.time,
+            "time_ns": self.time_ns,
+            "host": host,
+            "interval_seconds": snap.interval_seconds,
+            "elapsed_seconds": elapsed,
+            "simulated": simulated,
+            "exporter_version": exporter_version,
+        }
+
+    def record(
+        self,
+        kind: str,
+        *,
+        event: str = "",
+        gpu_uuid: str = "",
+        process_key: str = "",
+        xid_key: str = "",
+    ) -> Record:
+        r = dict(self.common)
+        r["kind"] = kind
+        if event:
+            r["event"] = event
+        r["id"] = id_from_prefix(self.id_prefix, kind, event, gpu_uuid, process_key, xid_key)
+        return r
+
+    def attribution(self, ap: AttributedProcess) -> tuple[bool, Any]:
+        """(attributed, record part or None) of a process's owner."""
+        return self.parts.get(ap.attribution)
