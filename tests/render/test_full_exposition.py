@@ -21,15 +21,15 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from exporter.http import MetricsServer
 from prometheus_client import CollectorRegistry
 
-from exporter import serving
 from exporter.app import SamplerCollector
 from exporter.render import RenderOptions, render_snapshot
 from exporter.sampler import SamplerStats
 from gpu_audit.audit import AuditConfig, AuditProducer
 from gpu_audit.audit.metrics import AuditCollector
+from gpu_audit.http import state as serving
+from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from shipper.metrics import Histogram, ShipperCollector, SinkStatus, SpoolStatus
 from tests.audit.fakes import MemorySpool
