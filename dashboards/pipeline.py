@@ -39,9 +39,12 @@ def build() -> dashboard.Dashboard:
         "dead-lettered + dropped + pending).")))
     b.row("Health")
     b.add(
-        single("Sinks down", "short", Q(f"count(gpu_audit_shipper_sink_up{{{SINK}}} == 0)")),
+        # sum(1 - x) of the 0/1 gauges: 0 when all is well, yet a value from real series
+        single("Sinks down", "short", Q(f"sum(1 - gpu_audit_shipper_sink_up{{{SINK}}})")),
         single("Conservation broken", "short",
-               Q(f"count(gpu_audit_shipper_conservation_ok{{{SINK}}} == 0)")),
+               Q(f"sum(1 - gpu_audit_shipper_conservation_ok{{{SINK}}})"),
+               desc="Sinks for which produced != delivered + dead-lettered + dropped + "
+                    "pending."),
         single("Dead letters in range", "short",
                Q(f"sum(increase(gpu_audit_shipper_records_dead_lettered_total{{{SINK}}}"
                  f"[$__range]))")),
