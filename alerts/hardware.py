@@ -14,8 +14,9 @@ def _xid(p: Params, name: str, match: str, critical: bool) -> Alert:
     xid = f"gpu_xid_errors_total{sel(p, match)}"
     window = p.hardware.xid_window
     # increase() misses the first event of a series that appears with its first XID,
-    # so a series that did not exist one window ago counts as new events too.
-    expr = (f"{xid}\n"
+    # so a series that did not exist one window ago counts as new events too (when it
+    # is above 0: a counter first scraped at 0 is no event).
+    expr = (f"{xid} > 0\n"
             f"  and (increase({xid}[{window}]) > 0 or ({xid} unless {xid} offset {window}))")
     what = ("a critical XID: the GPU needs a reset or service"
             if critical else "an XID that usually means an application fault")

@@ -118,7 +118,8 @@ def pipeline_alerts(p: Params) -> list[Alert]:
             expr="gpu_audit_shipper_conservation_ok == 0",
             for_=q.conservation_for, severity="critical", category="pipeline",
             summary=f"Record accounting of sink {{{{ $labels.sink }}}} on {ON} does not add up",
-            description=f"For {SINK} produced != delivered + dead-lettered + dropped + pending, "
+            description=f"The record accounting of sink {{{{ $labels.sink }}}} on {ON} has not "
+                        f"added up (produced != delivered + dead-lettered + dropped + pending) "
                         f"for more than {human_duration(q.conservation_for)}.",
         ),
     ]
