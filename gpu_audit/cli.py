@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("directory", type=Path)
     ss.add_argument("--json", action="store_true", help="Machine-readable output.")
 
+    p = sub.add_parser("rules", help="Prometheus recording and alerting rules.")
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    rr = rsub.add_parser("render", help="Write the rule files of a params file.",
+                         description="Render recording.yaml and alerts.yaml from a params "
+                         "file (alerts/params/production.yaml, fast.yaml or a site's copy).")
+    from alerts.cli import add_render_args
+
+    add_render_args(rr)
+
     p = sub.add_parser("dashboards", help="Grafana and Kibana dashboards.")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
     dp = dsub.add_parser("push", help="Upload the dashboards to Grafana and/or Kibana.",
@@ -246,6 +255,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else:
             print(render_stats(stats))
         return EXIT_OK
+    if cmd == "rules":
+        if args.rules_command != "render":
+            parser.parse_args(["rules", "--help"])
+            return EXIT_USAGE
+        from alerts.cli import render_command
+
+        return render_command(args)
     if cmd == "dashboards":
         if args.dashboards_command != "push":
             parser.parse_args(["dashboards", "--help"])
