@@ -58,8 +58,9 @@ RANGE_HOURS = "($__range_s / 3600)"
 
 def hours_over_range(rule_selector: str, by: str) -> str:
     """Hours (of the rule's unit: GPUs, watts...) accumulated over the dashboard range."""
-    return (f"sum by ({by}) (sum_over_time({rule_selector}[$__range]))"
-            f" / {EVALS} * {RANGE_HOURS}")
+    # parenthesised: it is used as an operand (busy / held), and / and * bind left
+    return (f"(sum by ({by}) (sum_over_time({rule_selector}[$__range]))"
+            f" / {EVALS} * {RANGE_HOURS})")
 
 
 @dataclass(frozen=True)
