@@ -64,45 +64,61 @@ def _job(gpu_global: int, day: int) -> tuple[str, str, str, float, float]:
     return user, project, job, util, memory
 
 
-def write_openmetrics(path: Path, days: int, gpus: int, end: int) -> int:
-    """The month as OpenMetrics; returns the number of samples. Each GPU runs one job a
-    day for 22 hours and is free for 2 (series come and go, as real jobs do)."""
-    start = end - days * 86400
-    steps = range(start, end, STEP_S)
-    nodes = [(g // 8, g % 8) for g in range(gpus)]
+WINDOW_S = 2 * 3600  # promtool 2.42 makes 2 h blocks, re-reading its input for each
+
+
+def _window_lines(start: int, lo: int, hi: int, gpus: int) -> str:
+    """OpenMetrics families (each contiguous) for samples in [lo, hi). Each GPU runs one
+    job a day for 22 hours and is free for 2 (series come and go, as real jobs do)."""
     held_s = 22 * 3600
-    samples = 0
-    with path.open("w") as f:
-        for family, kind in (("gpu_up", "gauge"), ("gpu_utilization_ratio", "gauge"),
-                             ("gpu_power_usage_watts", "gauge")):
-            f.write(f"# TYPE {family} {kind}\n")
-            for g, (node, idx) in enumerate(nodes):
-                labels = f'instance="node{node:02d}:9945",gpu="{idx}",uuid="GPU-{g:04d}"'
-                lines = []
-                for t in steps:
-                    day, second = divmod(t - start, 86400)
-                    util = _job(g, day)[3] if second < held_s else 0.0
-                    value = (1 if family == "gpu_up" else util if family ==
-                             "gpu_utilization_ratio" else round(70 + 600 * util, 1))
-                    lines.append(f"{family}{{{labels}}} {value} {t}\n")
-                f.write("".join(lines))
-                samples += len(lines)
-        for family in ("gpu_process_memory_used_bytes", "gpu_process_sm_utilization_ratio"):
-            f.write(f"# TYPE {family} gauge\n")
-            for g, (node, idx) in enumerate(nodes):
-                base = f'instance="node{node:02d}:9945",gpu="{idx}",uuid="GPU-{g:04d}"'
-                for day in range(days):
-                    user, project, job, util, memory = _job(g, day)
-                    labels = (f'{base},user="{user}",project="{project}",job="{job}",'
-                              'process_name="python"')
-                    value = memory if family == "gpu_process_memory_used_bytes" else util
-                    day_start = start + day * 86400
-                    lines = [f"{family}{{{labels}}} {value} {t}\n"
-                             for t in range(day_start, day_start + held_s, STEP_S)]
-                    f.write("".join(lines))
-                    samples += len(lines)
-        f.write("# EOF\n")
-    return samples
+    steps = range(lo, hi, STEP_S)
+    out: list[str] = []
+    for family in ("gpu_up", "gpu_utilization_ratio", "gpu_power_usage_watts"):
+        out.append(f"# TYPE {family} gauge\n")
+        for g in range(gpus):
+            labels = f'instance="node{g // 8:02d}:9945",gpu="{g % 8}",uuid="GPU-{g:04d}"'
+            for t in steps:
+                day, second = divmod(t - start, 86400)
+                util = _job(g, day)[3] if second < held_s else 0.0
+                value = (1 if family == "gpu_up" else util
+                         if family == "gpu_utilization_ratio" else round(70 + 600 * util, 1))
+                out.append(f"{family}{{{labels}}} {value} {t}\n")
+    for family in ("gpu_process_memory_used_bytes", "gpu_process_sm_utilization_ratio"):
+        out.append(f"# TYPE {family} gauge\n")
+        for g in range(gpus):
+            base = f'instance="node{g // 8:02d}:9945",gpu="{g % 8}",uuid="GPU-{g:04d}"'
+            for t in steps:
+                day, second = divmod(t - start, 86400)
+                if second >= held_s:
+                    continue
+                user, project, job, util, memory = _job(g, day)
+                value = memory if family == "gpu_process_memory_used_bytes" else util
+                out.append(f'{family}{{{base},user="{user}",project="{project}",job="{job}",'
+                           f'process_name="python"}} {value} {t}\n')
+    out.append("# EOF\n")
+    return "".join(out)
+
+
+def backfill_openmetrics(work: Path, data: Path, days: int, gpus: int, end: int
+                         ) -> tuple[int, int, float, float]:
+    """The month as one OpenMetrics file per 2 h window, each backfilled with promtool
+    (one file for the month would be re-read for each of its 360 blocks).
+    Returns samples, bytes, seconds generating, seconds in promtool."""
+    start = end - days * 86400
+    samples = size = 0
+    gen_s = tool_s = 0.0
+    om = work / "window.om"
+    for lo in range(start, end, WINDOW_S):
+        t0 = time.perf_counter()
+        text = _window_lines(start, lo, min(lo + WINDOW_S, end), gpus)
+        om.write_text(text)
+        gen_s += time.perf_counter() - t0
+        samples += text.count("\n") - text.count("# ")
+        size += len(text)
+        tool_s += _run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
+                        str(om), str(data)])
+    om.unlink()
+    return samples, size, gen_s, tool_s
 
 
 # --- Prometheus and promtool --------------------------------------------------------
@@ -125,6 +141,27 @@ class Prom:
                  "--storage.tsdb.retention.time=10y", "--query.timeout=10m",
                  "--query.max-samples=500000000"], stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: http_get(self.url + "/-/ready")[0] == 200, 300, "prometheus ready")
+
+    def _metric(self, name: str) -> float:
+        _, body = http_get(self.url + "/metrics", timeout=30)
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    def wait_compacted(self, quiet_s: float = 20.0, limit_s: float = 1800.0) -> None:
+        """Wait until the TSDB stops compacting the backfilled blocks (a compaction
+        running beside the timed queries would slow either form at random)."""
+        deadline = time.monotonic() + limit_s
+        last, since = -1.0, time.monotonic()
+        while time.monotonic() < deadline:
+            now = (self._metric("prometheus_tsdb_compactions_total")
+                   + self._metric("prometheus_tsdb_blocks_loaded") * 1e6)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(2)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -249,21 +286,19 @@ def main() -> int:
     range_s = args.days * 86400
     out: dict[str, Any] = {"days": args.days, "gpus": args.gpus, "step_s": STEP_S}
 
-    om = work / "month.om"
-    t0 = time.perf_counter()
-    out["samples"] = write_openmetrics(om, args.days, args.gpus, end)
-    out["generate_s"] = time.perf_counter() - t0
-    out["openmetrics_bytes"] = om.stat().st_size
     data = work / "data"
-    out["backfill_openmetrics_s"] = _run(["promtool", "tsdb", "create-blocks-from",
-                                          "openmetrics", str(om), str(data)])
-    om.unlink()
+    (out["samples"], out["openmetrics_bytes"], out["generate_s"],
+     out["backfill_openmetrics_s"]) = backfill_openmetrics(work, data, args.days, args.gpus, end)
+    print(f"backfilled {out['samples']:,} samples in {out['backfill_openmetrics_s']:.0f} s",
+          flush=True)
     prom = Prom(data, work / "prometheus.log")
     prom.start()
     try:
         rules, interval = load_rules(RULES)
         levels = backfill_rules(prom, rules, interval, (start, end), work)
         out["backfill_rules"] = [{"rules": lv, "seconds": s} for lv, s in levels]
+        print(f"backfilled the rules in {sum(s for _, s in levels):.0f} s", flush=True)
+        prom.wait_compacted()
         rows = []
         for key, expr, is_range in dashboard_queries(range_s):
             raw = inline_rules(expr, rules, interval)
