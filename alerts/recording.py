@@ -32,8 +32,8 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         _rule("gpu:gpu_held:bool",
               f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
         _rule("gpu:gpu_idle_held:bool",
-              f"gpu:gpu_held:bool * on (instance, uuid) group_left ()\n"
-              f"  (max by (instance, uuid) ({util}) < bool {p.waste.idle_utilization})"),
+              f"gpu:gpu_held:bool and on (instance, uuid)\n"
+              f"  (max by (instance, uuid) ({util}) < {p.waste.idle_utilization})"),
         _rule("user_project_job:gpus_held:sum",
               f"sum by ({IDENTITY}) (gpu:gpu_held:bool)"),
         _rule("user_project_job:gpus_busy:sum",

@@ -21,9 +21,12 @@ def waste_alerts(p: Params) -> list[Alert]:
     return [
         Alert(
             name="GpuHeldIdle",
-            # the share of the window the GPU was held and idle; it outlives a stopped
-            # exporter by up to one window, which is why Alertmanager inhibits it then
-            expr=f"avg_over_time(gpu:gpu_idle_held:bool[{w.idle_window}]) >= {w.idle_fraction:g}",
+            # the share of the time held in the window that the GPU was idle; it outlives
+            # a stopped exporter by up to one window, which is why Alertmanager inhibits
+            # it then
+            expr=f"sum_over_time(gpu:gpu_idle_held:bool[{w.idle_window}])\n"
+                 f"  / count_over_time(gpu:gpu_held:bool[{w.idle_window}])\n"
+                 f"  >= {w.idle_fraction:g}",
             for_=w.idle_for, severity="warning", category="waste",
             summary="{{ $labels.user }} holds GPU {{ $labels.gpu }} of "
                     "{{ $labels.instance }} without using it",
