@@ -142,10 +142,12 @@ def stack(tmp_path: Path) -> Iterator[tuple[dict[str, Exporter], Any, Any, Webho
             stack.callback(exporter.stop)
         hook = stack.enter_context(webhook())
         am = stack.enter_context(alertmanager(tmp_path, _am_config(hook)))
-        prom = stack.enter_context(prometheus(
-            tmp_path, [e.target for e in exporters.values()], rules, am.url))
+        # every exporter answers before Prometheus' first scrape: a failed first scrape
+        # would make GpuAuditExporterDown pending on the node that must stay silent
         for exporter in exporters.values():
             wait_ready(exporter)
+        prom = stack.enter_context(prometheus(
+            tmp_path, [e.target for e in exporters.values()], rules, am.url))
         _SCENARIO_OF.clear()
         _SCENARIO_OF.update({e.target: s for s, e in exporters.items()})
         yield exporters, prom, am, hook
