@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from alerts.cli import main as render_main
-from alerts.params import load_params
+from alerts.params import Params, load_params
 from alerts.render import ALERTS_FILE, RECORDING_FILE, render
 from gpu_audit.cli import main as gpu_audit_main
 from gpu_audit.errors import ConfigError
@@ -123,3 +123,18 @@ def test_bad_params_name_every_problem(tmp_path: Path, capsys: pytest.CaptureFix
                            str(tmp_path / "o")]) == 2
     assert "waste.idle_window" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_thresholds_are_rendered_exactly() -> None:
+    """A threshold reaches the rule as the number the params file says, not rounded to
+    six significant digits (1 GiB stays 1073741824, not 1.07374e+09)."""
+    data = yaml.safe_load((PARAMS / "production.yaml").read_text())
+    data["leak"]["min_growth_bytes_per_second"] = 1234567
+    data["pipeline"]["lag_seconds"] = 600.5
+    params = Params.model_validate(data)
+    rules = {r["alert"]: r for g in yaml.safe_load(render(params, "p")[ALERTS_FILE])["groups"]
+             for r in g["rules"]}
+    assert rules["GpuUnattributedMemory"]["expr"].endswith("> 1073741824")
+    assert "> 1234567\n" in rules["GpuMemoryLeak"]["expr"]
+    assert "> 600.5\n" in rules["GpuAuditSinkLagGrowing"]["expr"]
+    assert "(more than 600.5s)" in rules["GpuAuditSinkLagGrowing"]["annotations"]["description"]
