@@ -3,6 +3,7 @@ params, and Prometheus' own checker accepts them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -138,3 +139,22 @@ def test_thresholds_are_rendered_exactly() -> None:
     assert "> 1234567\n" in rules["GpuMemoryLeak"]["expr"]
     assert "> 600.5\n" in rules["GpuAuditSinkLagGrowing"]["expr"]
     assert "(more than 600.5s)" in rules["GpuAuditSinkLagGrowing"]["annotations"]["description"]
+
+
+def test_rules_read_only_metrics_the_exporter_serves() -> None:
+    """Every metric a rule reads is one docs/METRICS.md lists (generated from the
+    catalogue), or a recording rule of ours, or Prometheus' `up`/`ALERTS`: a rule on a
+    misspelt or vendor-only name would silently never fire."""
+    documented = set(re.findall(r"^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \|",
+                                (ROOT / "docs" / "METRICS.md").read_text(), re.M))
+    for params in ("production.yaml", "fast.yaml"):
+        rendered = render(load_params(PARAMS / params), params)
+        recorded = {r["record"] for r in yaml.safe_load(rendered[RECORDING_FILE])["groups"][0]
+                    ["rules"]}
+        for text in rendered.values():
+            for group in yaml.safe_load(text)["groups"]:
+                for rule in group["rules"]:
+                    names = set(re.findall(r"\b(gpu_[a-z0-9_]+|[a-z_]+:[a-z_]+:[a-z_]+)\b",
+                                           rule["expr"]))
+                    unknown = names - documented - recorded
+                    assert not unknown, (rule.get("alert") or rule["record"], unknown)
