@@ -4,7 +4,7 @@ GPUs. All fire per GPU, labelled with the node (`instance`), `gpu` and `uuid`.""
 from __future__ import annotations
 
 from alerts.params import Params, human_duration
-from alerts.promql import GPU, alternation, sel
+from alerts.promql import GPU, alternation, num, sel
 from alerts.rule import Alert
 
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
@@ -84,11 +84,11 @@ def hardware_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuTemperatureHigh",
-            expr=f"gpu_temperature_celsius{sel(p)} > {h.temperature_celsius:g}",
+            expr=f"gpu_temperature_celsius{sel(p)} > {num(h.temperature_celsius)}",
             for_=h.temperature_for, severity="warning", category="hardware",
             summary="GPU {{ $labels.gpu }} of {{ $labels.instance }} is at "
                     "{{ $value }} °C",
-            description=f"{WHERE} has been above {h.temperature_celsius:g} °C for more than "
+            description=f"{WHERE} has been above {num(h.temperature_celsius)} °C for more than "
                         f"{human_duration(h.temperature_for)}; it is at {{{{ $value }}}} °C.",
         ),
         Alert(

@@ -7,6 +7,7 @@ matcher: a simulated node's pipeline is as real as any other.
 from __future__ import annotations
 
 from alerts.params import Params, human_duration
+from alerts.promql import num
 from alerts.rule import Alert
 
 ON = "{{ $labels.instance }}"
@@ -38,12 +39,12 @@ def pipeline_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuAuditSnapshotStale",
-            expr=f"gpu_audit_snapshot_age_seconds > {q.snapshot_stale_seconds:g}",
+            expr=f"gpu_audit_snapshot_age_seconds > {num(q.snapshot_stale_seconds)}",
             for_=q.snapshot_stale_for, severity="warning", category="pipeline",
             summary=f"gpu-audit on {ON} serves a stale snapshot",
             description=f"The metrics gpu-audit serves on {ON} were sampled "
                         f"{{{{ $value | humanizeDuration }}}} ago (more than "
-                        f"{q.snapshot_stale_seconds:g}s for more than "
+                        f"{num(q.snapshot_stale_seconds)}s for more than "
                         f"{human_duration(q.snapshot_stale_for)}): the sampling loop is stuck "
                         f"or failing.",
         ),
@@ -68,12 +69,12 @@ def pipeline_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuAuditSinkLagGrowing",
-            expr=f"gpu_audit_shipper_cursor_lag_seconds > {q.lag_seconds:g}\n"
+            expr=f"gpu_audit_shipper_cursor_lag_seconds > {num(q.lag_seconds)}\n"
                  f"and deriv(gpu_audit_shipper_cursor_lag_seconds[{q.lag_window}]) > 0",
             for_=q.lag_for, severity="warning", category="pipeline",
             summary=f"Sink {{{{ $labels.sink }}}} on {ON} falls behind",
             description=f"{SINK} is {{{{ $value | humanizeDuration }}}} behind the spool "
-                        f"(more than {q.lag_seconds:g}s) and the lag has kept growing for "
+                        f"(more than {num(q.lag_seconds)}s) and the lag has kept growing for "
                         f"more than {human_duration(q.lag_for)}.",
         ),
         Alert(

@@ -28,3 +28,9 @@ def sel(p: Params, *matchers: str) -> str:
 def alternation(values: list[str] | list[int]) -> str:
     """A regex matching exactly these values."""
     return "|".join(str(v) for v in values)
+
+
+def num(value: float) -> str:
+    """A number as PromQL and people read it, exactly: 1073741824, 0.95, 600.5 (never
+    rounded to six digits as `:g` would, 1.07374e+09)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

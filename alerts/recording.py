@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.params import Params
-from alerts.promql import GPU, GPU_IDENTITY, IDENTITY, sel
+from alerts.promql import GPU, GPU_IDENTITY, IDENTITY, num, sel
 
 
 def _rule(record: str, expr: str) -> dict[str, Any]:
@@ -32,8 +32,8 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         _rule("gpu:gpu_held:bool",
               f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
         _rule("gpu:gpu_idle_held:bool",
-              f"gpu:gpu_held:bool * on (instance, uuid) group_left ()\n"
-              f"  (max by (instance, uuid) ({util}) < bool {p.waste.idle_utilization})"),
+              f"gpu:gpu_held:bool and on (instance, uuid)\n"
+              f"  (max by (instance, uuid) ({util}) < {num(p.waste.idle_utilization)})"),
         _rule("user_project_job:gpus_held:sum",
               f"sum by ({IDENTITY}) (gpu:gpu_held:bool)"),
         _rule("user_project_job:gpus_busy:sum",

@@ -8,7 +8,7 @@ and user (alerts/alertmanager/alertmanager.yml).
 from __future__ import annotations
 
 from alerts.params import Params, duration_seconds, human_duration
-from alerts.promql import sel
+from alerts.promql import num, sel
 from alerts.rule import Alert
 
 OWNER = ("{{ $labels.user }} (project {{ $labels.project }}, job {{ $labels.job }})")
@@ -21,9 +21,12 @@ def waste_alerts(p: Params) -> list[Alert]:
     return [
         Alert(
             name="GpuHeldIdle",
-            # the share of the window the GPU was held and idle; it outlives a stopped
-            # exporter by up to one window, which is why Alertmanager inhibits it then
-            expr=f"avg_over_time(gpu:gpu_idle_held:bool[{w.idle_window}]) >= {w.idle_fraction:g}",
+            # the share of the time held in the window that the GPU was idle; it outlives
+            # a stopped exporter by up to one window, which is why Alertmanager inhibits
+            # it then
+            expr=f"sum_over_time(gpu:gpu_idle_held:bool[{w.idle_window}])\n"
+                 f"  / count_over_time(gpu:gpu_held:bool[{w.idle_window}])\n"
+                 f"  >= {num(w.idle_fraction)}",
             for_=w.idle_for, severity="warning", category="waste",
             summary="{{ $labels.user }} holds GPU {{ $labels.gpu }} of "
                     "{{ $labels.instance }} without using it",
@@ -37,7 +40,7 @@ def waste_alerts(p: Params) -> list[Alert]:
             expr=f"avg by (instance, user, project, job) (\n"
                  f"  avg_over_time(gpu:allocation_utilization_ratio"
                  f"[{w.low_utilization_window}])\n"
-                 f") < {w.low_utilization:g}",
+                 f") < {num(w.low_utilization)}",
             for_=w.low_utilization_for, severity="info", category="waste",
             summary="Job {{ $labels.job }} of {{ $labels.user }} uses its GPUs little",
             description=f"The GPUs {OWNER} holds on {{{{ $labels.instance }}}} were "
@@ -48,7 +51,7 @@ def waste_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuUnattributedMemory",
-            expr=f"gpu_unattributed_memory_bytes{sel(p)} > {w.unattributed_memory_bytes:g}",
+            expr=f"gpu_unattributed_memory_bytes{sel(p)} > {num(w.unattributed_memory_bytes)}",
             for_=w.unattributed_for, severity="info", category="waste",
             summary="GPU memory nobody is attributed to on GPU {{ $labels.gpu }} of "
                     "{{ $labels.instance }}",
@@ -58,7 +61,7 @@ def waste_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuUnattributedUtilization",
-            expr=f"gpu_unattributed_utilization_ratio{sel(p)} > {w.unattributed_utilization:g}",
+            expr=f"gpu_unattributed_utilization_ratio{sel(p)} > {num(w.unattributed_utilization)}",
             for_=w.unattributed_for, severity="info", category="waste",
             summary="GPU utilisation nobody is attributed to on GPU {{ $labels.gpu }} of "
                     "{{ $labels.instance }}",
@@ -72,7 +75,7 @@ def waste_alerts(p: Params) -> list[Alert]:
 def leak_alerts(p: Params) -> list[Alert]:
     lk = p.leak
     proc = f"gpu_process_memory_used_bytes{sel(p)}"
-    rate = f"{lk.min_growth_bytes_per_second:g}"
+    rate = num(lk.min_growth_bytes_per_second)
     free = (f"(max by (instance, uuid) (gpu_memory_total_bytes{sel(p)})"
             f" - max by (instance, uuid) (gpu_memory_used_bytes{sel(p)}))")
     return [

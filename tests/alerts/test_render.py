@@ -3,6 +3,7 @@ params, and Prometheus' own checker accepts them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from alerts.cli import main as render_main
-from alerts.params import load_params
+from alerts.params import Params, load_params
 from alerts.render import ALERTS_FILE, RECORDING_FILE, render
 from gpu_audit.cli import main as gpu_audit_main
 from gpu_audit.errors import ConfigError
@@ -123,3 +124,37 @@ def test_bad_params_name_every_problem(tmp_path: Path, capsys: pytest.CaptureFix
                            str(tmp_path / "o")]) == 2
     assert "waste.idle_window" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_thresholds_are_rendered_exactly() -> None:
+    """A threshold reaches the rule as the number the params file says, not rounded to
+    six significant digits (1 GiB stays 1073741824, not 1.07374e+09)."""
+    data = yaml.safe_load((PARAMS / "production.yaml").read_text())
+    data["leak"]["min_growth_bytes_per_second"] = 1234567
+    data["pipeline"]["lag_seconds"] = 600.5
+    params = Params.model_validate(data)
+    rules = {r["alert"]: r for g in yaml.safe_load(render(params, "p")[ALERTS_FILE])["groups"]
+             for r in g["rules"]}
+    assert rules["GpuUnattributedMemory"]["expr"].endswith("> 1073741824")
+    assert "> 1234567\n" in rules["GpuMemoryLeak"]["expr"]
+    assert "> 600.5\n" in rules["GpuAuditSinkLagGrowing"]["expr"]
+    assert "(more than 600.5s)" in rules["GpuAuditSinkLagGrowing"]["annotations"]["description"]
+
+
+def test_rules_read_only_metrics_the_exporter_serves() -> None:
+    """Every metric a rule reads is one docs/METRICS.md lists (generated from the
+    catalogue), or a recording rule of ours, or Prometheus' `up`/`ALERTS`: a rule on a
+    misspelt or vendor-only name would silently never fire."""
+    documented = set(re.findall(r"^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \|",
+                                (ROOT / "docs" / "METRICS.md").read_text(), re.M))
+    for params in ("production.yaml", "fast.yaml"):
+        rendered = render(load_params(PARAMS / params), params)
+        recorded = {r["record"] for r in yaml.safe_load(rendered[RECORDING_FILE])["groups"][0]
+                    ["rules"]}
+        for text in rendered.values():
+            for group in yaml.safe_load(text)["groups"]:
+                for rule in group["rules"]:
+                    names = set(re.findall(r"\b(gpu_[a-z0-9_]+|[a-z_]+:[a-z_]+:[a-z_]+)\b",
+                                           rule["expr"]))
+                    unknown = names - documented - recorded
+                    assert not unknown, (rule.get("alert") or rule["record"], unknown)
