@@ -121,3 +121,45 @@ def test_users_dashboard_reads_the_recording_rules() -> None:
                  "user_project_job:gpu_power_watts:sum"):
         assert rule in exprs
     assert "gpu_process_" not in exprs
+
+
+def _documented_names() -> set[str]:
+    import re
+
+    root = Path(build.__file__).resolve().parents[1]
+    metrics = set(re.findall(r"^\| `([a-zA-Z_:][\w:]*)` \|",
+                             (root / "docs" / "METRICS.md").read_text(), re.M))
+    histograms = {m + suffix for m in metrics for suffix in ("_bucket", "_sum", "_count")}
+    rules = set(re.findall(r"record: ([\w:]+)", (root / "alerts" / "rules" /
+                                                  "recording.yaml").read_text()))
+    return metrics | histograms | rules | {"up"}
+
+
+def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
+    """Panels and variables query only metrics docs/METRICS.md lists, the recording rules
+    of alerts/rules/recording.yaml, or `up`: a renamed metric breaks this test, not a
+    dashboard in production."""
+    import re
+
+    known = _documented_names()
+    assert "gpu_utilization_ratio" in known and "fleet:gpus:count" in known
+    functions = {"sum", "max", "min", "avg", "count", "rate", "increase", "deriv", "scalar",
+                 "sort_desc", "histogram_quantile", "time", "sum_over_time", "avg_over_time",
+                 "max_over_time", "count_over_time", "label_values", "by", "on", "unless",
+                 "and", "or", "group_left", "group_right", "without", "bool", "le"}
+    unknown = set()
+    for name, model in MODELS.items():
+        texts = [t.expr for t in queries.targets(model)]
+        texts += [v.match for v in queries.variable_queries(model)]
+        for text in texts:
+            stripped = re.sub(r'"[^"]*"', '""', text)  # label values are not names
+            stripped = re.sub(r"\{[^}]*\}", "{}", stripped)  # nor label names
+            stripped = re.sub(r"\((?:[\w, ]+)\)", "()", stripped)  # by (...) lists
+            stripped = re.sub(r"\[[^\]]*\]", "[]", stripped)  # ranges
+            stripped = re.sub(r"\$\w+|\b\d[\w.]*", "", stripped)  # variables, numbers
+            for token in re.findall(r"[a-zA-Z_:][\w:]*", stripped):
+                if token in functions:
+                    continue
+                if token not in known:
+                    unknown.add(f"{name}: {token}")
+    assert sorted(unknown) == []
