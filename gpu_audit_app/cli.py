@@ -98,6 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
     ss = ssub.add_parser("stats", help="Segments, bytes, offsets and per-sink lag.")
     ss.add_argument("directory", type=Path)
     ss.add_argument("--json", action="store_true", help="Machine-readable output.")
+
+    p = sub.add_parser("rules", help="Prometheus recording and alerting rules.")
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    rr = rsub.add_parser("render", help="Write the rule files of a params file.",
+                         description="Render recording.yaml and alerts.yaml from a params "
+                         "file (alerts/params/production.yaml, fast.yaml or a site's copy).")
+    from alerts.cli import add_render_args
+
+    add_render_args(rr)
+
+    p = sub.add_parser("dashboards", help="Grafana and Kibana dashboards.")
+    dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
+    dp = dsub.add_parser("push", help="Upload the dashboards to Grafana and/or Kibana.",
+                         description="Upload the Grafana dashboards into a folder (overwrite by "
+                         "uid) and/or import the Kibana saved objects (overwrite by id). "
+                         "Credentials from GRAFANA_TOKEN or GRAFANA_USER/GRAFANA_PASSWORD, "
+                         "KIBANA_API_KEY or KIBANA_USER/KIBANA_PASSWORD, or the --*-file "
+                         "options; never on the command line.")
+    from dashboards.cli_args import add_push_arguments
+
+    add_push_arguments(dp)
     return parser
 
 
@@ -232,6 +253,20 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else:
             print(render_stats(stats))
         return EXIT_OK
+    if cmd == "rules":
+        if args.rules_command != "render":
+            parser.parse_args(["rules", "--help"])
+            return EXIT_USAGE
+        from alerts.cli import render_command
+
+        return render_command(args)
+    if cmd == "dashboards":
+        if args.dashboards_command != "push":
+            parser.parse_args(["dashboards", "--help"])
+            return EXIT_USAGE
+        from dashboards.cli_args import push_command
+
+        return push_command(args)
     parser.print_help()
     return EXIT_USAGE
 

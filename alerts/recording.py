@@ -1,0 +1,75 @@
+"""Recording rules: what dashboards and chargeback need cheaply.
+
+Names, labels and meanings follow the recording-rule contract shared with the
+dashboards (docs/ALERTS.md lists them). Per-GPU and per-identity series exist only while
+the identity holds the GPU, so usage over a range R is
+`sum_over_time(RULE[R]) * recording_interval` (GPU-seconds); the fleet series are always
+present (0 when nothing matches), so for them `avg_over_time(RULE[R]) * R` works too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.params import Params
+from alerts.promql import GPU, GPU_IDENTITY, IDENTITY, num, sel
+
+
+def _rule(record: str, expr: str) -> dict[str, Any]:
+    return {"record": record, "expr": expr}
+
+
+def recording_rules(p: Params) -> list[dict[str, Any]]:
+    """The recording rules in evaluation order (later rules read earlier ones)."""
+    proc_mem = f"gpu_process_memory_used_bytes{sel(p)}"
+    proc_sm = f"gpu_process_sm_utilization_ratio{sel(p)}"
+    util = f"gpu_utilization_ratio{sel(p)}"
+    power = f"gpu_power_usage_watts{sel(p)}"
+    # an identity's SM use on a GPU it holds (several processes of one identity summed)
+    sm_held = (f"(sum by ({GPU_IDENTITY}) ({proc_sm})"
+               f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
+    return [
+        _rule("gpu:gpu_held:bool",
+              f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
+        _rule("gpu:gpu_idle_held:bool",
+              f"gpu:gpu_held:bool and on (instance, uuid)\n"
+              f"  (max by (instance, uuid) ({util}) < {num(p.waste.idle_utilization)})"),
+        _rule("user_project_job:gpus_held:sum",
+              f"sum by ({IDENTITY}) (gpu:gpu_held:bool)"),
+        _rule("user_project_job:gpus_busy:sum",
+              f"sum by ({IDENTITY}) ({proc_sm})"),
+        _rule("user_project_job:gpu_memory_used_bytes:sum",
+              f"sum by ({IDENTITY}) ({proc_mem})"),
+        # each GPU's power split over the identities holding it: in proportion to their
+        # SM utilisation, evenly where the GPU's holders all read 0 (or it has no
+        # per-process utilisation, as under MIG)
+        _rule("user_project_job:gpu_power_watts:sum",
+              f"sum by ({IDENTITY}) (\n"
+              f"  (\n"
+              f"    {sm_held}\n"
+              f"      / on (instance, uuid) group_left ()\n"
+              f"    (sum by (instance, uuid) {sm_held} > 0)\n"
+              f"    or on (instance, uuid)\n"
+              f"    (gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+              f"      count by (instance, uuid) (gpu:gpu_held:bool))\n"
+              f"  )\n"
+              f"  * on (instance, uuid) group_left () max by (instance, uuid) ({power})\n"
+              f")"),
+        _rule("user_project_job:gpus_idle_held:sum",
+              f"sum by ({IDENTITY}) (gpu:gpu_idle_held:bool)"),
+        _rule("gpu:allocation_utilization_ratio",
+              f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})\n"
+              f"  * on (instance, uuid) group_left () max by (instance, uuid) ({util})"),
+        _rule("fleet:gpus:count",
+              f"count(gpu_up{sel(p)} == 1) or vector(0)"),
+        _rule("fleet:gpus_held:sum",
+              f"count(max by ({GPU}) (gpu:gpu_held:bool)) or vector(0)"),
+        _rule("fleet:gpus_busy:sum",
+              f"sum({util}) or vector(0)"),
+        _rule("fleet:gpus_idle_held:sum",
+              f"sum(max by ({GPU}) (gpu:gpu_idle_held:bool)) or vector(0)"),
+        _rule("fleet:gpu_power_watts:sum",
+              f"sum({power}) or vector(0)"),
+        _rule("fleet:gpu_unattributed_memory_bytes:sum",
+              f"sum(gpu_unattributed_memory_bytes{sel(p)}) or vector(0)"),
+    ]

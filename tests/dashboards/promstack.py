@@ -1,0 +1,112 @@
+"""A real Prometheus scraping several `gpu-audit` simulators on loopback, with recording
+rules loaded: the stack the dashboard end-to-end test (and the alerts' one) queries.
+
+Each scenario runs in its own exporter process on its own port, so each is a node
+(`instance`) of one fleet. Scrape config uses `honor_labels: true` so the exporter's own
+`job` label (the GPU job) is kept instead of being renamed `exported_job` by the scrape
+job's; `up` still carries the scrape job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.netutil import free_port, http_get, wait_for
+
+
+@dataclass
+class Stack:
+    prometheus: str
+    nodes: dict[str, str]  # scenario -> instance (host:port)
+
+    def api(self, path: str, **params: str | list[str]) -> Any:
+        query = urllib.parse.urlencode(params, doseq=True)
+        status, body = http_get(f"{self.prometheus}/api/v1/{path}?{query}", timeout=30)
+        payload = json.loads(body) if body else {"status": "error", "error": f"HTTP {status}"}
+        if payload.get("status") != "success":
+            raise PromError(payload.get("errorType", ""), payload.get("error", str(status)))
+        return payload["data"]
+
+
+class PromError(Exception):
+    pass
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _exporter(tmp: Path, scenario: str, command: str, spool_bytes: int | None
+              ) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    root = tmp / scenario
+    root.mkdir()
+    cfg = root / "gpu-audit.yaml"
+    limit = (f"  max_bytes: {spool_bytes}\n  segment_bytes: {spool_bytes // 4}\n"
+             if spool_bytes else "")
+    cfg.write_text(
+        f"exporter:\n  backend: sim\n  scenario: {scenario}\n  time_scale: 60\n"
+        f"  interval_seconds: 1.0\n  listen: 127.0.0.1:{port}\n"
+        f"spool:\n  directory: {root / 'spool'}\n  min_free_bytes: 0\n{limit}"
+        f"shipper:\n  sinks:\n    - type: archive\n      directory: {root / 'archive'}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", command, "--config", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=(root / "log.txt").open("wb"),
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return proc, f"127.0.0.1:{port}"
+
+
+@contextmanager
+def prometheus_stack(tmp: Path, scenarios: Sequence[str], rule_files: Sequence[Path],
+                     run_scenario: str | None = None, full_spool: str | None = None
+                     ) -> Iterator[Stack]:
+    """Exporters for `scenarios` (`run_scenario` as `gpu-audit run`, so the shipper's
+    metrics are served too; `full_spool` with a spool small enough to fill within
+    seconds, so refused records are counted) and one Prometheus scraping them every
+    second."""
+    with ExitStack() as stack:
+        nodes: dict[str, str] = {}
+        for scenario in scenarios:
+            proc, target = _exporter(tmp, scenario,
+                                     "run" if scenario == run_scenario else "exporter",
+                                     64 * 1024 if scenario == full_spool else None)
+            stack.callback(_stop, proc)
+            nodes[scenario] = target
+        for target in nodes.values():
+            wait_for(lambda t=target: http_get(f"http://{t}/readyz")[0] == 200, 60,  # type: ignore[misc]
+                     f"exporter {target} ready")
+        port = free_port()
+        cfg = tmp / "prometheus.yml"
+        targets = ", ".join(f"'{t}'" for t in nodes.values())
+        rules = ", ".join(f"'{p}'" for p in rule_files)
+        cfg.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{rules}]\n"
+            "scrape_configs:\n"
+            "  - job_name: gpu-audit\n    honor_labels: true\n"
+            f"    static_configs: [{{targets: [{targets}]}}]\n"
+        )
+        proc = subprocess.Popen(
+            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
+        stack.callback(_stop, proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, "prometheus ready")
+        yield Stack(url, nodes)
