@@ -1,7 +1,8 @@
 """The real shipper process SIGKILLed at archive boundaries, several times in a row.
 
 A spool is prefilled with a sealed trail that crosses midnight; the standalone shipper
-(`python -m gpu_audit_app.shipper_main`, through tests/sinks/archive/crasher.py) ships it to an archive of
+(`python -m gpu_audit_app.shipper_main`, through tests/sinks/archive/crasher.py) ships it
+to an archive of
 8 KB parts and SIGKILLs itself at a chosen boundary: a torn line, the truncation that
 recovery does next, a compression's rename, the unlink after it, the state's rename.
 A last clean run finishes and stops on SIGTERM. The archive then holds exactly the
