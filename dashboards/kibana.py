@@ -5,7 +5,7 @@ searches (a user's records, XID events, unattributed usage) and a dashboard of G
 by user and by project over time. Imported with `gpu-audit dashboards push --kibana URL`
 or Kibana's Stack Management > Saved objects > Import.
 
-Every field named here exists in the index template (shipper/sinks/bulk.py
+Every field named here exists in the index template (shipper/sinks/elasticsearch/encode.py
 `template_body`): tests/dashboards/test_kibana.py checks it. GPU-hours are the sum of the
 process records' `gpu_seconds`, shown in hours by the data view's duration format.
 Usage sums leave simulated records out (`not simulated : true`), as chargeback does.

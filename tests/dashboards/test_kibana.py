@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from shipper.sinks.bulk import index_pattern, template_body
 
 from dashboards import kibana
 from shipper.sinks.config import ElasticsearchSinkConfig
+from shipper.sinks.elasticsearch.encode import index_pattern, template_body
 
 CFG = ElasticsearchSinkConfig.model_validate({"type": "elasticsearch",
                                               "hosts": ["http://es:9200"]})
