@@ -229,7 +229,8 @@ class CompatOptions:
     promtool_clean: bool = False  # leave out modelName and the _COUNTER name
 
 
-def _lv(value: str) -> str:
+def _quote(value: str) -> str:
+    """A label value escaped for the text format."""
     return escape_label_value(value)
 
 
@@ -245,11 +246,11 @@ def _pod_labels(procs: Iterable[AttributedProcess]) -> str:
     pods, namespaces, containers = ({r[i] for r in refs} for i in range(3))
     parts = []
     if len(namespaces) == 1 and len(pods) == 1:
-        parts.append(f'pod="{_lv(next(iter(pods)))}"')
+        parts.append(f'pod="{_quote(next(iter(pods)))}"')
         if len(containers) == 1 and next(iter(containers)):
-            parts.append(f'container="{_lv(next(iter(containers)))}"')
+            parts.append(f'container="{_quote(next(iter(containers)))}"')
     if len(namespaces) == 1 and next(iter(namespaces)):
-        parts.append(f'namespace="{_lv(next(iter(namespaces)))}"')
+        parts.append(f'namespace="{_quote(next(iter(namespaces)))}"')
     return "".join("," + p for p in sorted(parts) if not p.startswith('pod=""'))
 
 
@@ -259,12 +260,12 @@ class _Labels:
     def __init__(self, g: GpuSample, snap: Snapshot, opts: CompatOptions) -> None:
         i = g.info
         driver = i.driver_version or snap.backend.driver_version
-        head = (f'gpu="{i.index}",UUID="{_lv(i.uuid)}",pci_bus_id="{_lv(i.pci_bus_id)}",'
+        head = (f'gpu="{i.index}",UUID="{_quote(i.uuid)}",pci_bus_id="{_quote(i.pci_bus_id)}",'
                 f'device="nvidia{i.index}"')
         if not opts.promtool_clean:
-            head += f',{MODEL_LABEL}="{_lv(i.name)}"'
+            head += f',{MODEL_LABEL}="{_quote(i.name)}"'
         self._head = head
-        tail = f',{opts.host_label}="{_lv(snap.host)}",DCGM_FI_DRIVER_VERSION="{_lv(driver)}"'
+        tail = f',{opts.host_label}="{_quote(snap.host)}",DCGM_FI_DRIVER_VERSION="{_quote(driver)}"'
         self._sim = ',simulated="true"' if snap.backend.simulated else ""
         self._tail = tail
         self._procs = snap.processes.get(g.uuid, ())
@@ -272,7 +273,7 @@ class _Labels:
 
     def instance(self, mi: MigInstance) -> str:
         procs = [ap for ap in self._procs if ap.process.gpu_instance_id == mi.gpu_instance_id]
-        return (f'{self._head},GPU_I_PROFILE="{_lv(mi.profile)}",'
+        return (f'{self._head},GPU_I_PROFILE="{_quote(mi.profile)}",'
                 f'GPU_I_ID="{mi.gpu_instance_id}"{self._tail}{_pod_labels(procs)}{self._sim}')
 
 

@@ -55,101 +55,105 @@ class FamilyDef:
         return f"{self.help} Source: {self.source}." if self.source else self.help
 
 
-# Table shorthand, one letter so the entries below stay one column wide: _f builds a
-# FamilyDef from positional fields.
-def _f(name: str, type_: FamilyType, help_: str, source: str,  # noqa: PLR0917 - a table
-       labels: tuple[str, ...], group: Group, unit: str = "") -> FamilyDef:
+# Table entries: _family builds a FamilyDef from positional fields.
+def _family(name: str, type_: FamilyType, help_: str, source: str,  # noqa: PLR0917 - a table
+            labels: tuple[str, ...], group: Group, unit: str = "") -> FamilyDef:
     return FamilyDef(name, type_, help_, source, labels, group, unit)
 
 
 _SAMPLED = "the latest sampling cycle (sampled in the background, not at scrape time)"
 
-GPU_UP = _f("gpu_up", "gauge",
-            "1 when the GPU was read in the latest cycle, 0 when it is down (lost, timed out,"
-            " any per-device error; retried with backoff).",
-            _SAMPLED, GPU_LABELS, "gpu")
-GPU_INFO = _f("gpu_info", "gauge",
-              "GPU identity and versions; always 1. simulated=\"true\" when the data comes"
-              " from the scenario simulator.",
-              "NVML nvmlDeviceGetName/Serial/PciInfo/VbiosVersion, nvmlSystemGetDriverVersion,"
-              " nvmlSystemGetCudaDriverVersion, nvmlDeviceGetMigMode",
-              (*GPU_LABELS, "name", "serial", "pci_bus_id", "driver_version", "cuda_version",
-               "vbios_version", "mig_mode", "backend", "simulated"), "gpu")
-GPU_FIELD_SUPPORTED = _f("gpu_field_supported", "gauge",
-                         "Supported-fields view: 1 when the field (metric name) was measured on"
-                         " this GPU in the latest cycle, 0 when the device does not support it"
-                         " or it was not read.",
-                         _SAMPLED, (*GPU_LABELS, "field"), "gpu")
-GPU_XID_ERRORS = _f("gpu_xid_errors_total", "counter",
-                    "XID errors reported by the driver, by XID code, since the exporter started.",
-                    "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
-                    (*GPU_LABELS, "xid"), "gpu")
-GPU_XID_LAST = _f("gpu_xid_last_timestamp_seconds", "gauge",
-                  "Unix time of the most recent XID error on this GPU.",
-                  "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
-                  GPU_LABELS, "gpu", "seconds")
-GPU_MIG_INFO = _f("gpu_mig_info", "gauge", "One MIG instance on the GPU; always 1.",
-                  "NVML nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceProfileInfo",
-                  (*GPU_LABELS, "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile"),
-                  "gpu")
-GPU_MIG_MEMORY_TOTAL = _f("gpu_mig_memory_total_bytes", "gauge",
-                          "Device memory of the MIG instance.",
-                          "NVML nvmlDeviceGetMemoryInfo on the MIG device handle",
-                          (*GPU_LABELS, "mig_uuid", "gpu_instance_id"), "gpu", "bytes")
-GPU_MIG_MEMORY_USED = _f("gpu_mig_memory_used_bytes", "gauge",
-                         "Device memory in use in the MIG instance.",
-                         "NVML nvmlDeviceGetMemoryInfo on the MIG device handle",
-                         (*GPU_LABELS, "mig_uuid", "gpu_instance_id"), "gpu", "bytes")
+GPU_UP = _family("gpu_up", "gauge",
+                 "1 when the GPU was read in the latest cycle, 0 when it is down (lost, timed out,"
+                 " any per-device error; retried with backoff).",
+                 _SAMPLED, GPU_LABELS, "gpu")
+GPU_INFO = _family("gpu_info", "gauge",
+                   "GPU identity and versions; always 1. simulated=\"true\" when the data comes"
+                   " from the scenario simulator.",
+                   "NVML nvmlDeviceGetName/Serial/PciInfo/VbiosVersion, nvmlSystemGetDriverVersion,"
+                   " nvmlSystemGetCudaDriverVersion, nvmlDeviceGetMigMode",
+                   (*GPU_LABELS, "name", "serial", "pci_bus_id", "driver_version", "cuda_version",
+                    "vbios_version", "mig_mode", "backend", "simulated"), "gpu")
+GPU_FIELD_SUPPORTED = _family("gpu_field_supported", "gauge",
+                              "Supported-fields view: 1 when the field (metric name) was measured "
+                              "on"
+                              " this GPU in the latest cycle, 0 when the device does not support it"
+                              " or it was not read.",
+                              _SAMPLED, (*GPU_LABELS, "field"), "gpu")
+GPU_XID_ERRORS = _family("gpu_xid_errors_total", "counter",
+                         "XID errors reported by the driver, by XID code, since the exporter "
+                         "started.",
+                         "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
+                         (*GPU_LABELS, "xid"), "gpu")
+GPU_XID_LAST = _family("gpu_xid_last_timestamp_seconds", "gauge",
+                       "Unix time of the most recent XID error on this GPU.",
+                       "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
+                       GPU_LABELS, "gpu", "seconds")
+GPU_MIG_INFO = _family("gpu_mig_info", "gauge", "One MIG instance on the GPU; always 1.",
+                       "NVML nvmlDeviceGetMigDeviceHandleByIndex, "
+                       "nvmlDeviceGetGpuInstanceProfileInfo",
+                       (*GPU_LABELS, "mig_uuid", "gpu_instance_id", "compute_instance_id",
+                        "profile"),
+                       "gpu")
+GPU_MIG_MEMORY_TOTAL = _family("gpu_mig_memory_total_bytes", "gauge",
+                               "Device memory of the MIG instance.",
+                               "NVML nvmlDeviceGetMemoryInfo on the MIG device handle",
+                               (*GPU_LABELS, "mig_uuid", "gpu_instance_id"), "gpu", "bytes")
+GPU_MIG_MEMORY_USED = _family("gpu_mig_memory_used_bytes", "gauge",
+                              "Device memory in use in the MIG instance.",
+                              "NVML nvmlDeviceGetMemoryInfo on the MIG device handle",
+                              (*GPU_LABELS, "mig_uuid", "gpu_instance_id"), "gpu", "bytes")
 
 _PROC = (*GPU_LABELS, *_IDENT, "process_name")
 _PROC_NOTE = (" Keyed by identity (user, project, job, pod, Slurm job, process name), not pid;"
               " processes sharing one identity are summed.")
-PROCESS_MEMORY = _f("gpu_process_memory_used_bytes", "gauge",
-                    "GPU memory used by the processes of this identity." + _PROC_NOTE,
-                    "NVML nvmlDeviceGetComputeRunningProcesses (v3/v2/v1) + attribution",
-                    _PROC, "process", "bytes")
-PROCESS_SM = _f("gpu_process_sm_utilization_ratio", "gauge",
-                "SM utilisation of the processes of this identity (sum, capped at 1)." + _PROC_NOTE,
-                "NVML nvmlDeviceGetProcessUtilization (smUtil) + attribution",
-                _PROC, "process", "ratio")
-PROCESS_MEM_UTIL = _f("gpu_process_memory_utilization_ratio", "gauge",
-                      "Memory-controller utilisation of the processes of this identity"
-                      " (sum, capped at 1)." + _PROC_NOTE,
-                      "NVML nvmlDeviceGetProcessUtilization (memUtil) + attribution",
+PROCESS_MEMORY = _family("gpu_process_memory_used_bytes", "gauge",
+                         "GPU memory used by the processes of this identity." + _PROC_NOTE,
+                         "NVML nvmlDeviceGetComputeRunningProcesses (v3/v2/v1) + attribution",
+                         _PROC, "process", "bytes")
+PROCESS_SM = _family("gpu_process_sm_utilization_ratio", "gauge",
+                     "SM utilisation of the processes of this identity (sum, capped at 1)."
+                     + _PROC_NOTE,
+                     "NVML nvmlDeviceGetProcessUtilization (smUtil) + attribution",
+                     _PROC, "process", "ratio")
+PROCESS_MEM_UTIL = _family("gpu_process_memory_utilization_ratio", "gauge",
+                           "Memory-controller utilisation of the processes of this identity"
+                           " (sum, capped at 1)." + _PROC_NOTE,
+                           "NVML nvmlDeviceGetProcessUtilization (memUtil) + attribution",
+                           _PROC, "process", "ratio")
+PROCESS_ENC = _family("gpu_process_encoder_utilization_ratio", "gauge",
+                      "Encoder utilisation of the processes of this identity (sum, capped at 1)."
+                      + _PROC_NOTE,
+                      "NVML nvmlDeviceGetProcessUtilization (encUtil) + attribution",
                       _PROC, "process", "ratio")
-PROCESS_ENC = _f("gpu_process_encoder_utilization_ratio", "gauge",
-                 "Encoder utilisation of the processes of this identity (sum, capped at 1)."
-                 + _PROC_NOTE,
-                 "NVML nvmlDeviceGetProcessUtilization (encUtil) + attribution",
-                 _PROC, "process", "ratio")
-PROCESS_DEC = _f("gpu_process_decoder_utilization_ratio", "gauge",
-                 "Decoder utilisation of the processes of this identity (sum, capped at 1)."
-                 + _PROC_NOTE,
-                 "NVML nvmlDeviceGetProcessUtilization (decUtil) + attribution",
-                 _PROC, "process", "ratio")
+PROCESS_DEC = _family("gpu_process_decoder_utilization_ratio", "gauge",
+                      "Decoder utilisation of the processes of this identity (sum, capped at 1)."
+                      + _PROC_NOTE,
+                      "NVML nvmlDeviceGetProcessUtilization (decUtil) + attribution",
+                      _PROC, "process", "ratio")
 # Named gpu_processes, not gpu_process_count: promtool rejects a "_count" suffix on
 # anything but histograms and summaries.
-PROCESS_COUNT = _f("gpu_processes", "gauge",
-                   "Number of processes of this identity on the GPU." + _PROC_NOTE,
-                   "NVML nvmlDeviceGetComputeRunningProcesses + attribution",
-                   _PROC, "process")
-UNATTRIBUTED_MEMORY = _f("gpu_unattributed_memory_bytes", "gauge",
-                         "GPU memory used that no attributed process explains (GPU memory used"
-                         " minus the memory of attributed processes, floored at 0).",
-                         "NVML nvmlDeviceGetMemoryInfo, nvmlDeviceGetComputeRunningProcesses"
-                         " + attribution", GPU_LABELS, "process", "bytes")
-UNATTRIBUTED_UTIL = _f("gpu_unattributed_utilization_ratio", "gauge",
-                       "GPU utilisation that no attributed process explains (GPU utilisation"
-                       " minus the SM utilisation of attributed processes, floored at 0).",
-                       "NVML nvmlDeviceGetUtilizationRates, nvmlDeviceGetProcessUtilization"
-                       " + attribution", GPU_LABELS, "process", "ratio")
-ALLOCATION_INFO = _f("gpu_allocation_info", "gauge",
-                     "Which job holds which GPU, and which attribution source said so"
-                     " (source of the job, else of the user); always 1. Join on it instead"
-                     " of copying job labels onto every series.",
-                     "attribution of the processes on the GPU",
-                     (*GPU_LABELS, "job", "user", "project", "namespace", "pod", "container",
-                      "slurm_job", "source"), "allocation")
+PROCESS_COUNT = _family("gpu_processes", "gauge",
+                        "Number of processes of this identity on the GPU." + _PROC_NOTE,
+                        "NVML nvmlDeviceGetComputeRunningProcesses + attribution",
+                        _PROC, "process")
+UNATTRIBUTED_MEMORY = _family("gpu_unattributed_memory_bytes", "gauge",
+                              "GPU memory used that no attributed process explains (GPU memory used"
+                              " minus the memory of attributed processes, floored at 0).",
+                              "NVML nvmlDeviceGetMemoryInfo, nvmlDeviceGetComputeRunningProcesses"
+                              " + attribution", GPU_LABELS, "process", "bytes")
+UNATTRIBUTED_UTIL = _family("gpu_unattributed_utilization_ratio", "gauge",
+                            "GPU utilisation that no attributed process explains (GPU utilisation"
+                            " minus the SM utilisation of attributed processes, floored at 0).",
+                            "NVML nvmlDeviceGetUtilizationRates, nvmlDeviceGetProcessUtilization"
+                            " + attribution", GPU_LABELS, "process", "ratio")
+ALLOCATION_INFO = _family("gpu_allocation_info", "gauge",
+                          "Which job holds which GPU, and which attribution source said so"
+                          " (source of the job, else of the user); always 1. Join on it instead"
+                          " of copying job labels onto every series.",
+                          "attribution of the processes on the GPU",
+                          (*GPU_LABELS, "job", "user", "project", "namespace", "pod", "container",
+                           "slurm_job", "source"), "allocation")
 
 # gpu-audit's own families that the exporter serves: declared once in core
 # (gpu_audit.selfmetrics, with every other component's self-metrics), used here so the

@@ -81,134 +81,135 @@ class SelfMetric:
                                      labels=list(self.labels) or None)
 
 
-# Table shorthand, one letter so the entries below stay one column wide: _m builds a
-# SelfMetric from positional fields.
-def _m(name: str, type_: SelfMetricType, help_: str, component: Component,  # noqa: PLR0917
-       labels: tuple[str, ...] = (), source: str = "", unit: str = "") -> SelfMetric:
+# Table entries: _metric builds a SelfMetric from positional fields.
+def _metric(name: str, type_: SelfMetricType, help_: str, component: Component,  # noqa: PLR0917
+            labels: tuple[str, ...] = (), source: str = "", unit: str = "") -> SelfMetric:
     return SelfMetric(name, type_, help_, component, labels, source, unit)
 
 
 # --- sampler (exporter/app.py SamplerCollector; renderer families below) --------------
-SAMPLE_CYCLES = _m("gpu_audit_sample_cycles_total", "counter",
-                   "Sampling cycles completed.", "sampler")
-SAMPLE_FAILED_CYCLES = _m("gpu_audit_sample_failed_cycles_total", "counter",
-                          "Sampling cycles that raised (logged; sampling went on).", "sampler")
-SAMPLE_CPU_SECONDS = _m("gpu_audit_sample_cpu_seconds_total", "counter",
-                        "CPU time the sampling thread spent in cycles "
-                        "(sampling, attribution, rendering, audit records).", "sampler",
-                        unit="seconds")
-SNAPSHOT_LISTENER_ERRORS = _m("gpu_audit_snapshot_listener_errors_total", "counter",
-                              "Snapshot consumers (audit producer) that raised.", "sampler")
-ATTRIBUTION_EVENTS = _m("gpu_audit_attribution_events_total", "counter",
-                        "Attribution counters by kind (cache hits and misses, "
-                        "vanished processes, unreadable files, ...).", "sampler", ("kind",))
+SAMPLE_CYCLES = _metric("gpu_audit_sample_cycles_total", "counter",
+                        "Sampling cycles completed.", "sampler")
+SAMPLE_FAILED_CYCLES = _metric("gpu_audit_sample_failed_cycles_total", "counter",
+                               "Sampling cycles that raised (logged; sampling went on).", "sampler")
+SAMPLE_CPU_SECONDS = _metric("gpu_audit_sample_cpu_seconds_total", "counter",
+                             "CPU time the sampling thread spent in cycles "
+                             "(sampling, attribution, rendering, audit records).", "sampler",
+                             unit="seconds")
+SNAPSHOT_LISTENER_ERRORS = _metric("gpu_audit_snapshot_listener_errors_total", "counter",
+                                   "Snapshot consumers (audit producer) that raised.", "sampler")
+ATTRIBUTION_EVENTS = _metric("gpu_audit_attribution_events_total", "counter",
+                             "Attribution counters by kind (cache hits and misses, "
+                             "vanished processes, unreadable files, ...).", "sampler", ("kind",))
 
 # --- renderer: rendered into each cycle's cached exposition -------------------------
-SAMPLE_DURATION = _m("gpu_audit_sample_duration_seconds", "gauge",
-                     "Wall time the latest sampling cycle took.", "renderer",
-                     source="the sampler loop", unit="seconds")
-SNAPSHOT_TIMESTAMP = _m("gpu_audit_snapshot_timestamp_seconds", "gauge",
-                        "Unix time the latest sampling cycle started (scenario time under the"
-                        " simulator).", "renderer", source="the sampler loop", unit="seconds")
-SAMPLE_ERRORS = _m("gpu_audit_sample_errors_total", "counter",
-                   "Sampling errors by kind since the exporter started.", "renderer",
-                   ("kind",), source="the backend's per-kind error counts")
-SERIES = _m("gpu_audit_series", "gauge",
-            "Samples in the cached exposition of the latest cycle (this one included).",
-            "renderer", source="the renderer")
+SAMPLE_DURATION = _metric("gpu_audit_sample_duration_seconds", "gauge",
+                          "Wall time the latest sampling cycle took.", "renderer",
+                          source="the sampler loop", unit="seconds")
+SNAPSHOT_TIMESTAMP = _metric("gpu_audit_snapshot_timestamp_seconds", "gauge",
+                             "Unix time the latest sampling cycle started (scenario time under the"
+                             " simulator).", "renderer", source="the sampler loop", unit="seconds")
+SAMPLE_ERRORS = _metric("gpu_audit_sample_errors_total", "counter",
+                        "Sampling errors by kind since the exporter started.", "renderer",
+                        ("kind",), source="the backend's per-kind error counts")
+SERIES = _metric("gpu_audit_series", "gauge",
+                 "Samples in the cached exposition of the latest cycle (this one included).",
+                 "renderer", source="the renderer")
 
 # --- endpoint: computed at scrape time ------------------------------------------------
-SNAPSHOT_AGE = _m("gpu_audit_snapshot_age_seconds", "gauge",
-                  "Seconds since the exposition served now was rendered; computed at scrape"
-                  " time.", "endpoint", source="the HTTP endpoint", unit="seconds")
-SCRAPES = _m("gpu_audit_scrapes_total", "counter", "Requests served on /metrics.",
-             "endpoint", source="the HTTP endpoint")
-PROCESS_SERIES_DROPPED = _m("gpu_audit_process_series_dropped_total", "counter",
-                            "Per-process label sets left out by the per-GPU series cap,"
-                            " summed over cycles.", "endpoint", ("gpu", "uuid"),
-                            source="the renderer's cap")
+SNAPSHOT_AGE = _metric("gpu_audit_snapshot_age_seconds", "gauge",
+                       "Seconds since the exposition served now was rendered; computed at scrape"
+                       " time.", "endpoint", source="the HTTP endpoint", unit="seconds")
+SCRAPES = _metric("gpu_audit_scrapes_total", "counter", "Requests served on /metrics.",
+                  "endpoint", source="the HTTP endpoint")
+PROCESS_SERIES_DROPPED = _metric("gpu_audit_process_series_dropped_total", "counter",
+                                 "Per-process label sets left out by the per-GPU series cap,"
+                                 " summed over cycles.", "endpoint", ("gpu", "uuid"),
+                                 source="the renderer's cap")
 
 # --- audit producer (gpu_audit/audit/metrics.py) --------------------------------------
-RECORDS_WRITTEN = _m("gpu_audit_records_written_total", "counter",
-                     "Audit records committed to the spool (after the group-commit fsync).",
-                     "audit")
-RECORDS_FAILED = _m("gpu_audit_records_failed_total", "counter",
-                    "Audit records that could not be written to the spool, by reason "
-                    "(max_bytes, min_free, or the errno name such as ENOSPC, EACCES).",
-                    "audit", ("reason",))
-SPOOL_WRITABLE = _m("gpu_audit_spool_writable", "gauge",
-                    "1 when the last commit of audit records to the spool succeeded, else 0.",
-                    "audit")
-AUDIT_LAST_SEQ = _m("gpu_audit_audit_last_seq", "gauge",
-                    "Sequence number of the last audit record written, by stream; compare "
-                    "with the last seq `gpu-audit audit verify` finds in a sink to see "
-                    "records not yet there.", "audit", ("stream",))
+RECORDS_WRITTEN = _metric("gpu_audit_records_written_total", "counter",
+                          "Audit records committed to the spool (after the group-commit fsync).",
+                          "audit")
+RECORDS_FAILED = _metric("gpu_audit_records_failed_total", "counter",
+                         "Audit records that could not be written to the spool, by reason "
+                         "(max_bytes, min_free, or the errno name such as ENOSPC, EACCES).",
+                         "audit", ("reason",))
+SPOOL_WRITABLE = _metric("gpu_audit_spool_writable", "gauge",
+                         "1 when the last commit of audit records to the spool succeeded, else 0.",
+                         "audit")
+AUDIT_LAST_SEQ = _metric("gpu_audit_audit_last_seq", "gauge",
+                         "Sequence number of the last audit record written, by stream; compare "
+                         "with the last seq `gpu-audit audit verify` finds in a sink to see "
+                         "records not yet there.", "audit", ("stream",))
 
 # --- spool (served by the shipper's collector) ----------------------------------------
-SPOOL_BYTES = _m("gpu_audit_spool_bytes", "gauge",
-                 "Bytes the spool's segments take on disk.", "spool", unit="bytes")
-SPOOL_SEGMENTS = _m("gpu_audit_spool_segments", "gauge", "Segment files in the spool.",
-                    "spool")
-RECORDS_PRODUCED = _m("gpu_audit_records_produced_total", "counter",
-                      "Records ever acknowledged into the spool (its next offset).", "spool")
-SPOOL_FULL = _m("gpu_audit_spool_full", "gauge",
-                "1 while the spool refuses new records (max_bytes or min_free_bytes "
-                "reached).", "spool", ("reason",))
-SPOOL_REFUSED = _m("gpu_audit_spool_refused_records_total", "counter",
-                   "Records the spool refused because it was full, by reason (max_bytes, "
-                   "min_free).", "spool", ("reason",))
-SPOOL_EVICTED = _m("gpu_audit_spool_evicted_records_total", "counter",
-                   "Records deleted before every sink had them, to make room (spool.when_full:"
-                   " drop_oldest). Each sink also counts them as dropped{reason=spool_skipped}.",
-                   "spool")
-SPOOL_CORRUPT = _m("gpu_audit_spool_corrupt_records_total", "counter",
-                   "Records lost to damage in the spool (a corrupt frame or segment header), "
-                   "counted once when the damaged segment's bytes are kept in quarantine/. "
-                   "Each sink also counts them as dropped{reason=spool_skipped}.", "spool")
+SPOOL_BYTES = _metric("gpu_audit_spool_bytes", "gauge",
+                      "Bytes the spool's segments take on disk.", "spool", unit="bytes")
+SPOOL_SEGMENTS = _metric("gpu_audit_spool_segments", "gauge", "Segment files in the spool.",
+                         "spool")
+RECORDS_PRODUCED = _metric("gpu_audit_records_produced_total", "counter",
+                           "Records ever acknowledged into the spool (its next offset).", "spool")
+SPOOL_FULL = _metric("gpu_audit_spool_full", "gauge",
+                     "1 while the spool refuses new records (max_bytes or min_free_bytes "
+                     "reached).", "spool", ("reason",))
+SPOOL_REFUSED = _metric("gpu_audit_spool_refused_records_total", "counter",
+                        "Records the spool refused because it was full, by reason (max_bytes, "
+                        "min_free).", "spool", ("reason",))
+SPOOL_EVICTED = _metric("gpu_audit_spool_evicted_records_total", "counter",
+                        "Records deleted before every sink had them, to make room "
+                        "(spool.when_full: drop_oldest). Each sink also counts them as "
+                        "dropped{reason=spool_skipped}.",
+                        "spool")
+SPOOL_CORRUPT = _metric("gpu_audit_spool_corrupt_records_total", "counter",
+                        "Records lost to damage in the spool (a corrupt frame or segment header), "
+                        "counted once when the damaged segment's bytes are kept in quarantine/. "
+                        "Each sink also counts them as dropped{reason=spool_skipped}.", "spool")
 
 # --- shipper (shipper/metrics.py ShipperCollector) -------------------------------------
 _SINK = ("sink",)
-SHIPPER_DELIVERED = _m("gpu_audit_shipper_records_delivered_total", "counter",
-                       "Records the sink's backend acknowledged (a 409 already-exists "
-                       "counts).", "shipper", _SINK)
-SHIPPER_RETRIED = _m("gpu_audit_shipper_records_retried_total", "counter",
-                     "Record sends that got a transient or hold outcome and were sent again.",
-                     "shipper", _SINK)
-SHIPPER_REDELIVERED = _m("gpu_audit_shipper_records_redelivered_total", "counter",
-                         "Record sends that repeat an earlier send of the same record: after a "
-                         "restart (cursor not yet committed), a retry, a failed delivery round, "
-                         "or inside the sink (a bisected partial write, a split 413). The "
-                         "idempotent sink stores each record once.", "shipper", _SINK)
-SHIPPER_DEAD_LETTERED = _m("gpu_audit_shipper_records_dead_lettered_total", "counter",
-                           "Records the backend rejected for good, written to the sink's "
-                           "dead-letter file.", "shipper", _SINK)
-SHIPPER_DROPPED = _m("gpu_audit_shipper_records_dropped_total", "counter",
-                     "Records this sink will never get, by reason (expected to stay 0).",
-                     "shipper", ("sink", "reason"))
-SHIPPER_LAG_RECORDS = _m("gpu_audit_shipper_cursor_lag_records", "gauge",
-                         "Records in the spool not yet delivered to the sink.", "shipper",
-                         _SINK)
-SHIPPER_LAG_SECONDS = _m("gpu_audit_shipper_cursor_lag_seconds", "gauge",
-                         "Age of the oldest record not yet delivered to the sink (0 when "
-                         "caught up).", "shipper", _SINK, unit="seconds")
-SHIPPER_CURSOR = _m("gpu_audit_shipper_cursor_offset", "gauge",
-                    "The sink's committed (durable) cursor in the spool.", "shipper", _SINK)
-SHIPPER_LAST_SUCCESS = _m("gpu_audit_shipper_last_success_timestamp_seconds", "gauge",
-                          "Unix time of the sink's last batch with a delivered record.",
-                          "shipper", _SINK, unit="seconds")
-SHIPPER_BLOCKED = _m("gpu_audit_shipper_sink_blocked", "gauge",
-                     "1 while the sink holds data because of an auth or configuration error.",
-                     "shipper", ("sink", "reason"))
-SHIPPER_SINK_UP = _m("gpu_audit_shipper_sink_up", "gauge",
-                     "1 when the sink's last attempt got records through (or it started with "
-                     "nothing to send), 0 while it is down, blocked or not yet started.",
-                     "shipper", _SINK)
-SHIPPER_CONSERVATION = _m("gpu_audit_shipper_conservation_ok", "gauge",
-                          "1 when produced = delivered + dead_lettered + dropped + pending for"
-                          " the sink.", "shipper", _SINK)
-SHIPPER_BATCH_DURATION = _m("gpu_audit_shipper_batch_duration_seconds", "histogram",
-                            "Time of one send of a batch to the sink, whatever its outcome.",
-                            "shipper", _SINK, unit="seconds")
+SHIPPER_DELIVERED = _metric("gpu_audit_shipper_records_delivered_total", "counter",
+                            "Records the sink's backend acknowledged (a 409 already-exists "
+                            "counts).", "shipper", _SINK)
+SHIPPER_RETRIED = _metric("gpu_audit_shipper_records_retried_total", "counter",
+                          "Record sends that got a transient or hold outcome and were sent again.",
+                          "shipper", _SINK)
+SHIPPER_REDELIVERED = _metric("gpu_audit_shipper_records_redelivered_total", "counter",
+                              "Record sends that repeat an earlier send of the same record: after "
+                              "a restart (cursor not yet committed), a retry, a failed delivery "
+                              "round, "
+                              "or inside the sink (a bisected partial write, a split 413). The "
+                              "idempotent sink stores each record once.", "shipper", _SINK)
+SHIPPER_DEAD_LETTERED = _metric("gpu_audit_shipper_records_dead_lettered_total", "counter",
+                                "Records the backend rejected for good, written to the sink's "
+                                "dead-letter file.", "shipper", _SINK)
+SHIPPER_DROPPED = _metric("gpu_audit_shipper_records_dropped_total", "counter",
+                          "Records this sink will never get, by reason (expected to stay 0).",
+                          "shipper", ("sink", "reason"))
+SHIPPER_LAG_RECORDS = _metric("gpu_audit_shipper_cursor_lag_records", "gauge",
+                              "Records in the spool not yet delivered to the sink.", "shipper",
+                              _SINK)
+SHIPPER_LAG_SECONDS = _metric("gpu_audit_shipper_cursor_lag_seconds", "gauge",
+                              "Age of the oldest record not yet delivered to the sink (0 when "
+                              "caught up).", "shipper", _SINK, unit="seconds")
+SHIPPER_CURSOR = _metric("gpu_audit_shipper_cursor_offset", "gauge",
+                         "The sink's committed (durable) cursor in the spool.", "shipper", _SINK)
+SHIPPER_LAST_SUCCESS = _metric("gpu_audit_shipper_last_success_timestamp_seconds", "gauge",
+                               "Unix time of the sink's last batch with a delivered record.",
+                               "shipper", _SINK, unit="seconds")
+SHIPPER_BLOCKED = _metric("gpu_audit_shipper_sink_blocked", "gauge",
+                          "1 while the sink holds data because of an auth or configuration error.",
+                          "shipper", ("sink", "reason"))
+SHIPPER_SINK_UP = _metric("gpu_audit_shipper_sink_up", "gauge",
+                          "1 when the sink's last attempt got records through (or it started with "
+                          "nothing to send), 0 while it is down, blocked or not yet started.",
+                          "shipper", _SINK)
+SHIPPER_CONSERVATION = _metric("gpu_audit_shipper_conservation_ok", "gauge",
+                               "1 when produced = delivered + dead_lettered + dropped + pending for"
+                               " the sink.", "shipper", _SINK)
+SHIPPER_BATCH_DURATION = _metric("gpu_audit_shipper_batch_duration_seconds", "histogram",
+                                 "Time of one send of a batch to the sink, whatever its outcome.",
+                                 "shipper", _SINK, unit="seconds")
 
 SELF_METRICS: tuple[SelfMetric, ...] = (
     SAMPLE_CYCLES, SAMPLE_FAILED_CYCLES, SAMPLE_CPU_SECONDS, SNAPSHOT_LISTENER_ERRORS,
