@@ -72,6 +72,14 @@ class ShipperConfig(Section):
         "exporter.web_config_file is not used: the shipper may run on another host, "
         "with other certificates).",
     )
+    log_summary_interval_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Standalone `gpu-audit shipper` only: one INFO line this often with "
+        "each sink's delivered records and lag and the spool's size (0: off). The embedded "
+        "shipper's sinks are in the exporter's summary line "
+        "(exporter.log_summary_interval_seconds).",
+    )
     deadletter_dir: Path | None = Field(
         None, description="Dead-letter files; default: <spool directory>/deadletter."
     )

@@ -249,14 +249,32 @@ class Shipper:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
-            while not requested.wait(1.0) and not self._stopping.is_set():
-                pass
+            interval = self.config.log_summary_interval_seconds
+            next_summary = time.monotonic() + interval
+            while not requested.wait(min(1.0, interval or 1.0)) and not self._stopping.is_set():
+                if interval > 0 and time.monotonic() >= next_summary:
+                    next_summary = time.monotonic() + interval
+                    log.info("%s", self.summary_line())
             self.drain()
             clean = self.stop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return EXIT_OK if clean else EXIT_FAILURE
+
+    def summary_line(self) -> str:
+        """One line for the standalone shipper's periodic log: spool and every sink."""
+        spool = self.spool_status()
+        state = f"REFUSING records ({spool.full_reason})" if spool.full_reason else "accepting"
+        sinks = []
+        for st in self.statuses():
+            text = (f"{st.sink} {st.state}, {st.delivered} delivered, lag {st.lag_records} "
+                    f"records/{st.lag_seconds:.0f}s")
+            if st.blocked_reason:
+                text += f" (held: {st.blocked_reason})"
+            sinks.append(text)
+        return (f"shipping: spool {spool.bytes} bytes in {spool.segments} segments, {state}; "
+                f"sinks: {', '.join(sinks) or 'none'}")
 
     # ---- segment GC ----------------------------------------------------------------
 
