@@ -35,7 +35,8 @@ def need(binary: str) -> str:
     return path
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 15 s."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -53,7 +54,7 @@ class Exporter:
     proc: subprocess.Popen[bytes]
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop(self.proc)
 
 
 def start_exporter(tmp: Path, scenario: str, time_scale: float = 60,
@@ -148,7 +149,7 @@ def alertmanager(tmp: Path, config: dict[str, Any]) -> Iterator[Alertmanager]:
         wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, "alertmanager ready")
         yield Alertmanager(url)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @dataclass
@@ -193,4 +194,4 @@ def prometheus(tmp: Path, targets: Sequence[str], rule_files: Sequence[Path] = (
         wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, "prometheus ready")
         yield Prometheus(url)
     finally:
-        _stop(proc)
+        stop(proc)

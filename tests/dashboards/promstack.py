@@ -1,5 +1,6 @@
 """A real Prometheus scraping several `gpu-audit` simulators on loopback, with recording
-rules loaded: the stack the dashboard end-to-end test (and the alerts' one) queries.
+rules loaded: the stack the dashboard end-to-end test queries (Prometheus itself is
+started by tests.promstack, shared with the alerts' end-to-end test).
 
 Each scenario runs in its own exporter process on its own port, so each is a node
 (`instance`) of one fleet. Scrape config uses `honor_labels: true` so the exporter's own
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.netutil import free_port, http_get, wait_for
+from tests.promstack import prometheus, stop
 
 
 @dataclass
@@ -40,16 +41,6 @@ class Stack:
 
 class PromError(Exception):
     pass
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _exporter(tmp: Path, scenario: str, command: str, spool_bytes: int | None
@@ -86,27 +77,10 @@ def prometheus_stack(tmp: Path, scenarios: Sequence[str], rule_files: Sequence[P
             proc, target = _exporter(tmp, scenario,
                                      "run" if scenario == run_scenario else "exporter",
                                      64 * 1024 if scenario == full_spool else None)
-            stack.callback(_stop, proc)
+            stack.callback(stop, proc)
             nodes[scenario] = target
         for target in nodes.values():
             wait_for(lambda t=target: http_get(f"http://{t}/readyz")[0] == 200, 60,  # type: ignore[misc]
                      f"exporter {target} ready")
-        port = free_port()
-        cfg = tmp / "prometheus.yml"
-        targets = ", ".join(f"'{t}'" for t in nodes.values())
-        rules = ", ".join(f"'{p}'" for p in rule_files)
-        cfg.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"rule_files: [{rules}]\n"
-            "scrape_configs:\n"
-            "  - job_name: gpu-audit\n    honor_labels: true\n"
-            f"    static_configs: [{{targets: [{targets}]}}]\n"
-        )
-        proc = subprocess.Popen(
-            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
-        stack.callback(_stop, proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, "prometheus ready")
-        yield Stack(url, nodes)
+        prom = stack.enter_context(prometheus(tmp, list(nodes.values()), rule_files))
+        yield Stack(prom.url, nodes)
