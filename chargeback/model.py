@@ -1,0 +1,200 @@
+"""The data every chargeback layer shares: what a source measured, and the bill.
+
+Units: seconds and joules in `SourceData` (what sources add up), hours and kWh in the
+`Bill` (what a reader pays for). An owner is (user, project); None means not known.
+The unattributed owner is `UNATTRIBUTED` (both None): GPU time held only by processes
+nobody owns. Idle fleet time (a GPU up and held by no process) is not an owner: it is
+`SourceData.fleet` minus everything held, and becomes the bill's idle row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+Owner = tuple[str | None, str | None]  # (user, project)
+UNATTRIBUTED: Owner = (None, None)
+
+
+@dataclass(slots=True)
+class Usage:
+    """What one owner used on GPUs of one model over the period (or one day of it).
+
+    allocated_gpu_seconds: GPU time allocated to the owner (allocation records, the
+        job-mapping / `gpu_allocation_info`), whether or not a process ran.
+    used_gpu_seconds: GPU time a process of the owner held the GPU (memory > 0); a GPU
+        held by two owners counts fully for each.
+    charged_gpu_seconds: used time with a shared GPU's interval split equally among
+        the distinct owners on it, so that over all owners + unattributed + idle it adds
+        up to the fleet's up time (the reconciliation's quantity).
+    busy_gpu_seconds: utilisation-weighted GPU time (elapsed x SM utilisation).
+    idle_held_gpu_seconds: time held while the GPU's utilisation was < 5 %.
+    energy_joules: from the energy counter (counter resets handled, MIG instances of
+        one physical GPU counted once), split among holders as docs/AUDIT.md says.
+    power_energy_joules: the same energy from integrated power draw (cross-check).
+    """
+
+    allocated_gpu_seconds: float = 0.0
+    used_gpu_seconds: float = 0.0
+    charged_gpu_seconds: float = 0.0
+    busy_gpu_seconds: float = 0.0
+    idle_held_gpu_seconds: float = 0.0
+    energy_joules: float = 0.0
+    power_energy_joules: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.allocated_gpu_seconds += other.allocated_gpu_seconds
+        self.used_gpu_seconds += other.used_gpu_seconds
+        self.charged_gpu_seconds += other.charged_gpu_seconds
+        self.busy_gpu_seconds += other.busy_gpu_seconds
+        self.idle_held_gpu_seconds += other.idle_held_gpu_seconds
+        self.energy_joules += other.energy_joules
+        self.power_energy_joules += other.power_energy_joules
+
+
+@dataclass(slots=True)
+class Fleet:
+    """The fleet over the period (or one UTC day), per GPU model or in total.
+
+    gpu_seconds: GPUs x time while up (what the fleet could deliver).
+    down_gpu_seconds: GPU time lost to GPUs that were down (not in gpu_seconds).
+    held_gpu_seconds: time any process (owned or not) held a GPU.
+    busy_gpu_seconds / idle_held_gpu_seconds: as in Usage, fleet-wide.
+    energy_joules / power_energy_joules: all GPUs' energy, counter and integrated power.
+    """
+
+    gpu_seconds: float = 0.0
+    down_gpu_seconds: float = 0.0
+    held_gpu_seconds: float = 0.0
+    busy_gpu_seconds: float = 0.0
+    idle_held_gpu_seconds: float = 0.0
+    energy_joules: float = 0.0
+    power_energy_joules: float = 0.0
+
+    def add(self, other: Fleet) -> None:
+        self.gpu_seconds += other.gpu_seconds
+        self.down_gpu_seconds += other.down_gpu_seconds
+        self.held_gpu_seconds += other.held_gpu_seconds
+        self.busy_gpu_seconds += other.busy_gpu_seconds
+        self.idle_held_gpu_seconds += other.idle_held_gpu_seconds
+        self.energy_joules += other.energy_joules
+        self.power_energy_joules += other.power_energy_joules
+
+
+@dataclass(slots=True)
+class SourceData:
+    """Everything one source measured for [start, end): the input of `build_bill`.
+
+    usage: per (owner, GPU model) -> Usage; UNATTRIBUTED is one owner among them.
+        GPU model is the GPU's name ("NVIDIA A100-SXM4-80GB"), "unknown" when absent.
+    fleet: per GPU model -> Fleet.
+    days: per UTC day ("2026-11-03") -> (usage per owner over all models, fleet total),
+        for the report's by-day charts.
+    queries: every query issued, in order (Prometheus PromQL with its time/step, an
+        ES request body as canonical JSON, or the archive parts read): the manifest.
+    inputs: what was read and its fingerprint (URL, archive directory, part name ->
+        sha256), for the manifest.
+    simulated_excluded: how many simulated records (archive/ES) or series (Prometheus)
+        were left out; simulated_included: True when --include-simulated.
+    verified: True when the hash chain verified, False when it did not and
+        --allow-unverified let it through (verification_problems says what), None when
+        the source has no chain (Prometheus).
+    """
+
+    source: str  # "prometheus" | "archive" | "elasticsearch" | "opensearch"
+    start: datetime
+    end: datetime
+    usage: dict[tuple[Owner, str], Usage] = field(default_factory=dict)
+    fleet: dict[str, Fleet] = field(default_factory=dict)
+    days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
+    queries: list[str] = field(default_factory=list)
+    inputs: dict[str, str] = field(default_factory=dict)
+    simulated_excluded: int = 0
+    simulated_included: bool = False
+    verified: bool | None = None
+    verification_problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of the bill. kind: "owner", "unattributed" or "idle".
+
+    Owner rows are keyed (department, project, user); unknown project/user is "" in
+    the row (the CSV has no None) and the department of a user or project not in the
+    directory is "unmapped". Costs are in the rates file's currency.
+    """
+
+    kind: str
+    department: str
+    project: str
+    user: str
+    allocated_gpu_hours: float = 0.0
+    used_gpu_hours: float = 0.0
+    charged_gpu_hours: float = 0.0
+    busy_gpu_hours: float = 0.0
+    idle_held_gpu_hours: float = 0.0
+    energy_kwh: float = 0.0
+    power_energy_kwh: float = 0.0
+    gpu_cost: float = 0.0
+    energy_cost: float = 0.0
+    idle_share_cost: float = 0.0
+    total_cost: float = 0.0
+
+
+@dataclass(slots=True)
+class Reconciliation:
+    """Rows + unattributed + idle against the fleet's GPU-hours (up time only)."""
+
+    fleet_gpu_hours: float
+    down_gpu_hours: float
+    owners_gpu_hours: float  # sum of owner rows' charged GPU-hours
+    unattributed_gpu_hours: float
+    idle_gpu_hours: float
+    difference_gpu_hours: float  # fleet - (owners + unattributed + idle)
+    fleet_energy_kwh: float
+    rows_energy_kwh: float
+    power_energy_kwh: float  # integrated-power cross-check
+    energy_difference_kwh: float  # counter - power (fleet)
+    # other sources' figures for the same period when compared: source -> fleet GPU-hours
+    other_sources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Bill:
+    start: datetime
+    end: datetime
+    source: str
+    currency: str
+    idle_policy: str  # "none" | "proportional" | "even"
+    idle_policy_note: str  # e.g. the fallback taken when every weight was zero
+    rows: list[Row]  # owner rows sorted by (department, project, user), then unattributed, idle
+    reconciliation: Reconciliation
+    days: dict[str, tuple[dict[Owner, Usage], Fleet]]
+    unmapped: list[str]  # users/projects that fell into "unmapped"
+    simulated_excluded: int
+    simulated_included: bool
+    verified: bool | None
+    verification_problems: list[str]
+    notes: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One chargeback run, as the CLI took it: what the manifest records and replays.
+
+    Paths are as given (the manifest also records each file's sha256, and replay
+    refuses a rates or directory file whose hash changed).
+    """
+
+    start: datetime  # inclusive, UTC
+    end: datetime  # exclusive, UTC
+    source: str  # "prometheus" | "archive" | "elasticsearch" | "opensearch"
+    config: str | None  # --config FILE: where the archive and sinks are
+    prometheus_url: str | None
+    rates: str | None  # rates file (YAML): price per GPU-hour by model, energy price, currency
+    directory: str | None  # directory file (YAML): user -> department, project -> department
+    idle_policy: str  # "none" | "proportional" | "even"
+    out: str  # output directory
+    include_simulated: bool = False
+    allow_unverified: bool = False
