@@ -32,6 +32,7 @@ COPY launcher ./launcher
 RUN pip wheel --wheel-dir /wheels '.[all]'
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+# VERSION is pyproject.toml's version (tests/deploy/test_container.py checks it).
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="gpu-audit" \
@@ -43,7 +44,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
     PYTHONUNBUFFERED=1 \
     GPU_AUDIT_HEALTHZ_URL=http://127.0.0.1:9945/healthz
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels 'gpu-audit[all]' \
+    pip install --no-index --find-links /wheels "gpu-audit[all]==${VERSION}" \
     && groupadd --system --gid 10001 gpu-audit \
     && useradd --system --uid 10001 --gid gpu-audit --home-dir /var/lib/gpu-audit \
        --shell /usr/sbin/nologin gpu-audit \

@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 
 
-def need_tool(name: str) -> str:
-    """The tool's path, or skip naming the Debian package that brings it."""
+def need_tool(name: str, hint: str = "scripts/setup --test installs it") -> str:
+    """The tool's path, or skip saying where it comes from."""
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} is not installed (scripts/setup --test installs it)")
+        pytest.skip(f"{name} is not installed ({hint})")
     return path

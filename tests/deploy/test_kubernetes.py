@@ -5,6 +5,7 @@ dashboard ConfigMaps carry the committed dashboard JSON byte for byte."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from functools import cache
@@ -29,8 +30,22 @@ VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version() + ".0")
 
 
 @cache
-def rendered(target: str) -> tuple[dict[str, Any], ...]:
+def kubectl_with_kustomize_v4() -> str:
+    """kubectl, when its embedded kustomize understands `labels:` and `patches:` (v4+,
+    kubectl 1.21+; Debian 12's kubernetes-client 1.20 embeds v2)."""
     kubectl = need_tool("kubectl")
+    done = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    found = re.search(r"Kustomize Version: v(\d+)", done.stdout)
+    if found is None or int(found.group(1)) < 4:
+        pytest.skip(f"kubectl's embedded kustomize is older than v4 ({done.stdout.strip()!r});"
+                    " install kubectl 1.21 or later")
+    return kubectl
+
+
+@cache
+def rendered(target: str) -> tuple[dict[str, Any], ...]:
+    kubectl = kubectl_with_kustomize_v4()
     done = subprocess.run([kubectl, "kustomize", str(K8S / target)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, f"kubectl kustomize {target}: {done.stderr}"
