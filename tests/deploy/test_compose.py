@@ -106,8 +106,9 @@ def test_every_profile_combination_is_consistent(exporter: str, search: str) -> 
             if url:
                 host = re.sub(r"^https?://", "", url).split(":")[0].split("/")[0]
                 assert host in network, f"sink {sink.name}: {url}"
-        if getattr(sink, "host", None):
-            assert sink.host in network
+        host = getattr(sink, "host", None)
+        if host:
+            assert host in network
     assert config.shipper.metrics_listen == "0.0.0.0:9946"
     exporter_config = load_config(_mounted_gpu_audit_config(services[f"exporter-{exporter}"]))
     assert exporter_config.exporter.backend == ("sim" if exporter == "sim" else "nvml")
