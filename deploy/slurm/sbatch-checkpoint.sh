@@ -6,7 +6,12 @@
 #                      and exits;
 #   --requeue          the job goes back to the queue after preemption or a node failure
 #                      and resumes from its newest committed checkpoint;
-#   --open-mode=append the requeued run appends to the same output files.
+#   --open-mode=append the requeued run appends to the same output files;
+# and exports the helper's settings to the job (sbatch's default --export=ALL):
+#   GPU_AUDIT_PREEMPT_SIGNAL=SIGUSR1,SIGTERM   (USR1 from --signal, TERM from preemption)
+#   GPU_AUDIT_PREEMPT_GRACE_SECONDS=<lead>     the helper's deadline after the signal.
+# Run the training step under requeue-on-preempt.sh so a job that checkpointed before its
+# time limit is requeued:  srun requeue-on-preempt.sh python train.py
 # Usage: sbatch-checkpoint.sh [sbatch options] script.sh [args]   (your options come after
 # ours, so e.g. --signal=USR1@300 overrides the lead time).
 # Environment: GPU_AUDIT_CKPT_LEAD_SECONDS (default 120), SBATCH (default sbatch).
@@ -21,4 +26,6 @@ if [[ $# -eq 0 ]]; then
   echo "usage: sbatch-checkpoint.sh [sbatch options] script.sh [args]" >&2
   exit 2
 fi
+export GPU_AUDIT_PREEMPT_SIGNAL=${GPU_AUDIT_PREEMPT_SIGNAL:-SIGUSR1,SIGTERM}
+export GPU_AUDIT_PREEMPT_GRACE_SECONDS=$lead
 exec "${SBATCH:-sbatch}" "--signal=USR1@$lead" --requeue --open-mode=append "$@"

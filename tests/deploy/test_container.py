@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from exporter.attribution.config import AttributionConfig
-from tests.deploy.conftest import DEPLOY, REPO, need_tool
+from tests.deploy.conftest import DEPLOY, REPO, exit_preempted, need_tool
 from tests.netutil import bound_port, http_get
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -201,8 +201,19 @@ def test_training_job_injects_the_attribution_keys_from_pod_metadata() -> None:
     meta, spec = template["metadata"], template["spec"]
     assert spec["terminationGracePeriodSeconds"] >= 60
     (container,) = spec["containers"]
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]
+           if "valueFrom" in e}
     assert set(env) == {"JOB_ID", "USER", "PROJECT_NAME"}
+    values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    # The checkpoint helper's deadline is the pod's grace period.
+    assert float(values["GPU_AUDIT_PREEMPT_GRACE_SECONDS"]) == spec[
+        "terminationGracePeriodSeconds"]
+    assert "SIGTERM" in values["GPU_AUDIT_PREEMPT_SIGNAL"]
+    assert values["GPU_AUDIT_CHECKPOINT_DIR"] in {m["mountPath"] for m in container[
+        "volumeMounts"]}
+    (exit_rule,) = [r for r in job["spec"]["podFailurePolicy"]["rules"] if "onExitCodes" in r]
+    assert exit_rule["action"] == "Ignore"
+    assert exit_rule["onExitCodes"]["values"] == [75]
     assert set(env) <= set(AttributionConfig().environ_keys)  # what the exporter reads
     # The Job controller's own label, or a label/annotation the template sets.
     auto_labels = {"batch.kubernetes.io/job-name"}
@@ -213,3 +224,10 @@ def test_training_job_injects_the_attribution_keys_from_pod_metadata() -> None:
         present = set(meta.get(kind, {})) | (auto_labels if kind == "labels" else set())
         assert key in present, f"{name}: {kind} {key!r} is not set on the pod"
     assert shlex.join(container["command"]).startswith("python ")
+
+
+
+def test_the_job_ignores_exactly_the_helpers_preempted_exit_code() -> None:
+    (job,) = list(yaml.safe_load_all((EXAMPLES / "training-job.yaml").read_text()))
+    (exit_rule,) = [r for r in job["spec"]["podFailurePolicy"]["rules"] if "onExitCodes" in r]
+    assert exit_rule["onExitCodes"]["values"] == [exit_preempted()]

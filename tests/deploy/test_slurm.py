@@ -6,13 +6,15 @@ job map (exporter/attribution/jobmap.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.attribution.jobmap import JobMap
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, exit_preempted
 
 SLURM = DEPLOY / "slurm"
 GPU0 = "GPU-5c2a1f0e-0000-4000-8000-000000000000"
@@ -144,7 +146,9 @@ def test_prolog_reports_a_failing_nvidia_smi(tmp_path: Path) -> None:
 def test_sbatch_wrapper_sets_signal_and_requeue(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "sbatch").write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@"\n'
+        'echo "env $GPU_AUDIT_PREEMPT_SIGNAL $GPU_AUDIT_PREEMPT_GRACE_SECONDS" >&2\n')
     (bin_dir / "sbatch").chmod(0o755)
     done = _run("sbatch-checkpoint.sh", {}, bin_dir)
     assert done.returncode == 2
@@ -155,7 +159,70 @@ def test_sbatch_wrapper_sets_signal_and_requeue(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == [
         "--signal=USR1@120", "--requeue", "--open-mode=append", "--gres=gpu:2", "train.sh",
         "--lr", "3e-4"]
+    # What gpu_audit_ckpt reads in the job (sbatch exports the environment).
+    assert done.stderr.strip() == "env SIGUSR1,SIGTERM 120"
     done = subprocess.run(full, env={"PATH": f"{bin_dir}:{os.environ['PATH']}",
                                      "GPU_AUDIT_CKPT_LEAD_SECONDS": "300"},
                           capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout.splitlines()[0] == "--signal=USR1@300"
+    assert done.stderr.strip() == "env SIGUSR1,SIGTERM 300"
+
+
+CHILD = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+print("ready", flush=True)
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    if got:
+        sys.exit(75)  # checkpoint committed after the request: EXIT_PREEMPTED
+    time.sleep(0.02)
+sys.exit(3)
+"""
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "sbin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    return bin_dir
+
+
+def test_step_wrapper_forwards_the_signal_and_requeues_a_preempted_job(
+    tmp_path: Path, scontrol: Path
+) -> None:
+    env = {**os.environ, "PATH": f"{scontrol}:{os.environ['PATH']}", "SLURM_JOB_ID": "918273"}
+    proc = subprocess.Popen([str(SLURM / "requeue-on-preempt.sh"), sys.executable, "-c", CHILD],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGUSR1)  # to the wrapper only: it must pass it on
+        assert proc.wait(timeout=30) == 75
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert (tmp_path / "calls").read_text() == "requeue 918273\n"
+
+
+@pytest.mark.parametrize(("code", "job", "calls"), [
+    ("0", "918273", None), ("3", "918273", None), ("75", "", None),
+    ("75", "7", "requeue 7\n")])
+def test_step_wrapper_requeues_only_a_preempted_exit_in_a_job(
+    tmp_path: Path, scontrol: Path, code: str, job: str, calls: str | None
+) -> None:
+    env = {"PATH": f"{scontrol}:{os.environ['PATH']}", "SLURM_JOB_ID": job}
+    done = subprocess.run([str(SLURM / "requeue-on-preempt.sh"), "sh", "-c", f"exit {code}"],
+                          env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == int(code)
+    calls_file = tmp_path / "calls"
+    assert (calls_file.read_text() if calls_file.exists() else None) == calls
+
+
+def test_step_wrapper_default_is_the_helpers_preempted_exit_code() -> None:
+    text = (SLURM / "requeue-on-preempt.sh").read_text()
+    assert f"preempted=${{GPU_AUDIT_EXIT_PREEMPTED:-{exit_preempted()}}}" in text
