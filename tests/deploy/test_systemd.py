@@ -116,3 +116,15 @@ def test_exec_start_is_a_command_the_cli_accepts(path: Path) -> None:
     args = parser.parse_args(argv[1:])
     assert args.command == argv[1]
     assert str(args.config).startswith("/etc/gpu-audit/")
+
+
+def test_state_directories_do_not_nest() -> None:
+    """systemd gives a StateDirectory= recursively to its unit's user: the launcher's
+    (root's) state must not lie inside the exporter's (gpu-audit's)."""
+    dirs = {p.name: dict(unit(p)["Service"])["StateDirectory"] for p in UNITS}
+    launcher = dirs.pop("gpu-audit-launcher.service")
+    assert set(dirs.values()) == {"gpu-audit"}
+    assert not launcher.startswith("gpu-audit/")
+    argv = shlex.split(dict(unit(SYSTEMD / "gpu-audit-launcher.service")["Service"])[
+        "ExecStart"])
+    assert argv[argv.index("--state-dir") + 1] == f"/var/lib/{launcher}"
