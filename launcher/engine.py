@@ -221,8 +221,17 @@ class Engine:
             self._account(now, gpus, active)
         for report in self.executor.reports():
             self._report(report)
-        for ex in self.executor.poll():
+        exits = self.executor.poll()
+        for ex in exits:
             self._exit(ex)
+        if exits and gpus is not None:
+            # what the exits freed: the barrier and placement must see it now
+            try:
+                gpus = self.gpus.read(now)
+                self.last_gpus = gpus
+            except Exception as exc:  # noqa: BLE001
+                self._event(now, None, "gpu_state_unavailable", {"error": str(exc)})
+                gpus = None
         by_uuid = {g.uuid: g for g in (gpus if gpus is not None else self.last_gpus)}
         if gpus is not None:
             self._barrier(now, by_uuid)

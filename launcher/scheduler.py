@@ -194,8 +194,13 @@ class Scheduler:
         d.order = [j.id for j in order]
         preemptible = self._preemptible(now, running, ledger, d) \
             if c.name == "priority" and c.preemption else []
+        # jobs whose victims are still leaving, or left so recently that their GPUs may
+        # still be passing the release barrier: they wait, they do not preempt again
         pending = {j.preempt_for for j in running
                    if j.state == "preempting" and j.preempt_for is not None}
+        pending |= {j.preempt_for for j in queued if j.preempt_for is not None
+                    and j.finished_at is not None
+                    and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
         for job in order:
             placed = self._place(job, slots)
             if placed is not None:
