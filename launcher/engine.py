@@ -452,7 +452,7 @@ class Engine:
         changed = True
         while changed:
             changed = False
-            waiting = [j for j in self.store.jobs((*WAITING, "held")) if j.after_ids]
+            waiting = self.store.jobs((*WAITING, "held"), with_dependencies=True)
             deps = self.store.states(i for j in waiting for i in j.after_ids)
             for j in waiting:
                 bad = [i for i in j.after_ids if deps.get(i) in FAILED_DEPENDENCY_STATES]
