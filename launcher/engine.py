@@ -133,7 +133,9 @@ class Engine:
         self.env_base = env_base or {}
         self.ledger = FairShareLedger(scheduler.config.half_life_seconds)
         self.ledger.load(store.load_fairshare())
-        self.barriers: list[_Barrier] = []
+        # GPUs left by a job and not yet confirmed clean: kept in the store, so a restarted
+        # daemon does not hand a GPU with a leftover process to the next job
+        self.barriers = [_Barrier(u, j, t, r) for u, j, t, r in store.barriers()]
         self.last_gpus: list[GpuInfo] = []
         self.last_decision: Decision | None = None
         self._last_tick: float | None = None
@@ -316,9 +318,10 @@ class Engine:
                                 "allocated_gpu_seconds": rec.allocated_gpu_seconds,
                                 "measured_gpu_seconds": rec.measured_gpu_seconds}
         self._killed_at.pop(rec.id, None)
-        for uuid in rec.gpus:
-            self.barriers.append(_Barrier(uuid, rec.id, ex.time))
         with self.store.transaction():
+            for uuid in rec.gpus:
+                self.barriers.append(_Barrier(uuid, rec.id, ex.time))
+                self.store.set_barrier(uuid, rec.id, ex.time, False)
             self.store.update(rec.id, last_checkpoint_time=ckpt_t,
                               last_checkpoint_step=ckpt_step, exit_code=ex.code)
             if rec.cancel_requested:
@@ -393,9 +396,11 @@ class Engine:
                 if b.leak_reported:
                     self._event(now, b.job_id, "leak_cleared",
                                 {"gpu": b.uuid, "after_seconds": now - b.since})
+                self.store.clear_barrier(b.uuid, b.job_id)
                 continue
             if not b.leak_reported:
                 b.leak_reported = True
+                self.store.set_barrier(b.uuid, b.job_id, b.since, True)
                 self._event(now, b.job_id, "leak", {
                     "gpu": b.uuid, "pids": [p for p, _ in holders],
                     "bytes": sum(u for _, u in holders)})

@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS decisions (
     action TEXT NOT NULL,
     breakdown TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS barriers (
+    uuid TEXT NOT NULL,
+    job_id INTEGER NOT NULL,
+    since REAL NOT NULL,
+    leak_reported INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (uuid, job_id)
+);
 CREATE TABLE IF NOT EXISTS fairshare (
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -355,3 +362,22 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT kind, name, value, at FROM fairshare").fetchall()
         return [(str(k), str(n), float(v), float(a)) for k, n, v, a in rows]
+
+    # ------------------------------------------------------------------ release barrier
+
+    def set_barrier(self, uuid: str, job_id: int, since: float, leak_reported: bool) -> None:
+        """A GPU `job_id` left, not yet confirmed free of its processes."""
+        with self.transaction():
+            self._db.execute("INSERT INTO barriers VALUES (?, ?, ?, ?) ON CONFLICT(uuid, job_id)"
+                             " DO UPDATE SET leak_reported=excluded.leak_reported",
+                             (uuid, job_id, since, int(leak_reported)))
+
+    def clear_barrier(self, uuid: str, job_id: int) -> None:
+        with self.transaction():
+            self._db.execute("DELETE FROM barriers WHERE uuid=? AND job_id=?", (uuid, job_id))
+
+    def barriers(self) -> list[tuple[str, int, float, bool]]:
+        with self._lock:
+            rows = self._db.execute("SELECT uuid, job_id, since, leak_reported FROM barriers "
+                                    "ORDER BY since").fetchall()
+        return [(str(u), int(j), float(t), bool(r)) for u, j, t, r in rows]

@@ -4,14 +4,17 @@ victim choice, health, the release barrier, identity, authorization, fair share.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
-from launcher.config import EngineConfig, PolicyConfig
+from launcher.config import EngineConfig, LauncherCoreConfig, PolicyConfig
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
-from launcher.engine import BadState, PermissionDenied
+from launcher.engine import BadState, Engine, PermissionDenied
 from launcher.gpustate import GIB
+from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
+from launcher.store import Store
 from tests.launcher.harness import Node
 
 PIPELINE = """
@@ -319,3 +322,32 @@ def test_fair_share_charges_measured_use_not_allocation() -> None:
     b = node.submit("{name: b, command: x}", uid=2, user="busy")[0]
     view = [j.id for j, _ in node.engine.queue_view()]
     assert view.index(a) < view.index(b)
+
+
+def test_engine_restart_mid_queue_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """A daemon restarted mid-queue (new Store and Engine on the same file; the jobs'
+    processes live on) finishes every job exactly once and keeps the fair-share ledger
+    and the release barrier."""
+    node = Node(gpus=4, store_path=str(tmp_path / "state.db"),
+                default=SimBehaviour(work_seconds=300),
+                behaviours={"leaky": SimBehaviour(work_seconds=85, leak=True)})
+    reap = node.executor.kill_group
+    node.executor.kill_group = lambda _job: None  # type: ignore[method-assign]
+    ids = [node.submit(f"{{name: j{k}, command: x, urgency: {['low', 'high'][k % 2]}}}",
+                       uid=1000 + k % 3, user=f"u{k % 3}")[0] for k in range(11)]
+    ids.append(node.submit("{name: leaky, command: x, urgency: urgent}")[0])
+    node.run(100)  # the leaky job has exited and its worker still holds the GPU
+    assert node.store.barriers()
+    usage = node.engine.ledger.usage("user", "u1", node.now)
+    node.store.close()
+    node.store = Store(str(tmp_path / "state.db"))
+    node.engine = Engine(node.store, Scheduler(node.policy), node.sim, node.executor,
+                         node.clock, LauncherCoreConfig(policy=node.policy))
+    assert node.engine.ledger.usage("user", "u1", node.now) == pytest.approx(usage)
+    assert node.engine.blocked_gpus == {node.store.events(ids[-1], "started")[0].data[
+        "gpus"][0]}
+    node.executor.kill_group = reap  # type: ignore[method-assign]
+    node.run(3000)
+    assert [node.rec(i).state for i in ids] == ["succeeded"] * 12
+    starts = [job for _, job, *_ in node.executor.started]
+    assert sorted(starts) == sorted(ids)  # each exactly once
