@@ -141,6 +141,7 @@ class Engine:
         self._last_tick: float | None = None
         self._over_fraction: set[tuple[int, int]] = set()
         self._killed_at: dict[int, float] = {}
+        self._tick_events: list[Event] | None = None  # collecting while a tick runs
 
     @property
     def ec(self) -> EngineConfig:
@@ -159,6 +160,11 @@ class Engine:
         if user is not None and names - {user} and not is_admin:
             raise PermissionDenied(f"uid {uid} ({user}) may not submit as "
                                    f"{', '.join(sorted(names - {user}))}")
+        if self.last_gpus:
+            too_big = [s.name for s in specs if s.gpus > len(self.last_gpus)]
+            if too_big:
+                raise LauncherError(f"this node has {len(self.last_gpus)} GPUs; "
+                                    f"{', '.join(too_big)} asks for more")
         now = self.clock()
         owner = user if user is not None else (specs[0].user or str(uid))
         if is_admin and len(names) == 1 and user is not None:
@@ -210,7 +216,8 @@ class Engine:
     def tick(self) -> list[Event]:
         """One round (see the module docstring); returns the events it recorded."""
         now = self.clock()
-        self._tick_events: list[Event] = []
+        events: list[Event] = []
+        self._tick_events = events
         try:
             gpus: list[GpuInfo] | None = self.gpus.read(now)
         except Exception as exc:  # noqa: BLE001 (any source failure: do not place blind)
@@ -243,13 +250,14 @@ class Engine:
             self._schedule(now, gpus)
         self.store.save_fairshare(self.ledger.dirty())
         self._last_tick = now
-        return self._tick_events
+        self._tick_events = None
+        return events
 
     def _event(self, now: float, job_id: int | None, kind: str,
                data: dict[str, Any] | None = None) -> Event:
         ev = Event(now, job_id, kind, data or {})
         self.store.add_event(ev)
-        if hasattr(self, "_tick_events"):
+        if self._tick_events is not None:
             self._tick_events.append(ev)
         return ev
 

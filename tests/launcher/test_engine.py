@@ -10,7 +10,7 @@ import pytest
 
 from launcher.config import EngineConfig, LauncherCoreConfig, PolicyConfig
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
-from launcher.engine import BadState, Engine, PermissionDenied
+from launcher.engine import BadState, Engine, LauncherError, PermissionDenied
 from launcher.gpustate import GIB
 from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
@@ -269,18 +269,24 @@ def test_fractions_pack_by_memory_and_overuse_is_an_event() -> None:
     assert over.data["used_bytes"] == 30 * GIB and over.data["admitted_bytes"] == 16 * GIB
 
 
-def test_lost_gpu_checkpoints_and_requeues_on_a_healthy_one() -> None:
+@pytest.mark.parametrize("fault", ["XID", "lost"])
+def test_gpu_fault_checkpoints_and_requeues_on_a_healthy_one(fault: str) -> None:
     node = Node(gpus=2, default=SimBehaviour(work_seconds=2000, checkpoint_interval_seconds=300))
     (job,) = node.submit("{name: j, command: x, checkpoint_dir: /c}")
     node.run(400)
     first = node.rec(job).gpus[0]
-    node.sim.xid(first, node.now)
+    if fault == "XID":
+        node.sim.xid(first, node.now)
+    else:
+        node.sim.set_up(first, False)
     node.run(4000)
     rec = node.rec(job)
     assert rec.state == "succeeded" and rec.failures == 0 and rec.attempt == 2
     assert rec.gpus != [first]
-    (fault,) = node.store.events(job, "gpu_fault")
-    assert fault.data == {"gpus": [first], "fault": "XID"}
+    (event,) = node.store.events(job, "gpu_fault")
+    assert event.data == {"gpus": [first], "fault": fault}
+    (pre,) = node.store.events(job, "preempted")
+    assert pre.data["reason"] == f"gpu_{fault.lower()}" and pre.data["clean"]
 
 
 def test_only_the_owner_or_an_admin_may_cancel_hold_or_release() -> None:
@@ -351,3 +357,10 @@ def test_engine_restart_mid_queue_loses_and_duplicates_nothing(tmp_path: Path) -
     assert [node.rec(i).state for i in ids] == ["succeeded"] * 12
     starts = [job for _, job, *_ in node.executor.started]
     assert sorted(starts) == sorted(ids)  # each exactly once
+
+
+def test_a_job_asking_for_more_gpus_than_the_node_has_is_refused() -> None:
+    node = Node(gpus=2)
+    node.run(10)
+    with pytest.raises(LauncherError, match="this node has 2 GPUs; big asks for more"):
+        node.submit("{name: big, command: x, gpus: 4}")
