@@ -364,3 +364,26 @@ def test_a_job_asking_for_more_gpus_than_the_node_has_is_refused() -> None:
     node.run(10)
     with pytest.raises(LauncherError, match="this node has 2 GPUs; big asks for more"):
         node.submit("{name: big, command: x, gpus: 4}")
+
+
+def test_freed_gpus_are_kept_for_the_waiter_not_taken_by_lower_jobs() -> None:
+    """A 2-GPU urgent job preempts both running jobs; the GPUs they free one after the
+    other go to it, not to the low-urgency job waiting behind it."""
+    policy = PolicyConfig(preempt_wait_seconds=60, preempt_min_runtime_seconds=0)
+    node = Node(gpus=2, policy=policy, behaviours={
+        "fast": SimBehaviour(work_seconds=50_000, checkpoint_seconds=2),
+        "slow": SimBehaviour(work_seconds=50_000, checkpoint_seconds=60),
+        "big": SimBehaviour(work_seconds=100)})
+    node.submit("{name: fast, command: x, urgency: low, checkpoint_dir: /c}")
+    node.submit("{name: slow, command: x, urgency: low, checkpoint_dir: /c}")
+    node.run(100)
+    (big,) = node.submit("{name: big, command: x, gpus: 2, urgency: urgent}")
+    node.run(20)
+    (behind,) = node.submit("{name: behind, command: x, urgency: normal}")
+    node.run(300)
+    victims = {e.job_id for e in node.store.events(kind="preempt_signal")}
+    assert len(victims) == 2
+    assert node.rec(big).state in ("running", "succeeded")
+    (big_start,) = _started(node, big)
+    behind_starts = _started(node, behind)
+    assert not behind_starts or behind_starts[0] >= big_start
