@@ -333,6 +333,27 @@ class Store:
             rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         return [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
 
+    def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
+        """Events stored after sequence number `seq` (0: from the start), with their
+        sequence numbers, oldest first: a follower (audit, telemetry) keeps the last seq
+        it handled instead of re-reading every event each tick."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, time, job_id, kind, data FROM events "
+                                    "WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (seq, limit)).fetchall()
+        return [(int(q), Event(t, j, k, json.loads(d))) for q, t, j, k, d in rows]
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        return int(row[0])
+
+    def state_counts(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
     def add_decision(self, now: float, job_id: int, action: str,
                      breakdown: dict[str, Any]) -> None:
         with self.transaction():

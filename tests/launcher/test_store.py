@@ -98,3 +98,17 @@ def test_writer_killed_mid_write_loses_and_duplicates_nothing(tmp_path: Path) ->
                    for v in by_submission.values())
         store.close()
     assert len(by_submission) >= acknowledged
+
+
+def test_events_after_a_sequence_number_and_state_counts() -> None:
+    store = Store(":memory:")
+    ids = store.add_jobs(PIPE, uid=1, user="u", now=1.0)
+    for k in range(5):
+        store.add_event(Event(float(k), ids[0], f"e{k}", {"k": k}))
+    first = store.events_after(0, limit=2)
+    assert [e.kind for _, e in first] == ["e0", "e1"]
+    rest = store.events_after(first[-1][0])
+    assert [e.kind for _, e in rest] == ["e2", "e3", "e4"]
+    assert store.last_event_seq() == rest[-1][0] and store.events_after(rest[-1][0]) == []
+    store.update(ids[0], state="running")
+    assert store.state_counts() == {"queued": 2, "running": 1}
