@@ -71,6 +71,9 @@ def test_nvml_source_reads_memory_processes_health_and_xids() -> None:
     fake.events.append((1, 79))
     assert [g.recent_xid for g in source.read(NOW + 1)] == [False, True]
     assert [g.recent_xid for g in source.read(NOW + 200)] == [False, False]
+    hot.errors["nvmlDeviceGetTemperature"] = fake.NVMLError_NotSupported()
+    g0 = source.read(NOW + 250)[0]
+    assert g0.up and g0.temperature_c is None  # not offered is not broken
     cool.errors["nvmlDeviceGetMemoryInfo"] = fake.NVMLError_GpuIsLost()
     assert [g.up for g in source.read(NOW + 300)] == [True, False]
     source.close()
