@@ -23,7 +23,7 @@ from pathlib import Path
 from launcher.replay.generate import generate
 from launcher.replay.metrics import ReplayMetrics
 from launcher.replay.run import POLICIES, replay
-from launcher.replay.trace import load_trace, write_trace
+from launcher.replay.trace import Trace, load_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
@@ -148,11 +148,18 @@ def main() -> int:
     ap.add_argument("--tick", type=float, default=60.0, help="engine tick, seconds")
     ap.add_argument("--write-traces", action="store_true")
     ap.add_argument("--out", default="replay-week", help="result file stem in bench/results")
+    ap.add_argument("--notebooks-as-fraction", type=float, metavar="F",
+                    help="what-if: submit every interactive job as this fraction of a GPU")
     args = ap.parse_args()
     if args.write_traces:
         write_traces()
         return 0
     trace = load_trace(args.trace)
+    if args.notebooks_as_fraction:
+        trace = Trace(header=trace.header, jobs=tuple(
+            j.model_copy(update={"gpu_fraction": args.notebooks_as_fraction})
+            if j.interactive else j for j in trace.jobs))
+        print(f"what-if: interactive jobs submitted as {args.notebooks_as_fraction:g} GPU")
     h = trace.header
     print(f"trace {args.trace.name}: {len(trace.jobs)} jobs, {h.gpus} x "
           f"{h.gpu_memory_bytes / 2**30:.0f} GiB GPUs, window {h.window_seconds / 86400:g} d, "
