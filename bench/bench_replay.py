@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 
+from gpu_audit.errors import EXIT_USAGE, ConfigError
 from launcher.replay.generate import generate
 from launcher.replay.metrics import ReplayMetrics
 from launcher.replay.run import POLICIES, replay
@@ -33,9 +34,14 @@ TARGETS = {
     >= 2 * m["fifo-exclusive"].utilisation_window,
     "idle-held GPU-hours <= 1/2 of first-fit": lambda m: m["priority"].idle_held_gpu_hours
     <= 0.5 * m["first-fit"].idle_held_gpu_hours,
-    "urgent p95 wait < 10 min": lambda m: m["priority"].wait["urgent"].p95_s < 600,
+    "urgent p95 wait < 10 min": lambda m: _p95(m["priority"], "urgent") < 600,
     "preemption loss < 2 % of delivered": lambda m: m["priority"].preemption_loss_ratio < 0.02,
 }
+
+
+def _p95(m: ReplayMetrics, cls: str) -> float:
+    w = m.wait.get(cls)
+    return w.p95_s if w is not None else math.nan
 
 
 def write_traces() -> None:
@@ -85,11 +91,11 @@ def ratios(metrics: dict[str, ReplayMetrics]) -> str:
         b = metrics[base]
 
         def r(x: float, y: float) -> str:
-            return f"{x / y:.2f}x" if y else "-"
+            return f"{x / y:.3g}x" if y and not math.isnan(x / y) else "-"
 
         out.append(f"| {base} | {r(p.utilisation_window, b.utilisation_window)} | "
                    f"{r(p.idle_held_gpu_hours, b.idle_held_gpu_hours)} | "
-                   f"{r(p.wait['urgent'].p95_s, b.wait['urgent'].p95_s)} | "
+                   f"{r(_p95(p, 'urgent'), _p95(b, 'urgent'))} | "
                    f"{r(p.makespan_s, b.makespan_s)} |")
     return "\n".join(out)
 
@@ -154,7 +160,11 @@ def main() -> int:
     if args.write_traces:
         write_traces()
         return 0
-    trace = load_trace(args.trace)
+    try:
+        trace = load_trace(args.trace)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
     if args.notebooks_as_fraction:
         trace = Trace(header=trace.header, jobs=tuple(
             j.model_copy(update={"gpu_fraction": args.notebooks_as_fraction})

@@ -163,9 +163,7 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
     hourly = [round(x / (HOUR * header.gpus), 4) for x in hourly]
 
     finished = sum(1 for t in truth.values() if t.finished_at is not None)
-    gave_up = sum(1 for t in truth.values()
-                  if t.finished_at is None and t.exits and t.exits[-1][1] != 0
-                  and t.trace.name in started and _gave_up(t))
+    gave_up = sum(1 for t in truth.values() if t.finished_at is None and _gave_up(t))
     last_exit = max((t.exits[-1][0] for t in truth.values() if t.exits), default=0.0)
 
     waits: dict[str, list[float]] = {u: [] for u in URGENCIES}

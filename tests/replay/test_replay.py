@@ -143,3 +143,15 @@ def test_max_min_fair_share_and_percentile() -> None:
         "a": 10.0, "b": 40.0, "c": 40.0}
     assert percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
     assert percentile(list(range(1, 101)), 95) == 95
+
+
+def test_a_job_that_keeps_crashing_past_its_retries_counts_as_failed() -> None:
+    trace = _trace(_job("bad", 0, runtime=600.0, fails_at=0.2, fail_attempts=5,
+                        max_retries=1, oom=True),
+                   _job("good", 0, runtime=600.0))
+    run = replay(trace, "priority")
+    assert [c for _, c in _exits(run, "bad")] == [1, 1]
+    failed = run.engine.store.events(kind="failed")
+    assert len(failed) == 1 and "out of GPU memory" in failed[0].data["reason"]
+    assert (run.metrics.jobs_finished, run.metrics.jobs_failed,
+            run.metrics.jobs_unfinished) == (1, 1, 0)
