@@ -4,14 +4,17 @@ victim choice, health, the release barrier, identity, authorization, fair share.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
-from launcher.config import EngineConfig, PolicyConfig
+from launcher.config import EngineConfig, LauncherCoreConfig, PolicyConfig
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
-from launcher.engine import BadState, PermissionDenied
+from launcher.engine import BadState, Engine, LauncherError, PermissionDenied
 from launcher.gpustate import GIB
+from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
+from launcher.store import Store
 from tests.launcher.harness import Node
 
 PIPELINE = """
@@ -266,18 +269,24 @@ def test_fractions_pack_by_memory_and_overuse_is_an_event() -> None:
     assert over.data["used_bytes"] == 30 * GIB and over.data["admitted_bytes"] == 16 * GIB
 
 
-def test_lost_gpu_checkpoints_and_requeues_on_a_healthy_one() -> None:
+@pytest.mark.parametrize("fault", ["XID", "lost"])
+def test_gpu_fault_checkpoints_and_requeues_on_a_healthy_one(fault: str) -> None:
     node = Node(gpus=2, default=SimBehaviour(work_seconds=2000, checkpoint_interval_seconds=300))
     (job,) = node.submit("{name: j, command: x, checkpoint_dir: /c}")
     node.run(400)
     first = node.rec(job).gpus[0]
-    node.sim.xid(first, node.now)
+    if fault == "XID":
+        node.sim.xid(first, node.now)
+    else:
+        node.sim.set_up(first, False)
     node.run(4000)
     rec = node.rec(job)
     assert rec.state == "succeeded" and rec.failures == 0 and rec.attempt == 2
     assert rec.gpus != [first]
-    (fault,) = node.store.events(job, "gpu_fault")
-    assert fault.data == {"gpus": [first], "fault": "XID"}
+    (event,) = node.store.events(job, "gpu_fault")
+    assert event.data == {"gpus": [first], "fault": fault}
+    (pre,) = node.store.events(job, "preempted")
+    assert pre.data["reason"] == f"gpu_{fault.lower()}" and pre.data["clean"]
 
 
 def test_only_the_owner_or_an_admin_may_cancel_hold_or_release() -> None:
@@ -319,3 +328,62 @@ def test_fair_share_charges_measured_use_not_allocation() -> None:
     b = node.submit("{name: b, command: x}", uid=2, user="busy")[0]
     view = [j.id for j, _ in node.engine.queue_view()]
     assert view.index(a) < view.index(b)
+
+
+def test_engine_restart_mid_queue_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """A daemon restarted mid-queue (new Store and Engine on the same file; the jobs'
+    processes live on) finishes every job exactly once and keeps the fair-share ledger
+    and the release barrier."""
+    node = Node(gpus=4, store_path=str(tmp_path / "state.db"),
+                default=SimBehaviour(work_seconds=300),
+                behaviours={"leaky": SimBehaviour(work_seconds=85, leak=True)})
+    reap = node.executor.kill_group
+    node.executor.kill_group = lambda _job: None  # type: ignore[method-assign]
+    ids = [node.submit(f"{{name: j{k}, command: x, urgency: {['low', 'high'][k % 2]}}}",
+                       uid=1000 + k % 3, user=f"u{k % 3}")[0] for k in range(11)]
+    ids.append(node.submit("{name: leaky, command: x, urgency: urgent}")[0])
+    node.run(100)  # the leaky job has exited and its worker still holds the GPU
+    assert node.store.barriers()
+    usage = node.engine.ledger.usage("user", "u1", node.now)
+    node.store.close()
+    node.store = Store(str(tmp_path / "state.db"))
+    node.engine = Engine(node.store, Scheduler(node.policy), node.sim, node.executor,
+                         node.clock, LauncherCoreConfig(policy=node.policy))
+    assert node.engine.ledger.usage("user", "u1", node.now) == pytest.approx(usage)
+    assert node.engine.blocked_gpus == {node.store.events(ids[-1], "started")[0].data[
+        "gpus"][0]}
+    node.executor.kill_group = reap  # type: ignore[method-assign]
+    node.run(3000)
+    assert [node.rec(i).state for i in ids] == ["succeeded"] * 12
+    starts = [job for _, job, *_ in node.executor.started]
+    assert sorted(starts) == sorted(ids)  # each exactly once
+
+
+def test_a_job_asking_for_more_gpus_than_the_node_has_is_refused() -> None:
+    node = Node(gpus=2)
+    node.run(10)
+    with pytest.raises(LauncherError, match="this node has 2 GPUs; big asks for more"):
+        node.submit("{name: big, command: x, gpus: 4}")
+
+
+def test_freed_gpus_are_kept_for_the_waiter_not_taken_by_lower_jobs() -> None:
+    """A 2-GPU urgent job preempts both running jobs; the GPUs they free one after the
+    other go to it, not to the low-urgency job waiting behind it."""
+    policy = PolicyConfig(preempt_wait_seconds=60, preempt_min_runtime_seconds=0)
+    node = Node(gpus=2, policy=policy, behaviours={
+        "fast": SimBehaviour(work_seconds=50_000, checkpoint_seconds=2),
+        "slow": SimBehaviour(work_seconds=50_000, checkpoint_seconds=60),
+        "big": SimBehaviour(work_seconds=100)})
+    node.submit("{name: fast, command: x, urgency: low, checkpoint_dir: /c}")
+    node.submit("{name: slow, command: x, urgency: low, checkpoint_dir: /c}")
+    node.run(100)
+    (big,) = node.submit("{name: big, command: x, gpus: 2, urgency: urgent}")
+    node.run(20)
+    (behind,) = node.submit("{name: behind, command: x, urgency: normal}")
+    node.run(300)
+    victims = {e.job_id for e in node.store.events(kind="preempt_signal")}
+    assert len(victims) == 2
+    assert node.rec(big).state in ("running", "succeeded")
+    (big_start,) = _started(node, big)
+    behind_starts = _started(node, behind)
+    assert not behind_starts or behind_starts[0] >= big_start
