@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from gpu_audit.errors import EXIT_USAGE, ConfigError
@@ -29,7 +30,8 @@ from launcher.replay.trace import Trace, load_trace, write_trace
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
 RESULTS = ROOT / "results"
-TARGETS = {
+Metrics = dict[str, ReplayMetrics]
+TARGETS: dict[str, Callable[[Metrics], bool]] = {
     "utilisation >= 2x FIFO": lambda m: m["priority"].utilisation_window
     >= 2 * m["fifo-exclusive"].utilisation_window,
     "idle-held GPU-hours <= 1/2 of first-fit": lambda m: m["priority"].idle_held_gpu_hours
@@ -57,8 +59,12 @@ def _fmt_wait(m: ReplayMetrics, cls: str) -> str:
     return f"{w.mean_s / 60:.1f} / {w.p95_s / 60:.1f}"
 
 
+def _waiter(cls: str) -> Callable[[ReplayMetrics], str]:
+    return lambda m: _fmt_wait(m, cls)
+
+
 def table(metrics: dict[str, ReplayMetrics]) -> str:
-    rows = [
+    rows: list[tuple[str, Callable[[ReplayMetrics], str]]] = [
         ("GPU utilisation, week window", lambda m: f"{m.utilisation_window:.1%}"),
         ("GPU utilisation, until the last job", lambda m: f"{m.utilisation_overall:.1%}"),
         ("busy GPU-hours", lambda m: f"{m.busy_gpu_hours:.0f}"),
@@ -71,8 +77,7 @@ def table(metrics: dict[str, ReplayMetrics]) -> str:
         ("makespan, h", lambda m: f"{m.makespan_s / 3600:.1f}"),
         ("jobs finished / failed / unfinished",
          lambda m: f"{m.jobs_finished} / {m.jobs_failed} / {m.jobs_unfinished}"),
-        *((f"wait {c}, mean / p95 min", lambda m, c=c: _fmt_wait(m, c))
-          for c in ("urgent", "high", "normal", "low")),
+        *((f"wait {c}, mean / p95 min", _waiter(c)) for c in ("urgent", "high", "normal", "low")),
         ("fairness (Jain, 1 = fair)", lambda m: f"{m.fairness_jain:.3f}"),
         ("engine ticks", lambda m: str(m.ticks)),
     ]

@@ -104,11 +104,6 @@ class TraceJob(BaseModel):
     def gpu_share(self) -> float:
         return self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
 
-    @property
-    def effective_util(self) -> float:
-        """Compute share per GPU while running (a notebook's is its own, near zero)."""
-        return self.util
-
 
 class Trace(BaseModel):
     model_config = ConfigDict(frozen=True)
