@@ -51,7 +51,7 @@ class ExecutorError(Exception):
 class Exit:
     """One attempt that ended: what `poll()` reports to the engine."""
 
-    job_id: str
+    job_id: Any
     code: int  # exit status, or -signum when killed by a signal
     time: float
     oom: bool = False
@@ -63,14 +63,14 @@ class Exit:
 class JobEvent:
     """One line of a job's events file (decoded), with the attempt it came from."""
 
-    job_id: str
+    job_id: Any
     attempt: int
     doc: Mapping[str, Any]
 
 
 @dataclass(slots=True)
 class _Attempt:
-    job_id: str
+    job_id: Any
     attempt: int
     proc: subprocess.Popen[bytes]
     pgid: int
@@ -128,26 +128,40 @@ class ProcessExecutor:
         self._allow_root = allow_root_jobs
         self._clock = clock
         self._extra_env = dict(extra_env or {})
-        self._running: dict[str, _Attempt] = {}
+        self._running: dict[Any, _Attempt] = {}
         self._events: list[JobEvent] = []
         self._is_root = os.geteuid() == 0
 
+    @property
+    def allow_root_jobs(self) -> bool:
+        return self._allow_root
+
     # --- paths ---------------------------------------------------------------------------
 
-    def log_paths(self, job_id: str, attempt: int) -> tuple[Path, Path]:
-        d = self._logs / job_id
+    def log_paths(self, job_id: Any, attempt: int) -> tuple[Path, Path]:
+        d = self._logs / str(job_id)
         return d / f"{attempt}.out", d / f"{attempt}.err"
 
-    def events_path(self, job_id: str, attempt: int) -> Path:
-        return self._logs / job_id / f"{attempt}.events.jsonl"
+    def events_path(self, job_id: Any, attempt: int) -> Path:
+        return self._logs / str(job_id) / f"{attempt}.events.jsonl"
 
     # --- identity ------------------------------------------------------------------------
 
-    def _identity(self, spec: Any) -> tuple[int, int, list[int], str, str]:
-        """(uid, gid, groups, user name, home) the attempt runs as."""
+    def _identity(
+        self, spec: Any, env: Mapping[str, str]
+    ) -> tuple[int, int, list[int], str, str]:
+        """(uid, gid, groups, user name, home) the attempt runs as: the submitter, whom the
+        engine names in the job's USER (taken from the socket's peer credentials)."""
         uid_raw = _spec_get(spec, "uid")
         if uid_raw is None:
-            uid_raw = os.geteuid()
+            name = env.get("USER")
+            if not name:
+                raise ExecutorError("the job's environment names no USER to run as")
+            try:
+                uid_raw = pwd.getpwnam(name).pw_uid
+            except KeyError:
+                raise ExecutorError(f"user {name!r} has no passwd entry on this node") \
+                    from None
         uid = int(uid_raw)
         if uid == 0 and not self._allow_root:
             raise ExecutorError(
@@ -170,7 +184,7 @@ class ProcessExecutor:
 
     def start(
         self,
-        job_id: str,
+        job_id: Any,
         attempt: int,
         spec: Any,
         gpus: Sequence[Any],
@@ -179,7 +193,7 @@ class ProcessExecutor:
         """Start one attempt; returns its pid (= process group id). Raises ExecutorError."""
         if job_id in self._running:
             raise ExecutorError(f"job {job_id} already has a running attempt")
-        uid, gid, groups, user, home = self._identity(spec)
+        uid, gid, groups, user, home = self._identity(spec, env)
         out, err = self.log_paths(job_id, attempt)
         events = self.events_path(job_id, attempt)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +205,7 @@ class ProcessExecutor:
             argv = [str(a) for a in (command or [])]
         if not argv:
             raise ExecutorError(f"job {job_id} has no command")
-        cwd_raw = _spec_get(spec, "workdir") or _spec_get(spec, "working_dir") or home
+        cwd_raw = _spec_get(spec, "cwd") or home
         full_env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": home,
@@ -201,6 +215,7 @@ class ProcessExecutor:
         }
         full_env.update(self._extra_env)
         full_env.update(env)
+        full_env["USER"] = full_env["LOGNAME"] = user
         full_env["GPU_AUDIT_EVENTS_FILE"] = str(events)
         # Files the job writes are its own: created by the daemon, handed to the user.
         fds: list[int] = []
@@ -244,7 +259,7 @@ class ProcessExecutor:
                  proc.pid, uid, len(gpus))
         return proc.pid
 
-    def signal(self, job_id: str, signum: int) -> bool:
+    def signal(self, job_id: Any, signum: int) -> bool:
         """Send `signum` to the attempt's whole process group; False when none runs."""
         a = self._running.get(job_id)
         if a is None:
@@ -255,16 +270,16 @@ class ProcessExecutor:
             return False
         return True
 
-    def kill_group(self, job_id: str) -> bool:
+    def kill_group(self, job_id: Any) -> bool:
         """SIGKILL the attempt's process group (the leader may be gone, members not)."""
         return self.signal(job_id, signal.SIGKILL)
 
-    def pid_of(self, job_id: str) -> int | None:
+    def pid_of(self, job_id: Any) -> int | None:
         a = self._running.get(job_id)
         return a.pgid if a is not None else None
 
-    def running(self) -> list[str]:
-        return sorted(self._running)
+    def running(self) -> list[Any]:
+        return list(self._running)
 
     def group_alive(self, pgid: int) -> bool:
         """Any process still in process group `pgid` (leader reaped or not)?"""
@@ -308,7 +323,7 @@ class ProcessExecutor:
         out, self._events = self._events, []
         return out
 
-    def last_checkpoint(self, job_id: str) -> tuple[float | None, int | None]:
+    def last_checkpoint(self, job_id: Any) -> tuple[float | None, int | None]:
         a = self._running.get(job_id)
         if a is None:
             return None, None
