@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exporter.backends.nvml_shim import error_name
+from gpu_audit.nvml_shim import error_name
 from gpu_audit.model.samples import XidEvent
 
 log = logging.getLogger("gpu_audit.nvml")
