@@ -119,15 +119,72 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gpu_audit.errors import LockHeld
     from gpu_audit.logredact import setup_logging
-    from launcher.runtime import build_and_serve
+    from launcher.server import run_daemon
 
     config = load_config(args.config, {
         "state_dir": args.state_dir, "socket": args.socket, "gpus": args.gpus,
         "metrics_listen": args.metrics_listen,
     })
     setup_logging(config.log_level)
-    return build_and_serve(config)
+    _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_daemon(lambda: _build(config), state_dir=config.state_dir,
+                          socket_path=config.socket, socket_mode=config.socket_mode,
+                          socket_group=config.socket_group, admin_group=config.admin_group,
+                          tick_seconds=config.tick_seconds)
+    except LockHeld as exc:
+        print(f"gpu-audit launcher serve: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _gpu_source(text: str) -> Any:
+    from launcher.gpustate import ExporterStatusSource, NvmlSource, SimGpuSource
+
+    kind, _, arg = text.partition(":")
+    if kind == "sim":
+        if not arg.isdigit() or not 0 < int(arg) <= 64:
+            raise ConfigError("launcher", [f"gpus: {text!r}: sim:N needs 1 <= N <= 64"])
+        return SimGpuSource(int(arg))
+    if kind == "exporter" and arg:
+        return ExporterStatusSource(arg)
+    if kind == "nvml" and not arg:
+        return NvmlSource()
+    raise ConfigError("launcher", [f"gpus: {text!r}: one of nvml, sim:N, exporter:URL"])
+
+
+def _build(config: LauncherConfig) -> Any:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from launcher.audit import LauncherAudit
+    from launcher.engine import Engine
+    from launcher.executor import ProcessExecutor, SimGpuBinding
+    from launcher.gpustate import SimGpuSource
+    from launcher.jobmap import JobMapWriter
+    from launcher.scheduler import Scheduler
+    from launcher.service import Service
+    from launcher.store import Store
+    from launcher.telemetry import Telemetry
+
+    gpus = _gpu_source(config.gpus)
+    sim = isinstance(gpus, SimGpuSource)
+    executor = (SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs)
+                if sim else ProcessExecutor(config.state_dir,
+                                            allow_root_jobs=config.allow_root_jobs))
+    store = Store(config.state_dir / "launcher.db")
+    engine = Engine(store, Scheduler(config.core.policy), gpus, executor, time.time,
+                    config.core)
+    telemetry = Telemetry()
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(telemetry)
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    audit = LauncherAudit(config.spool_dir or config.state_dir / "spool", simulated=sim)
+    jobmap = JobMapWriter(config.jobmap_dir) if config.jobmap_dir is not None else None
+    return Service(engine, store, executor, jobmap=jobmap, audit=audit, telemetry=telemetry)
 
 
 # --- clients -------------------------------------------------------------------------

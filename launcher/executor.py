@@ -29,15 +29,22 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from launcher.engine import Exit, Report
+
 log = logging.getLogger(__name__)
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the ckpt helper's "checkpointed, please requeue"
+# The job runs under a small sh that only records its exit status in a file (so a daemon
+# restarted while the job ran still learns how it ended). Its traps are no-op handlers,
+# which exec resets to the default for the job itself: the preemption signal reaches the
+# job unchanged, and the shell outlives it long enough to write the status.
+_WRAPPER = ('trap : USR1 USR2 TERM INT HUP; "$@"; rc=$?; '
+            'printf %s "$rc" > "$GPU_AUDIT_EXIT_FILE"; exit "$rc"')
 _OOM_TEXT = (b"CUDA out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED")
 _STDERR_TAIL_BYTES = 16 * 1024
 _EVENTS_READ_LIMIT = 1024 * 1024
@@ -45,18 +52,6 @@ _EVENTS_READ_LIMIT = 1024 * 1024
 
 class ExecutorError(Exception):
     """An attempt could not be started; the message says why and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class Exit:
-    """One attempt that ended: what `poll()` reports to the engine."""
-
-    job_id: Any
-    code: int  # exit status, or -signum when killed by a signal
-    time: float
-    oom: bool = False
-    last_checkpoint_time: float | None = None
-    last_checkpoint_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +67,7 @@ class JobEvent:
 class _Attempt:
     job_id: Any
     attempt: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None  # None: adopted after a daemon restart
     pgid: int
     uid: int
     started: float
@@ -84,6 +79,7 @@ class _Attempt:
     last_checkpoint_time: float | None = None
     last_checkpoint_step: int | None = None
     preempt_acked: float | None = None
+    pids: set[int] = field(default_factory=set)
 
 
 def _spec_get(spec: Any, name: str, default: Any = None) -> Any:
@@ -130,6 +126,9 @@ class ProcessExecutor:
         self._extra_env = dict(extra_env or {})
         self._running: dict[Any, _Attempt] = {}
         self._events: list[JobEvent] = []
+        self._reports: list[Report] = []
+        self._ended_pids: dict[Any, set[int]] = {}
+        self._injected: list[Exit] = []
         self._is_root = os.geteuid() == 0
 
     @property
@@ -147,26 +146,13 @@ class ProcessExecutor:
 
     # --- identity ------------------------------------------------------------------------
 
-    def _identity(
-        self, spec: Any, env: Mapping[str, str]
-    ) -> tuple[int, int, list[int], str, str]:
-        """(uid, gid, groups, user name, home) the attempt runs as: the submitter, whom the
-        engine names in the job's USER (taken from the socket's peer credentials)."""
-        uid_raw = _spec_get(spec, "uid")
-        if uid_raw is None:
-            name = env.get("USER")
-            if not name:
-                raise ExecutorError("the job's environment names no USER to run as")
-            try:
-                uid_raw = pwd.getpwnam(name).pw_uid
-            except KeyError:
-                raise ExecutorError(f"user {name!r} has no passwd entry on this node") \
-                    from None
-        uid = int(uid_raw)
+    def _identity(self, uid: int) -> tuple[int, list[int], str, str]:
+        """(gid, groups, user name, home) of `uid`, the submitter (from the socket's peer
+        credentials, via the engine); refuses root and identities we cannot take."""
         if uid == 0 and not self._allow_root:
             raise ExecutorError(
                 "refusing to run a job as root (uid 0): submit it as an ordinary user, or set "
-                "launcher allow_root_jobs: true if this node really needs root jobs"
+                "allow_root_jobs: true if this node really needs root jobs"
             )
         try:
             pw = pwd.getpwuid(uid)
@@ -178,101 +164,137 @@ class ProcessExecutor:
                 "run the daemon as root to serve several users"
             )
         groups = os.getgrouplist(pw.pw_name, pw.pw_gid) if self._is_root else []
-        return uid, pw.pw_gid, groups, pw.pw_name, pw.pw_dir
+        return pw.pw_gid, groups, pw.pw_name, pw.pw_dir
+
+    def _open_owned(self, path: Path, uid: int, gid: int) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        if self._is_root:
+            os.fchown(fd, uid, gid)
+        return fd
 
     # --- Executor protocol ---------------------------------------------------------------
 
-    def start(
+    def start(  # noqa: PLR0917 - the engine's Executor protocol
         self,
         job_id: Any,
         attempt: int,
         spec: Any,
         gpus: Sequence[Any],
         env: Mapping[str, str],
-    ) -> int:
-        """Start one attempt; returns its pid (= process group id). Raises ExecutorError."""
+        uid: int,
+    ) -> None:
+        """Start one attempt as `uid` in a new session. Raises ExecutorError."""
         if job_id in self._running:
             raise ExecutorError(f"job {job_id} already has a running attempt")
-        uid, gid, groups, user, home = self._identity(spec, env)
+        gid, groups, user, home = self._identity(uid)
         out, err = self.log_paths(job_id, attempt)
         events = self.events_path(job_id, attempt)
+        status = self.exit_path(job_id, attempt)
         out.parent.mkdir(parents=True, exist_ok=True)
         command = _spec_get(spec, "command")
-        argv: list[str]
-        if isinstance(command, str):
-            argv = ["/bin/sh", "-c", command]
-        else:
-            argv = [str(a) for a in (command or [])]
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else \
+            [str(a) for a in (command or [])]
         if not argv:
             raise ExecutorError(f"job {job_id} has no command")
-        cwd_raw = _spec_get(spec, "cwd") or home
+        cwd = _spec_get(spec, "cwd") or home
         full_env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": home,
-            "LOGNAME": user,
-            "USER": user,
             "LANG": os.environ.get("LANG", "C.UTF-8"),
         }
         full_env.update(self._extra_env)
         full_env.update(env)
         full_env["USER"] = full_env["LOGNAME"] = user
         full_env["GPU_AUDIT_EVENTS_FILE"] = str(events)
-        # Files the job writes are its own: created by the daemon, handed to the user.
+        full_env["GPU_AUDIT_EXIT_FILE"] = str(status)
+        with contextlib.suppress(FileNotFoundError):
+            status.unlink()
         fds: list[int] = []
         try:
-            for path in (out, err, events):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-                fds.append(fd)
-                if self._is_root:
-                    os.fchown(fd, uid, gid)
+            fds = [self._open_owned(p, uid, gid) for p in (out, err, events, status)]
             if self._is_root:
                 os.chown(out.parent, 0, gid)
-                os.chmod(out.parent, 0o750)  # noqa: S103 - the job's group reads its logs
-            popen_kw: dict[str, Any] = {}
+                os.chmod(out.parent, 0o770)  # noqa: S103 - the job's own group, not others
+            kw: dict[str, Any] = {}
             if self._is_root:
-                popen_kw = {"user": uid, "group": gid, "extra_groups": groups}
+                kw = {"user": uid, "group": gid, "extra_groups": groups}
             try:
                 proc = subprocess.Popen(
-                    argv,
-                    cwd=str(cwd_raw),
-                    env=full_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=fds[0],
-                    stderr=fds[1],
-                    start_new_session=True,
-                    close_fds=True,
-                    **popen_kw,
+                    ["/bin/sh", "-c", _WRAPPER, "gpu-audit-job", *argv],
+                    cwd=str(cwd), env=full_env, stdin=subprocess.DEVNULL,
+                    stdout=fds[0], stderr=fds[1], start_new_session=True, close_fds=True,
+                    **kw,
                 )
             except OSError as exc:
                 raise ExecutorError(
-                    f"job {job_id} could not start {argv[0]!r}: {exc.strerror} "
-                    f"(cwd {cwd_raw})"
-                ) from None
+                    f"job {job_id} could not start: {exc.strerror} (cwd {cwd})") from None
         finally:
             for fd in fds:
                 os.close(fd)
+        # pid and start time, so a restarted daemon can find (and trust) the group again
+        self.pid_path(job_id, attempt).write_text(f"{proc.pid} {_start_ticks(proc.pid)}\n")
         self._running[job_id] = _Attempt(
             job_id=job_id, attempt=attempt, proc=proc, pgid=proc.pid, uid=uid,
-            started=self._clock(), stdout=out, stderr=err, events=events,
+            started=self._clock(), stdout=out, stderr=err, events=events, pids={proc.pid},
         )
         log.info("job %s attempt %d started: pid %d as uid %d on %d GPU(s)", job_id, attempt,
                  proc.pid, uid, len(gpus))
-        return proc.pid
 
-    def signal(self, job_id: Any, signum: int) -> bool:
-        """Send `signum` to the attempt's whole process group; False when none runs."""
-        a = self._running.get(job_id)
-        if a is None:
-            return False
+    def adopt(self, job_id: Any, attempt: int) -> bool:
+        """Take over an attempt a previous daemon started, if its process group still runs
+        (same leader pid and start time); False when it is gone."""
         try:
-            os.killpg(a.pgid, signum)
-        except ProcessLookupError:
+            pid_s, ticks_s = self.pid_path(job_id, attempt).read_text().split()
+            pid, ticks = int(pid_s), int(ticks_s)
+        except (OSError, ValueError):
             return False
+        if _start_ticks(pid) != ticks or not self.group_alive(pid):
+            return False
+        out, err = self.log_paths(job_id, attempt)
+        a = _Attempt(job_id=job_id, attempt=attempt, proc=None, pgid=pid, uid=-1,
+                     started=self._clock(), stdout=out, stderr=err,
+                     events=self.events_path(job_id, attempt), pids={pid})
+        self._skip_old_events(a)
+        self._running[job_id] = a
+        log.info("job %s attempt %d adopted: process group %d still runs", job_id, attempt, pid)
         return True
 
-    def kill_group(self, job_id: Any) -> bool:
+    def finished_while_away(self, job_id: Any, attempt: int) -> Exit | None:
+        """How an attempt that ended while no daemon ran ended, from its exit-status file
+        (None: it left none, i.e. it was killed)."""
+        try:
+            code = int(self.exit_path(job_id, attempt).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        t, step = read_checkpoint_events(self.events_path(job_id, attempt))
+        try:
+            when = self.exit_path(job_id, attempt).stat().st_mtime
+        except OSError:
+            when = self._clock()
+        return Exit(job_id=job_id, code=code, time=when, oom=False,
+                    last_checkpoint_time=t, last_checkpoint_step=step)
+
+    def inject_exit(self, exit_: Exit) -> None:
+        """Report `exit_` at the next poll (an attempt that ended while no daemon ran)."""
+        self._injected.append(exit_)
+
+    def signal(self, job_id: Any, signum: int) -> None:
+        """Send `signum` to the attempt's whole process group (nothing when none runs)."""
+        a = self._running.get(job_id)
+        if a is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(a.pgid, signum)
+
+    def kill_group(self, job_id: Any) -> None:
         """SIGKILL the attempt's process group (the leader may be gone, members not)."""
-        return self.signal(job_id, signal.SIGKILL)
+        self.signal(job_id, signal.SIGKILL)
+
+    def pids(self, job_id: Any) -> set[int]:
+        a = self._running.get(job_id)
+        if a is not None:
+            return set(a.pids)
+        return set(self._ended_pids.get(job_id, ()))
 
     def pid_of(self, job_id: Any) -> int | None:
         a = self._running.get(job_id)
@@ -291,48 +313,63 @@ class ProcessExecutor:
             return True
         return True
 
+    def reports(self) -> list[Report]:
+        """What the jobs reported (checkpoints, telemetry, anomalies) since the last call."""
+        for a in self._running.values():
+            self._tail_events(a)
+        out, self._reports = self._reports, []
+        return out
+
     def poll(self) -> list[Exit]:
-        """Reap every attempt that ended (never blocks) and tail events files."""
-        exits: list[Exit] = []
+        """Reap every attempt that ended (never blocks)."""
+        exits, self._injected = self._injected, []
+        members = _group_members({a.pgid for a in self._running.values()})
         for job_id, a in list(self._running.items()):
+            a.pids |= members.get(a.pgid, set())
             self._tail_events(a)
-            code = a.proc.poll()
-            if code is None:
-                continue
+            if a.proc is not None:
+                code = a.proc.poll()
+                if code is None:
+                    continue
+                if code < 0:
+                    code = 128 - code  # killed by a signal: the shell's convention
+            else:
+                if self.group_alive(a.pgid):
+                    continue
+                done = self.finished_while_away(job_id, a.attempt)
+                code = done.code if done is not None else 128 + signal.SIGKILL
             self._tail_events(a)
-            # The leader is gone; anything it left in its group is killed now (the release
-            # barrier checks GPU memory on top of this).
+            # the leader is gone; what it left in its group is killed now (the engine's
+            # release barrier checks the GPUs on top of this)
             if self.group_alive(a.pgid):
                 log.warning("job %s: processes left in group %d after exit; killing them",
                             job_id, a.pgid)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(a.pgid, signal.SIGKILL)
-            oom = self._oom_hint(a, code)
             del self._running[job_id]
+            self._ended_pids[job_id] = a.pids
             exits.append(Exit(
-                job_id=job_id, code=code, time=self._clock(), oom=oom,
+                job_id=job_id, code=code, time=self._clock(), oom=self._oom_hint(a, code),
                 last_checkpoint_time=a.last_checkpoint_time,
                 last_checkpoint_step=a.last_checkpoint_step,
             ))
         return exits
 
     def drain_events(self) -> list[JobEvent]:
-        """Events read from running and just-exited attempts since the last call."""
-        for a in self._running.values():
-            self._tail_events(a)
+        """Raw event lines read since the last call (for telemetry)."""
         out, self._events = self._events, []
         return out
 
-    def last_checkpoint(self, job_id: Any) -> tuple[float | None, int | None]:
-        a = self._running.get(job_id)
-        if a is None:
-            return None, None
-        return a.last_checkpoint_time, a.last_checkpoint_step
-
     # --- internals -----------------------------------------------------------------------
 
+    def pid_path(self, job_id: Any, attempt: int) -> Path:
+        return self._logs / str(job_id) / f"{attempt}.pid"
+
+    def exit_path(self, job_id: Any, attempt: int) -> Path:
+        return self._logs / str(job_id) / f"{attempt}.exit"
+
     def _oom_hint(self, a: _Attempt, code: int) -> bool:
-        if code in (137, -signal.SIGKILL):
+        if code == 128 + signal.SIGKILL:
             kills = _cgroup_oom_kills(os.getpid())
             if kills:
                 return True
@@ -344,6 +381,13 @@ class ProcessExecutor:
         except OSError:
             return False
         return any(t in tail for t in _OOM_TEXT)
+
+    def _skip_old_events(self, a: _Attempt) -> None:
+        """An adopted attempt's events before now were reported to the previous daemon;
+        only its newest checkpoint is taken from them."""
+        a.last_checkpoint_time, a.last_checkpoint_step = read_checkpoint_events(a.events)
+        with contextlib.suppress(OSError):
+            a.events_offset = a.events.stat().st_size
 
     def _tail_events(self, a: _Attempt) -> None:
         try:
@@ -357,8 +401,7 @@ class ProcessExecutor:
         if not data:
             return
         a.events_offset += len(data)
-        data = a.events_partial + data
-        lines = data.split(b"\n")
+        lines = (a.events_partial + data).split(b"\n")
         a.events_partial = lines.pop()  # an unfinished last line waits for its newline
         for line in lines:
             if not line.strip():
@@ -372,19 +415,58 @@ class ProcessExecutor:
             self._note(a, doc)
             self._events.append(JobEvent(a.job_id, a.attempt, doc))
 
-    @staticmethod
-    def _note(a: _Attempt, doc: Mapping[str, Any]) -> None:
+    def _note(self, a: _Attempt, doc: Mapping[str, Any]) -> None:
         event = doc.get("event")
+        t = doc.get("time")
+        when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) \
+            else self._clock()
+        data = {k: v for k, v in doc.items() if k not in ("event", "time")}
         if event == "checkpoint_committed":
-            t, step = doc.get("time"), doc.get("step")
-            if isinstance(t, int | float) and not isinstance(t, bool):
-                a.last_checkpoint_time = float(t)
+            step = doc.get("step")
+            a.last_checkpoint_time = when
             if isinstance(step, int) and not isinstance(step, bool):
                 a.last_checkpoint_step = step
+            self._reports.append(Report(a.job_id, when, "checkpoint", data))
+        elif event == "metrics":
+            self._reports.append(Report(a.job_id, when, "telemetry", data))
+        elif event == "anomaly":
+            self._reports.append(Report(a.job_id, when, "anomaly", data))
         elif event == "preempt_requested":
-            t = doc.get("time")
-            if isinstance(t, int | float) and not isinstance(t, bool):
-                a.preempt_acked = float(t)
+            a.preempt_acked = when
+
+
+def _start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks (field 22 of /proc/<pid>/stat); -1 if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _group_members(pgids: set[int]) -> dict[int, set[int]]:
+    """pid sets of the given process groups, from /proc (for the release barrier)."""
+    out: dict[int, set[int]] = {}
+    if not pgids:
+        return out
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            pgrp = int(stat.rsplit(")", 1)[1].split()[2])
+        except (OSError, IndexError, ValueError):
+            continue
+        if pgrp in pgids:
+            out.setdefault(pgrp, set()).add(int(name))
+    return out
 
 
 def read_checkpoint_events(path: Path) -> tuple[float | None, int | None]:
@@ -407,3 +489,34 @@ def read_checkpoint_events(path: Path) -> tuple[float | None, int | None]:
             if isinstance(step, int) and not isinstance(step, bool):
                 last_step = step
     return last_t, last_step
+
+
+class SimGpuBinding(ProcessExecutor):
+    """A ProcessExecutor whose real jobs show up on simulated GPUs (`gpus: sim:N`): each
+    started attempt's leader appears on its GPUs with its admitted memory (default 1 GiB)
+    and disappears when it exits, so placement, fair share and the release barrier see
+    the launched jobs' usage without a GPU."""
+
+    def __init__(self, state_dir: Path, sim: Any, *, default_bytes: int = 1 << 30,
+                 **kw: Any) -> None:
+        super().__init__(state_dir, **kw)
+        self._sim = sim
+        self._default = default_bytes
+
+    def start(  # noqa: PLR0917 - the engine's Executor protocol
+        self, job_id: Any, attempt: int, spec: Any, gpus: Sequence[Any],
+        env: Mapping[str, str], uid: int,
+    ) -> None:
+        super().start(job_id, attempt, spec, gpus, env, uid)
+        pid = self.pid_of(job_id)
+        limit = env.get("GPU_AUDIT_GPU_MEMORY_LIMIT_BYTES")
+        used = int(limit) if limit and limit.isdigit() else self._default
+        for g in gpus:
+            if pid is not None:
+                self._sim.add_process(g.uuid, pid, used)
+
+    def poll(self) -> list[Exit]:
+        exits = super().poll()
+        for e in exits:
+            self._sim.remove_pids(self.pids(e.job_id))
+        return exits

@@ -36,12 +36,8 @@ import orjson
 
 from gpu_audit.lockfile import ProcessLock
 from launcher import protocol
-from launcher.audit import LauncherAudit, environment_fingerprint
-from launcher.executor import JobEvent, ProcessExecutor
-from launcher.jobmap import JobMapWriter
 from launcher.peer import Caller, admin_gid, peer_of
 from launcher.service import Service
-from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +215,7 @@ class Daemon:
 
 
 def run_daemon(
-    service: Service,
+    build: Callable[[], Service],
     *,
     state_dir: Path,
     socket_path: Path,
@@ -228,12 +224,15 @@ def run_daemon(
     admin_group: str | None,
     tick_seconds: float,
 ) -> int:
+    """Take the single-instance lock, then build the service (opening the store only
+    under the lock) and serve until SIGTERM/SIGINT."""
     lock = ProcessLock.acquire(state_dir / "launcher.lock", f"launcher state {state_dir}")
+    try:
+        service = build()
+    except BaseException:
+        lock.release()
+        raise
     daemon = Daemon(service, socket_path=socket_path, socket_mode=socket_mode,
                     socket_group=socket_group, admin_group=admin_group,
                     tick_seconds=tick_seconds, lock=lock)
     return daemon.serve()
-
-
-__all__ = ["Daemon", "JobEvent", "JobMapWriter", "LauncherAudit", "ProcessExecutor",
-           "Telemetry", "environment_fingerprint", "run_daemon"]

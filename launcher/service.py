@@ -18,39 +18,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpu_audit.errors import ConfigError
 from launcher import protocol
 from launcher.audit import LauncherAudit, environment_fingerprint
-from launcher.engine import Engine, PermissionDenied
+from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
 from launcher.executor import ProcessExecutor
 from launcher.jobmap import JobMapWriter
 from launcher.peer import Caller
-from launcher.policy import priority
 from launcher.spec import load_submission
-from launcher.store import ACTIVE, TERMINAL, WAITING, JobRecord, Store
+from launcher.store import ACTIVE, TERMINAL, Event, JobRecord, Store
 from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
 _LOG_CHUNK = 256 * 1024
-_EXIT_CLASS = {"succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled",
-               "timed_out": "timed_out"}
-
-
-@dataclass
-class _Seen:
-    state: str
-    attempt: int
 
 
 class Service:
     """The engine, its store and executor, and the side outputs the daemon maintains."""
 
-    def __init__(  # noqa: PLR0913 - the daemon's parts, wired by the app layer
+    def __init__(
         self,
         engine: Engine,
         store: Store,
@@ -68,18 +58,37 @@ class Service:
         self.audit = audit
         self.telemetry = telemetry
         self._clock = clock
-        self._seen: dict[int, _Seen] = {}
+        self._events_seen = 0
+        self._mapped: dict[int, set[int]] = {}  # job -> pids its mapping file lists
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Recover after a restart, and learn the jobs' states without re-announcing them."""
-        self.engine.recover()
-        for job in self.store.jobs():
-            self._seen[job.id] = _Seen(job.state, job.attempt)
-            if job.state in ACTIVE:
+        """Recover after a restart: adopt attempts whose process group still runs, take the
+        outcome of those that ended while no daemon ran from their exit-status file, and
+        requeue the ones that vanished without one (killed with the node, say). Never
+        starts an attempt twice: an adopted job stays running, a requeued one runs again
+        only through the scheduler, with the next attempt number."""
+        self._events_seen = len(self.store.events())
+        now = self._clock()
+        for job in self.store.jobs(ACTIVE):
+            if self.executor.adopt(job.id, job.attempt):
                 self.telemetry.job_started(job.id, job.name, job.user, job.project,
                                            job.attempt)
+                self._mapped[job.id] = set()
+                continue
+            done = self.executor.finished_while_away(job.id, job.attempt)
+            if done is not None:
+                self.executor.inject_exit(done)
+                continue
+            with self.store.transaction():
+                self.store.update(job.id, state="requeued", queued_at=now, backoff_until=now,
+                                  finished_at=now, preempt_signal_at=None,
+                                  reason="its process was gone when the launcher restarted")
+                self.store.add_event(Event(now, job.id, "requeued", {
+                    "reason": "lost_on_restart", "attempt": job.attempt}))
+            log.warning("job %d attempt %d was gone after the restart: requeued", job.id,
+                        job.attempt)
         self._after_tick()
 
     def close(self) -> None:
@@ -94,103 +103,109 @@ class Service:
     # --- after each tick -----------------------------------------------------------------
 
     def _after_tick(self) -> None:
-        now = self._clock()
-        for ev in self.executor.drain_events():
-            self.telemetry.job_event(ev.job_id, ev.doc)
-            if ev.doc.get("event") == "checkpoint_committed":
-                job = self.store.get(ev.job_id)
-                if job is not None:
-                    self._emit("job_checkpoint_committed", job, {
-                        "checkpoint_step": ev.doc.get("step"),
-                        "checkpoint_time": ev.doc.get("time"),
-                        "checkpoint_path": ev.doc.get("path"),
-                    })
+        for line in self.executor.drain_events():
+            self.telemetry.job_event(line.job_id, line.doc)
+        events = self.store.events()
+        new, self._events_seen = events[self._events_seen:], len(events)
+        for ev in new:
+            self._on_event(ev)
         counts: dict[str, int] = {}
         for job in self.store.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1
-            seen = self._seen.get(job.id)
-            if seen is not None and seen.state == job.state and seen.attempt == job.attempt:
-                continue
-            self._transition(job, seen)
-            self._seen[job.id] = _Seen(job.state, job.attempt)
         self.telemetry.set_states(counts)
-        if self.jobmap is not None:
-            self.jobmap.sweep()
-        del now
+        self._refresh_jobmap()
 
-    def _transition(self, job: JobRecord, seen: _Seen | None) -> None:
-        if seen is None:
-            self._emit("job_queued", job, {"state": job.state})
-        started = job.state in ACTIVE and (seen is None or seen.state not in ACTIVE
-                                           or seen.attempt != job.attempt)
-        if seen is not None and seen.state in ACTIVE and (
-                job.state not in ACTIVE or seen.attempt != job.attempt):
-            self._ended(job, seen)
-        if started:
-            self._started(job)
-
-    def _started(self, job: JobRecord) -> None:
-        pid = self.executor.pid_of(job.id)
-        event = "job_resumed" if job.attempt > 1 else "job_started"
-        self._emit(event, job, {
-            "fingerprint": environment_fingerprint(job.spec.env),
-            "checkpoint_step": job.last_checkpoint_step,
-        })
-        self.telemetry.job_started(job.id, job.name, job.user, job.project, job.attempt)
-        if self.jobmap is not None:
-            self.jobmap.started(str(job.id), user=job.user, project=job.project,
-                                gpus=job.gpus, pids=[pid] if pid else [],
-                                start_time=job.started_at or self._clock(),
-                                attempt=job.attempt)
-
-    def _ended(self, job: JobRecord, seen: _Seen) -> None:
-        self.telemetry.job_ended(job.id)
-        if self.jobmap is not None:
-            self.jobmap.ended(str(job.id))
-        if job.state in WAITING and job.exit_code == 75:  # noqa: PLR2004 - EXIT_PREEMPTED
-            s2c, c2e = self._preempt_latencies(job)
-            self.telemetry.preemption("checkpointed", s2c, c2e, job.lost_gpu_seconds)
-            self._emit("job_preempted", job, {
-                "signal_to_commit_seconds": s2c, "commit_to_exit_seconds": c2e,
-                "lost_gpu_seconds": job.lost_gpu_seconds, "exit_code": job.exit_code,
-                "exit_class": "preempted", "reason": job.preempt_reason or None,
-                "checkpoint_step": job.last_checkpoint_step,
-            })
+    def _refresh_jobmap(self) -> None:
+        if self.jobmap is None:
             return
-        if job.state in TERMINAL or job.state in WAITING:
-            exit_class = _EXIT_CLASS.get(job.state, "failed")
-            if job.reason and "memory" in job.reason.lower():
+        for job_id in list(self._mapped):
+            pids = self.executor.pids(job_id)
+            if job_id in self.executor.running() and pids != self._mapped[job_id]:
+                job = self.store.get(job_id)
+                if job is not None:
+                    self._mapped[job_id] = pids
+                    self.jobmap.started(str(job.id), user=job.user, project=job.project,
+                                        gpus=job.gpus, pids=sorted(pids),
+                                        start_time=job.started_at or self._clock(),
+                                        attempt=job.attempt)
+        self.jobmap.sweep()
+
+    def _on_event(self, ev: Event) -> None:
+        if ev.job_id is None:
+            return
+        job = self.store.get(ev.job_id)
+        if job is None:
+            return
+        d = ev.data
+        if ev.kind == "queued":
+            self._emit("job_queued", job, {"state": "queued"}, ev.time)
+        elif ev.kind in ("started", "resumed"):
+            self._emit(f"job_{ev.kind}", job, {
+                "attempt": d.get("attempt"), "gpus": d.get("gpus"),
+                "fingerprint": environment_fingerprint(job.spec.env),
+                "checkpoint_step": d.get("checkpoint_step"), "state": "running"}, ev.time)
+            self.telemetry.job_started(job.id, job.name, job.user, job.project,
+                                       int(d.get("attempt") or job.attempt))
+            self.telemetry.decision("start")
+            if self.jobmap is not None:
+                self._mapped[job.id] = set()
+        elif ev.kind == "preempt_signal":
+            self.telemetry.decision("preempt")
+        elif ev.kind == "checkpoint_committed":
+            self._emit("job_checkpoint_committed", job, {
+                "checkpoint_step": d.get("step"), "checkpoint_time": ev.time,
+                "checkpoint_path": d.get("path")}, ev.time)
+        elif ev.kind == "preempted":
+            self._attempt_ended(job)
+            outcome = "checkpointed" if d.get("clean") else "killed"
+            self.telemetry.preemption(outcome, d.get("signal_to_commit_seconds"),
+                                      d.get("commit_to_exit_seconds"),
+                                      float(d.get("lost_gpu_seconds") or 0.0))
+            self._emit("job_preempted", job, {
+                "attempt": d.get("attempt"), "exit_code": d.get("code"),
+                "exit_class": "preempted", "reason": d.get("reason"),
+                "signal_to_commit_seconds": d.get("signal_to_commit_seconds"),
+                "commit_to_exit_seconds": d.get("commit_to_exit_seconds"),
+                "lost_gpu_seconds": d.get("lost_gpu_seconds"),
+                "allocated_gpu_seconds": d.get("allocated_gpu_seconds"),
+                "checkpoint_step": d.get("checkpoint_step"), "state": "requeued"}, ev.time)
+        elif ev.kind in ("succeeded", "failed", "cancelled", "timed_out", "requeued"):
+            self._attempt_ended(job)
+            if "code" not in d and ev.kind == "requeued":
+                return  # requeued after a restart: no attempt outcome to report
+            self.telemetry.lost(float(d.get("lost_gpu_seconds") or 0.0))
+            exit_class = ev.kind if ev.kind != "requeued" else "failed"
+            if d.get("kind") == "oom":
                 exit_class = "oom"
             self._emit("job_finished", job, {
-                "exit_code": job.exit_code, "exit_class": exit_class,
-                "allocated_gpu_seconds": job.allocated_gpu_seconds,
-                "lost_gpu_seconds": job.lost_gpu_seconds or None,
-                "reason": job.reason or None,
-            })
-        del seen
+                "attempt": d.get("attempt"), "exit_code": d.get("code"),
+                "exit_class": exit_class, "reason": d.get("reason") or None,
+                "allocated_gpu_seconds": d.get("allocated_gpu_seconds"),
+                "lost_gpu_seconds": d.get("lost_gpu_seconds"), "state": ev.kind}, ev.time)
 
-    def _preempt_latencies(self, job: JobRecord) -> tuple[float | None, float | None]:
-        sig = job.preempt_signal_at
-        commit = job.last_checkpoint_time
-        exit_at = job.finished_at
-        s2c = commit - sig if sig is not None and commit is not None and commit >= sig \
-            else None
-        c2e = exit_at - commit if commit is not None and exit_at is not None and s2c \
-            is not None else None
-        return (max(0.0, s2c) if s2c is not None else None,
-                max(0.0, c2e) if c2e is not None else None)
+    def _attempt_ended(self, job: JobRecord) -> None:
+        self.telemetry.job_ended(job.id)
+        if self.jobmap is not None and self._mapped.pop(job.id, None) is not None:
+            self.jobmap.ended(str(job.id))
 
-    def _emit(self, event: str, job: JobRecord, extra: Mapping[str, Any]) -> None:
+    def _emit(self, event: str, job: JobRecord, extra: Mapping[str, Any], at: float) -> None:
         if self.audit is None:
             return
         part: dict[str, Any] = {
             "id": str(job.id), "attempt": job.attempt, "user": job.user, "uid": job.uid,
             "project": job.project, "department": job.spec.department,
             "gpus": list(job.gpus) or None, "gpu_fraction": job.spec.gpu_fraction,
-            "state": job.state,
         }
         part.update({k: v for k, v in extra.items() if v is not None})
-        self.audit.emit(event, part)
+        if not isinstance(part.get("exit_code"), int):
+            part.pop("exit_code", None)
+        for key in ("signal_to_commit_seconds", "commit_to_exit_seconds", "lost_gpu_seconds",
+                    "allocated_gpu_seconds"):
+            if key in part:
+                part[key] = max(0.0, float(part[key]))
+        if not isinstance(part.get("checkpoint_step"), int) or part["checkpoint_step"] < 0:
+            part.pop("checkpoint_step", None)
+        self.audit.emit(event, part, at=at)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -243,21 +258,23 @@ class Service:
             specs = [s if s.cwd and Path(s.cwd).is_absolute() else
                      s.model_copy(update={"cwd": str(Path(cwd) / (s.cwd or "."))})
                      for s in specs]
-        ids = self.engine.submit(specs, uid=caller.uid, user=caller.user)
+        try:
+            ids = self.engine.submit(specs, uid=caller.uid, user=caller.user)
+        except PermissionDenied as exc:
+            return protocol.error("denied", str(exc))
+        except LauncherError as exc:
+            return protocol.error("invalid", str(exc))
         self._after_tick()
         return {"ok": True, "ids": list(ids), "names": [s.name for s in specs]}
 
     def _queue(self, caller: Caller) -> dict[str, Any]:
         del caller  # the queue is public on the node, like squeue
-        now = self._clock()
         rows = []
-        for job in self.store.jobs():
-            if job.state in TERMINAL:
-                continue
+        for job in self.store.jobs(ACTIVE):
+            rows.append(_summary(job))
+        for job, breakdown in self.engine.queue_view(self._clock()):
             row = _summary(job)
-            if job.state in WAITING or job.state == "held":
-                row["priority"] = priority(self.engine.policy, job, now,
-                                           self.engine.ledger).as_dict()
+            row["priority"] = breakdown.as_dict()
             rows.append(row)
         return {"ok": True, "jobs": rows}
 
@@ -314,10 +331,12 @@ class Service:
         action = {"cancel": self.engine.cancel, "hold": self.engine.hold,
                   "release": self.engine.release}[op]
         try:
-            action(job_id, uid=caller.uid, admin=caller.admin)
+            action(job_id, caller.uid, caller.admin)
         except PermissionDenied as exc:
             return protocol.error("denied", str(exc))
-        except ValueError as exc:
+        except UnknownJob as exc:
+            return protocol.error("not_found", str(exc))
+        except BadState as exc:
             return protocol.error("bad_request", str(exc))
         self._after_tick()
         job = self.store.get(job_id)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +17,12 @@ from tests.launcher_runtime.users import ALICE, job_python, local_user, shared_d
 PY = job_python()
 
 
+def ALICE_UID() -> int:
+    return local_user(ALICE).pw_uid
+
+
 @pytest.fixture
-def tmp_path() -> Iterator[Path]:  # noqa: PT004 - shadows pytest's: the jobs' users must enter it
+def tmp_path() -> Iterator[Path]:
     d = shared_dir()
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -46,9 +50,10 @@ def test_job_runs_as_submitter_with_its_groups_and_env(tmp_path: Path) -> None:
     ex = ProcessExecutor(tmp_path / "state")
     script = ("import os,json;print(json.dumps([os.getuid(),os.geteuid(),os.getgid(),"
               "os.getgroups(),os.environ['JOB_ID'],os.environ['USER'],"
-              "os.environ['GPU_AUDIT_EVENTS_FILE'],os.getpgid(0)==os.getpid()]))")
-    pid = ex.start(7, 1, _spec([PY, "-c", script], tmp_path), [],
-                   {"JOB_ID": "7", "USER": ALICE})
+              "os.environ['GPU_AUDIT_EVENTS_FILE'],"
+              f"os.getpgid(0)==os.getsid(0)!={os.getsid(0)}]))")
+    ex.start(7, 1, _spec([PY, "-c", script], tmp_path), [], {"JOB_ID": "7", "USER": "x"},
+             pw.pw_uid)
     (exit_,) = _wait_exit(ex, 7)
     assert exit_.code == 0 and exit_.job_id == 7
     out, _ = ex.log_paths(7, 1)
@@ -60,8 +65,8 @@ def test_job_runs_as_submitter_with_its_groups_and_env(tmp_path: Path) -> None:
     assert set(groups) == set(os.getgrouplist(ALICE, pw.pw_gid))
     assert (job_env, user_env) == ("7", ALICE)
     assert events == str(ex.events_path(7, 1))
-    assert leader, "the job is not the leader of its own process group"
-    assert pid > 0
+    assert leader, "the job is not in its own session and process group"
+    assert ex.pids(7), "the job's pids are remembered for the release barrier"
     assert out.stat().st_uid == pw.pw_uid
 
 
@@ -71,7 +76,7 @@ def test_root_jobs_are_refused_unless_configured(tmp_path: Path) -> None:
         pytest.skip("needs root: a non-root daemon cannot be asked to run root jobs")
     ex = ProcessExecutor(tmp_path / "state")
     with pytest.raises(ExecutorError, match="refusing to run a job as root"):
-        ex.start(1, 1, _spec(["true"], tmp_path), [], {"USER": "root"})
+        ex.start(1, 1, _spec(["true"], tmp_path), [], {}, 0)
     assert ex.running() == []
 
 
@@ -83,15 +88,15 @@ def test_kill_group_reaches_grandchildren_and_poll_reaps(tmp_path: Path) -> None
     pidfile = tmp_path / "child.pid"
     script = (f"import subprocess,time;p=subprocess.Popen(['sleep','60']);"
               f"open({str(pidfile)!r},'w').write(str(p.pid));time.sleep(60)")
-    ex.start(3, 1, _spec([PY, "-c", script], tmp_path), [], {"USER": ALICE})
+    ex.start(3, 1, _spec([PY, "-c", script], tmp_path), [], {}, ALICE_UID())
     deadline = time.monotonic() + 20
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline, "the job never forked its child"
         time.sleep(0.02)
     child = int(pidfile.read_text())
-    assert ex.kill_group(3)
+    ex.kill_group(3)
     (exit_,) = _wait_exit(ex, 3)
-    assert exit_.code == -signal.SIGKILL
+    assert exit_.code == 128 + signal.SIGKILL
     deadline = time.monotonic() + 10
     while Path(f"/proc/{child}").exists():
         stat = Path(f"/proc/{child}/stat").read_text(errors="replace")
@@ -120,20 +125,22 @@ def test_preemption_signal_checkpoint_and_exit_75(tmp_path: Path) -> None:
         "ev.write(json.dumps({'event':'checkpoint_committed','step':step,'time':time.time(),"
         "'path':'/x'})+'\\n'); ev.flush()\n"
         "raise SystemExit(75)\n")
-    ex.start(5, 2, _spec([PY, "-c", script], tmp_path), [], {"USER": ALICE})
+    ex.start(5, 2, _spec([PY, "-c", script], tmp_path), [], {}, ALICE_UID())
     deadline = time.monotonic() + 20
     seen = []
     while not any(e.doc.get("event") == "metrics" for e in seen):
         assert time.monotonic() < deadline
         seen += ex.drain_events()
+        ex.reports()
         time.sleep(0.02)
     sent = time.time()
-    assert ex.signal(5, signal.SIGUSR1)
+    ex.signal(5, signal.SIGUSR1)
     (exit_,) = _wait_exit(ex, 5)
     assert exit_.code == 75
     assert exit_.last_checkpoint_step is not None and exit_.last_checkpoint_step > 0
     assert exit_.last_checkpoint_time is not None and exit_.last_checkpoint_time >= sent
     events = [e.doc["event"] for e in seen + ex.drain_events()]
+    assert {r.kind for r in ex.reports()} >= {"checkpoint"}
     assert "checkpoint_committed" in events and all(e.attempt == 2 for e in seen)
 
 
@@ -143,9 +150,9 @@ def test_oom_hint_from_stderr(tmp_path: Path) -> None:
     tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     script = "import sys;sys.stderr.write('RuntimeError: CUDA out of memory.\\n');sys.exit(1)"
-    ex.start(9, 1, _spec([PY, "-c", script], tmp_path), [], {"USER": ALICE})
+    ex.start(9, 1, _spec([PY, "-c", script], tmp_path), [], {}, ALICE_UID())
     (exit_,) = _wait_exit(ex, 9)
     assert (exit_.code, exit_.oom) == (1, True)
-    ex.start(10, 1, _spec([PY, "-c", "raise SystemExit(1)"], tmp_path), [], {"USER": ALICE})
+    ex.start(10, 1, _spec([PY, "-c", "raise SystemExit(1)"], tmp_path), [], {}, ALICE_UID())
     (exit_,) = _wait_exit(ex, 10)
     assert (exit_.code, exit_.oom) == (1, False)
