@@ -114,8 +114,18 @@ class Checkpointer:
         """Unix time after which the job will be killed, once a preemption was requested."""
         return self.flag.deadline
 
+    def _ack(self, step: int | None) -> None:
+        """The loop has seen the request: tell the launcher once (signal-to-ack latency)."""
+        if not self._acked:
+            self._acked = True
+            self.events.emit(
+                "preempt_requested", step=step, signal=self.flag.signal_name,
+                signal_time=self.flag.signal_time, deadline=self.flag.deadline,
+            )
+
     def exit_preempted(self) -> NoReturn:
         """Report and exit with EXIT_PREEMPTED (75); call after save() on preemption."""
+        self._ack(self.last_saved_step)
         self.events.emit("preempt_exit", step=self.last_saved_step, code=EXIT_PREEMPTED)
         self.events.close()
         sys.stdout.flush()
@@ -146,12 +156,7 @@ class Checkpointer:
     def should_checkpoint(self, step: int) -> bool:
         """True at a step boundary where a checkpoint is due: preemption, anomaly or period."""
         if self.flag.requested:
-            if not self._acked:
-                self._acked = True
-                self.events.emit(
-                    "preempt_requested", step=step, signal=self.flag.signal_name,
-                    signal_time=self.flag.signal_time, deadline=self.flag.deadline,
-                )
+            self._ack(step)
             return self.last_saved_step != step
         if self._anomaly is not None:
             return True
