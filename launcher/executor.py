@@ -304,14 +304,15 @@ class ProcessExecutor:
         return list(self._running)
 
     def group_alive(self, pgid: int) -> bool:
-        """Any process still in process group `pgid` (leader reaped or not)?"""
+        """Any live (not zombie) process still in process group `pgid`? A zombie is dead:
+        an orphaned job's leader stays one where nothing reaps it (no init in a container)."""
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
-        return True
+            pass
+        return bool(_group_members({pgid}).get(pgid))
 
     def reports(self) -> list[Report]:
         """What the jobs reported (checkpoints, telemetry, anomalies) since the last call."""
@@ -448,7 +449,7 @@ def _start_ticks(pid: int) -> int:
 
 
 def _group_members(pgids: set[int]) -> dict[int, set[int]]:
-    """pid sets of the given process groups, from /proc (for the release barrier)."""
+    """Live (not zombie) pids of the given process groups, from /proc."""
     out: dict[int, set[int]] = {}
     if not pgids:
         return out
@@ -460,11 +461,11 @@ def _group_members(pgids: set[int]) -> dict[int, set[int]]:
         if not name.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            pgrp = int(stat.rsplit(")", 1)[1].split()[2])
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            state, pgrp = fields[0], int(fields[2])
         except (OSError, IndexError, ValueError):
             continue
-        if pgrp in pgids:
+        if pgrp in pgids and state not in ("Z", "X"):
             out.setdefault(pgrp, set()).add(int(name))
     return out
 
