@@ -350,7 +350,7 @@ class ProcessExecutor:
             del self._running[job_id]
             self._ended_pids[job_id] = a.pids
             exits.append(Exit(
-                job_id=job_id, code=code, time=self._clock(), oom=self._oom_hint(a, code),
+                job_id=job_id, code=code, time=self._exit_time(a), oom=self._oom_hint(a, code),
                 last_checkpoint_time=a.last_checkpoint_time,
                 last_checkpoint_step=a.last_checkpoint_step,
             ))
@@ -368,6 +368,16 @@ class ProcessExecutor:
 
     def exit_path(self, job_id: Any, attempt: int) -> Path:
         return self._logs / str(job_id) / f"{attempt}.exit"
+
+    def _exit_time(self, a: _Attempt) -> float:
+        """When the job ended: the wrapper writes its exit status the moment the job exits,
+        so that file's mtime beats the time of this poll (up to a tick later)."""
+        try:
+            when = self.exit_path(a.job_id, a.attempt).stat().st_mtime
+        except OSError:
+            return self._clock()
+        now = self._clock()
+        return when if a.started <= when <= now else now
 
     def _oom_hint(self, a: _Attempt, code: int) -> bool:
         if code == 128 + signal.SIGKILL:
