@@ -87,7 +87,7 @@ def run_one(sock: Path, state: Path, work: Path, *, mode: str, rep: int,
         spec["command"] = cmd
     low = call(sock, {"op": "submit", "spec": yaml.safe_dump(spec), "cwd": str(work)})["ids"][0]
     _wait(lambda: _job(sock, low)["state"] == "running", 30, "the low job to start")
-    time.sleep(random.uniform(1.5, 3.0))  # noqa: S311 - a random preemption moment
+    time.sleep(random.uniform(1.5, 3.0))
     urgent = {"name": f"urgent-{mode}-{rep}", "urgency": "urgent", "command": ["true"]}
     call(sock, {"op": "submit", "spec": yaml.safe_dump(urgent), "cwd": str(work)})
     j = _wait(lambda: (x := _job(sock, low))["attempt"] >= 2 and x["state"] == "running"

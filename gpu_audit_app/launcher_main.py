@@ -160,7 +160,7 @@ def _build(config: LauncherConfig) -> Any:
 
     from launcher.audit import LauncherAudit
     from launcher.engine import Engine
-    from launcher.executor import ProcessExecutor, SimGpuBinding
+    from launcher.executor import ProcessExecutor, SimGpuBinding, SimGpuView
     from launcher.gpustate import SimGpuSource
     from launcher.jobmap import JobMapWriter
     from launcher.scheduler import Scheduler
@@ -170,9 +170,12 @@ def _build(config: LauncherConfig) -> Any:
 
     gpus = _gpu_source(config.gpus)
     sim = isinstance(gpus, SimGpuSource)
-    executor = (SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs)
-                if sim else ProcessExecutor(config.state_dir,
-                                            allow_root_jobs=config.allow_root_jobs))
+    executor: ProcessExecutor
+    if sim:
+        executor = SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs)
+        gpus = SimGpuView(gpus, executor)
+    else:
+        executor = ProcessExecutor(config.state_dir, allow_root_jobs=config.allow_root_jobs)
     store = Store(config.state_dir / "launcher.db")
     engine = Engine(store, Scheduler(config.core.policy), gpus, executor, time.time,
                     config.core)
@@ -266,11 +269,11 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
 
 
 def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
-    head = f"{'ID':>5}  {'NAME':<16} {'USER':<12} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}  GPUS"
+    head = f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}  GPUS"
     rows = [head]
     for j in jobs:
         gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
-        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:12]:<12} "
+        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
                     f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  {gpus}")
     return "\n".join(rows)
 
@@ -279,7 +282,7 @@ _TERMS = ("urgency", "tier", "age", "fairshare_user", "fairshare_project")
 
 
 def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
-    head = (f"{'ID':>5}  {'NAME':<16} {'USER':<10} {'STATE':<10} {'PRIORITY':>9} "
+    head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
             + " ".join(f"{t.upper():>12}" for t in _TERMS))
     rows = [head]
     for j in jobs:
@@ -289,7 +292,7 @@ def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
             f"{p[t]:>12.1f}" if isinstance(p.get(t), int | float) else f"{'-':>12}"
             for t in _TERMS)
         tot = f"{total:>9.1f}" if isinstance(total, int | float) else f"{'-':>9}"
-        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:10]:<10} "
+        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
                     f"{j['state']:<10} {tot} {cells}")
     return "\n".join(rows)
 
@@ -308,7 +311,15 @@ def _render_job(j: Mapping[str, Any]) -> str:
         lines.append(f"  last checkpoint: step {j['last_checkpoint_step']}")
     lines.append(f"  GPU-seconds allocated {j.get('allocated_gpu_seconds', 0):.1f}, lost "
                  f"{j.get('lost_gpu_seconds', 0):.1f}")
-    for e in j.get("events", []):
+    events = list(j.get("events", []))
+    telemetry = [e for e in events if e["kind"] == "telemetry"]
+    if telemetry:
+        last = telemetry[-1]
+        lines.append(f"  telemetry: {len(telemetry)} reports, last step {last.get('step')} "
+                     f"loss {last.get('loss')}")
+    for e in events:
+        if e["kind"] == "telemetry":
+            continue
         extra = {k: v for k, v in e.items() if k not in ("time", "kind")}
         lines.append(f"  {_fmt_time(e['time'])} {e['kind']} "
                      f"{json.dumps(extra, sort_keys=True) if extra else ''}".rstrip())

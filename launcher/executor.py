@@ -531,3 +531,23 @@ class SimGpuBinding(ProcessExecutor):
         for e in exits:
             self._sim.remove_pids(self.pids(e.job_id))
         return exits
+
+    def sync(self) -> None:
+        """Take the processes of attempts that already exited (not yet polled) off the
+        simulated GPUs, as a real GPU would show them gone."""
+        for a in self._running.values():
+            if a.proc is not None and a.proc.poll() is not None:
+                self._sim.remove_pids(a.pids)
+
+
+class SimGpuView:
+    """The GpuStateSource of a `sim:N` daemon: the simulated GPUs as they are now."""
+
+    def __init__(self, sim: Any, binding: SimGpuBinding) -> None:
+        self.sim = sim
+        self._binding = binding
+
+    def read(self, now: float) -> list[Any]:
+        self._binding.sync()
+        result: list[Any] = self.sim.read(now)
+        return result
