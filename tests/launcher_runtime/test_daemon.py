@@ -133,25 +133,26 @@ command: ["{PY}", "-c", "import time; print('secret', flush=True); time.sleep(60
 def test_kill9_mid_queue_restart_loses_and_duplicates_nothing(home: Path) -> None:
     """kill -9 of the daemon with jobs running and queued: after a restart every job runs
     exactly once to success. A job whose process survived is adopted (not started again);
-    one whose process died while no daemon ran is requeued and runs as attempt 2."""
+    one that finished while no daemon ran keeps its real outcome (from its exit-status
+    file); one whose process died while no daemon ran is requeued and runs as attempt 2."""
     runs = home / "runs"
     runs.mkdir(mode=0o777)
     runs.chmod(0o777)
     script = (f"import os,sys,time; open('{runs}/'+os.environ['JOB_ID'],'a').write("
               "os.environ['RUN_ATTEMPT']+'\\n'); time.sleep(float(sys.argv[1]))")
-    d = LauncherDaemon(home, gpus=2).start()
+    d = LauncherDaemon(home, gpus=3).start()
     try:
         jobs = [{"name": f"j{i}", "command": [PY, "-c", script, secs]}
-                for i, secs in enumerate(("5", "60", "0.2", "0.2", "0.2"))]
+                for i, secs in enumerate(("6", "60", "1", "0.2", "0.2", "0.2"))]
         _write(home, "five.yaml", yaml.safe_dump({"jobs": jobs}))
         out = d.client(ALICE, "submit", "five.yaml").stdout
         ids = [int(x.split()[0]) for x in out.split(": ", 1)[1].split(", ")]
-        assert len(ids) == 5
-        survivor, victim = ids[0], ids[1]
-        d.wait_state(survivor, {"running"}, timeout=20)
-        d.wait_state(victim, {"running"})
-        wait_for(lambda: (runs / str(victim)).exists() and (runs / str(survivor)).exists(), 30,
-                 "both jobs to start")
+        assert len(ids) == 6
+        survivor, victim, finisher = ids[0], ids[1], ids[2]
+        for job in (survivor, victim, finisher):
+            d.wait_state(job, {"running"}, timeout=20)
+        wait_for(lambda: all((runs / str(j)).exists() for j in (survivor, victim, finisher)),
+                 30, "three jobs to start")
         d.kill9()
         # while no daemon runs: the victim's whole process group dies (no exit status)
         pid = int((d.state / "logs" / str(victim) / "1.pid").read_text().split()[0])
@@ -162,7 +163,10 @@ def test_kill9_mid_queue_restart_loses_and_duplicates_nothing(home: Path) -> Non
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or
                  Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z",
                  10, "the victim to die")
+        exit_file = d.state / "logs" / str(finisher) / "1.exit"
+        wait_for(exit_file.exists, 20, "the finisher to end while no daemon runs")
         d.start()
+        assert d.wait_state(finisher, {"succeeded"}, timeout=20)["attempt"] == 1
         for job in ids:
             d.wait_state(job, {"succeeded"}, timeout=90) if job != victim else None
         # the victim runs again (attempt 2) and is cancelled here to keep the test short
@@ -184,3 +188,29 @@ def test_kill9_mid_queue_restart_loses_and_duplicates_nothing(home: Path) -> Non
     finally:
         d.stop()
         d.kill_jobs()
+
+
+def test_second_daemon_on_same_state_is_refused(daemon: LauncherDaemon) -> None:
+    """One daemon per state directory: a second exits 1 and names the holder's pid."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "gpu_audit_app", "launcher", "serve",
+                        "--config", str(daemon.config), "--socket", str(daemon.dir / "s2")],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert daemon.proc is not None and f"pid {daemon.proc.pid}" in r.stderr
+    assert daemon.ask({"op": "ping"})["ok"]
+
+
+def test_logs_follow_streams_until_the_job_ends(daemon: LauncherDaemon, home: Path) -> None:
+    """`logs --follow` prints output as it comes and returns when the job has ended."""
+    _write(home, "ticker.yaml", f"""
+name: ticker
+command: ["{PY}", "-u", "-c", "import time\\nfor i in range(4): print('tick', i); time.sleep(0.3)"]
+""")
+    job = int(daemon.client(ALICE, "submit", "ticker.yaml").stdout.split(": ", 1)[1].split()[0])
+    daemon.wait_state(job, {"running"})
+    r = daemon.client(ALICE, "logs", "--follow", str(job), timeout=60)
+    assert r.stdout.split("\n")[:4] == [f"tick {i}" for i in range(4)]
+    assert daemon.job(job)["state"] == "succeeded"
