@@ -133,12 +133,15 @@ class Engine:
         self.env_base = env_base or {}
         self.ledger = FairShareLedger(scheduler.config.half_life_seconds)
         self.ledger.load(store.load_fairshare())
-        self.barriers: list[_Barrier] = []
+        # GPUs left by a job and not yet confirmed clean: kept in the store, so a restarted
+        # daemon does not hand a GPU with a leftover process to the next job
+        self.barriers = [_Barrier(u, j, t, r) for u, j, t, r in store.barriers()]
         self.last_gpus: list[GpuInfo] = []
         self.last_decision: Decision | None = None
         self._last_tick: float | None = None
         self._over_fraction: set[tuple[int, int]] = set()
         self._killed_at: dict[int, float] = {}
+        self._tick_events: list[Event] | None = None  # collecting while a tick runs
 
     @property
     def ec(self) -> EngineConfig:
@@ -157,6 +160,11 @@ class Engine:
         if user is not None and names - {user} and not is_admin:
             raise PermissionDenied(f"uid {uid} ({user}) may not submit as "
                                    f"{', '.join(sorted(names - {user}))}")
+        if self.last_gpus:
+            too_big = [s.name for s in specs if s.gpus > len(self.last_gpus)]
+            if too_big:
+                raise LauncherError(f"this node has {len(self.last_gpus)} GPUs; "
+                                    f"{', '.join(too_big)} asks for more")
         now = self.clock()
         owner = user if user is not None else (specs[0].user or str(uid))
         if is_admin and len(names) == 1 and user is not None:
@@ -208,7 +216,8 @@ class Engine:
     def tick(self) -> list[Event]:
         """One round (see the module docstring); returns the events it recorded."""
         now = self.clock()
-        self._tick_events: list[Event] = []
+        events: list[Event] = []
+        self._tick_events = events
         try:
             gpus: list[GpuInfo] | None = self.gpus.read(now)
         except Exception as exc:  # noqa: BLE001 (any source failure: do not place blind)
@@ -221,8 +230,17 @@ class Engine:
             self._account(now, gpus, active)
         for report in self.executor.reports():
             self._report(report)
-        for ex in self.executor.poll():
+        exits = self.executor.poll()
+        for ex in exits:
             self._exit(ex)
+        if exits and gpus is not None:
+            # what the exits freed: the barrier and placement must see it now
+            try:
+                gpus = self.gpus.read(now)
+                self.last_gpus = gpus
+            except Exception as exc:  # noqa: BLE001
+                self._event(now, None, "gpu_state_unavailable", {"error": str(exc)})
+                gpus = None
         by_uuid = {g.uuid: g for g in (gpus if gpus is not None else self.last_gpus)}
         if gpus is not None:
             self._barrier(now, by_uuid)
@@ -232,13 +250,14 @@ class Engine:
             self._schedule(now, gpus)
         self.store.save_fairshare(self.ledger.dirty())
         self._last_tick = now
-        return self._tick_events
+        self._tick_events = None
+        return events
 
     def _event(self, now: float, job_id: int | None, kind: str,
                data: dict[str, Any] | None = None) -> Event:
         ev = Event(now, job_id, kind, data or {})
         self.store.add_event(ev)
-        if hasattr(self, "_tick_events"):
+        if self._tick_events is not None:
             self._tick_events.append(ev)
         return ev
 
@@ -307,9 +326,10 @@ class Engine:
                                 "allocated_gpu_seconds": rec.allocated_gpu_seconds,
                                 "measured_gpu_seconds": rec.measured_gpu_seconds}
         self._killed_at.pop(rec.id, None)
-        for uuid in rec.gpus:
-            self.barriers.append(_Barrier(uuid, rec.id, ex.time))
         with self.store.transaction():
+            for uuid in rec.gpus:
+                self.barriers.append(_Barrier(uuid, rec.id, ex.time))
+                self.store.set_barrier(uuid, rec.id, ex.time, False)
             self.store.update(rec.id, last_checkpoint_time=ckpt_t,
                               last_checkpoint_step=ckpt_step, exit_code=ex.code)
             if rec.cancel_requested:
@@ -384,9 +404,11 @@ class Engine:
                 if b.leak_reported:
                     self._event(now, b.job_id, "leak_cleared",
                                 {"gpu": b.uuid, "after_seconds": now - b.since})
+                self.store.clear_barrier(b.uuid, b.job_id)
                 continue
             if not b.leak_reported:
                 b.leak_reported = True
+                self.store.set_barrier(b.uuid, b.job_id, b.since, True)
                 self._event(now, b.job_id, "leak", {
                     "gpu": b.uuid, "pids": [p for p, _ in holders],
                     "bytes": sum(u for _, u in holders)})
@@ -443,7 +465,7 @@ class Engine:
         changed = True
         while changed:
             changed = False
-            waiting = [j for j in self.store.jobs((*WAITING, "held")) if j.after_ids]
+            waiting = self.store.jobs((*WAITING, "held"), with_dependencies=True)
             deps = self.store.states(i for j in waiting for i in j.after_ids)
             for j in waiting:
                 bad = [i for i in j.after_ids if deps.get(i) in FAILED_DEPENDENCY_STATES]

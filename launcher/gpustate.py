@@ -208,13 +208,15 @@ class NvmlSource:
                 continue
             info = GpuInfo(uuid=uuid, index=i)
             try:
-                info.name = shim.text(nvml.nvmlDeviceGetName(handle))
+                name = shim.call_optional(nvml, "nvmlDeviceGetName", handle)
+                info.name = shim.text(name) if name is not None else ""
                 pci = shim.call_optional(nvml, "nvmlDeviceGetPciInfo", handle)
                 info.pci_bus_id = shim.text(pci.busId) if pci is not None else ""
                 mem = self._memory(nvml, handle)
                 info.memory_total_bytes, info.memory_used_bytes = int(mem.total), int(mem.used)
-                info.temperature_c = float(nvml.nvmlDeviceGetTemperature(
-                    handle, nvml.NVML_TEMPERATURE_GPU))
+                temp = shim.call_optional(nvml, "nvmlDeviceGetTemperature", handle,
+                                          nvml.NVML_TEMPERATURE_GPU)
+                info.temperature_c = float(temp) if temp is not None else None
                 util = shim.call_optional(nvml, "nvmlDeviceGetUtilizationRates", handle)
                 info.utilization = util.gpu / 100.0 if util is not None else None
                 try:

@@ -34,6 +34,8 @@ class FairShareLedger:
         self._values: dict[tuple[str, str], tuple[float, float]] = {}
         self._dirty: set[tuple[str, str]] = set()
         self.total_charged = 0.0
+        self._memo: dict[tuple[str, str], float] = {}
+        self._memo_at: float | None = None
 
     def _decay(self, value: float, since: float, now: float) -> float:
         if now <= since:
@@ -45,6 +47,7 @@ class FairShareLedger:
         if gpu_seconds <= 0:
             return
         self.total_charged += gpu_seconds
+        self._memo_at = None
         for key in (("user", user), ("project", project)):
             value, at = self._values.get(key, (0.0, now))
             self._values[key] = (self._decay(value, at, now) + gpu_seconds, max(at, now))
@@ -52,8 +55,15 @@ class FairShareLedger:
 
     def usage(self, kind: str, name: str, now: float) -> float:
         """Decayed GPU-seconds of a principal ("user" or "project") at `now`."""
-        value, at = self._values.get((kind, name), (0.0, now))
-        return self._decay(value, at, now)
+        if now != self._memo_at:  # one decision asks for the same few names many times
+            self._memo.clear()
+            self._memo_at = now
+        key = (kind, name)
+        hit = self._memo.get(key)
+        if hit is None:
+            value, at = self._values.get(key, (0.0, now))
+            hit = self._memo[key] = self._decay(value, at, now)
+        return hit
 
     def dirty(self) -> list[tuple[str, str, float, float]]:
         rows = [(k, n, *self._values[(k, n)]) for k, n in sorted(self._dirty)]
@@ -63,6 +73,7 @@ class FairShareLedger:
     def load(self, rows: Iterable[tuple[str, str, float, float]]) -> None:
         for kind, name, value, at in rows:
             self._values[(kind, name)] = (value, at)
+        self._memo_at = None
 
 
 @dataclass(frozen=True)

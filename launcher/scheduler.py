@@ -194,8 +194,14 @@ class Scheduler:
         d.order = [j.id for j in order]
         preemptible = self._preemptible(now, running, ledger, d) \
             if c.name == "priority" and c.preemption else []
+        # jobs whose victims are still leaving, or left so recently that their GPUs may
+        # still be passing the release barrier: they wait, they do not preempt again
         pending = {j.preempt_for for j in running
                    if j.state == "preempting" and j.preempt_for is not None}
+        pending |= {j.preempt_for for j in queued if j.preempt_for is not None
+                    and j.finished_at is not None
+                    and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
+        no_victims: set[tuple[int, float | None, int | None]] = set()
         for job in order:
             placed = self._place(job, slots)
             if placed is not None:
@@ -207,8 +213,14 @@ class Scheduler:
             if job.id in pending:
                 self._reserve(job, slots)  # keep what is free for it until victims leave
                 continue
-            if preemptible and now - job.queued_at >= c.preempt_wait_seconds:
+            shape = (job.spec.gpus, job.spec.gpu_fraction, job.spec.gpu_memory_bytes)
+            if preemptible and now - job.queued_at >= c.preempt_wait_seconds \
+                    and shape not in no_victims:
                 victims = self._victims(job, slots, preemptible, d)
+                if not victims:
+                    # jobs come in priority order: a later job of the same shape has only
+                    # fewer candidates, so it would find none either
+                    no_victims.add(shape)
                 if victims:
                     for v in victims:
                         d.preemptions.append((v.id, job.id))

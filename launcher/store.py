@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS decisions (
     action TEXT NOT NULL,
     breakdown TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS barriers (
+    uuid TEXT NOT NULL,
+    job_id INTEGER NOT NULL,
+    since REAL NOT NULL,
+    leak_reported INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (uuid, job_id)
+);
 CREATE TABLE IF NOT EXISTS fairshare (
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -153,7 +160,8 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-_COLUMNS = ("id", "submission", "spec", "uid", "user", "state", "attempt", "failures",
+# every column but the spec, which is immutable and parsed once per job (Store._specs)
+_COLUMNS = ("id", "submission", "uid", "user", "state", "attempt", "failures",
             "after_ids", "gpus", "memory_bytes", "submitted_at", "queued_at", "started_at",
             "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
             "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds",
@@ -164,12 +172,9 @@ _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"  # noqa: S608 - constant col
 
 def _record(row: Sequence[Any], specs: dict[int, JobSpec]) -> JobRecord:
     d = dict(zip(_COLUMNS, row, strict=True))
-    spec = specs.get(d["id"])
-    if spec is None:  # specs never change once stored: parse each once
-        spec = specs[d["id"]] = JobSpec.model_validate_json(d["spec"])
-    d["spec"] = spec
-    d["after_ids"] = json.loads(d["after_ids"])
-    d["gpus"] = json.loads(d["gpus"])
+    d["spec"] = specs[d["id"]]
+    d["after_ids"] = [] if d["after_ids"] == "[]" else json.loads(d["after_ids"])
+    d["gpus"] = [] if d["gpus"] == "[]" else json.loads(d["gpus"])
     d["cancel_requested"] = bool(d["cancel_requested"])
     return JobRecord(**d)
 
@@ -249,19 +254,36 @@ class Store:
     def get(self, job_id: int) -> JobRecord | None:
         with self._lock:
             row = self._db.execute(_SELECT + " WHERE id=?", (job_id,)).fetchone()
-        return _record(row, self._specs) if row else None
+        return self._records([row])[0] if row else None
 
-    def jobs(self, states: Iterable[str] | None = None) -> list[JobRecord]:
-        """Jobs in id order, optionally only those in `states`."""
-        with self._lock:
-            if states is None:
-                rows = self._db.execute(_SELECT + " ORDER BY id").fetchall()
-            else:
-                wanted = sorted(set(states))
-                marks = ",".join("?" * len(wanted))
-                rows = self._db.execute(_SELECT + f" WHERE state IN ({marks}) ORDER BY id",
-                                        wanted).fetchall()
+    def _records(self, rows: Sequence[Sequence[Any]]) -> list[JobRecord]:
+        missing = [r[0] for r in rows if r[0] not in self._specs]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            with self._lock:
+                found = self._db.execute(
+                    f"SELECT id, spec FROM jobs WHERE id IN ({marks})", chunk  # noqa: S608
+                ).fetchall()
+            for job_id, text in found:  # specs never change once stored: parse each once
+                self._specs[job_id] = JobSpec.model_validate_json(text)
         return [_record(r, self._specs) for r in rows]
+
+    def jobs(self, states: Iterable[str] | None = None,
+             with_dependencies: bool = False) -> list[JobRecord]:
+        """Jobs in id order, optionally only those in `states` (and only those with
+        dependencies)."""
+        where, args = [], []
+        if states is not None:
+            wanted = sorted(set(states))
+            where.append(f"state IN ({','.join('?' * len(wanted))})")
+            args.extend(wanted)
+        if with_dependencies:
+            where.append("after_ids != '[]'")
+        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return self._records(rows)
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         wanted = list(set(ids))
@@ -311,6 +333,27 @@ class Store:
             rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         return [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
 
+    def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
+        """Events stored after sequence number `seq` (0: from the start), with their
+        sequence numbers, oldest first: a follower (audit, telemetry) keeps the last seq
+        it handled instead of re-reading every event each tick."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, time, job_id, kind, data FROM events "
+                                    "WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (seq, limit)).fetchall()
+        return [(int(q), Event(t, j, k, json.loads(d))) for q, t, j, k, d in rows]
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        return int(row[0])
+
+    def state_counts(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
     def add_decision(self, now: float, job_id: int, action: str,
                      breakdown: dict[str, Any]) -> None:
         with self.transaction():
@@ -340,3 +383,22 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT kind, name, value, at FROM fairshare").fetchall()
         return [(str(k), str(n), float(v), float(a)) for k, n, v, a in rows]
+
+    # ------------------------------------------------------------------ release barrier
+
+    def set_barrier(self, uuid: str, job_id: int, since: float, leak_reported: bool) -> None:
+        """A GPU `job_id` left, not yet confirmed free of its processes."""
+        with self.transaction():
+            self._db.execute("INSERT INTO barriers VALUES (?, ?, ?, ?) ON CONFLICT(uuid, job_id)"
+                             " DO UPDATE SET leak_reported=excluded.leak_reported",
+                             (uuid, job_id, since, int(leak_reported)))
+
+    def clear_barrier(self, uuid: str, job_id: int) -> None:
+        with self.transaction():
+            self._db.execute("DELETE FROM barriers WHERE uuid=? AND job_id=?", (uuid, job_id))
+
+    def barriers(self) -> list[tuple[str, int, float, bool]]:
+        with self._lock:
+            rows = self._db.execute("SELECT uuid, job_id, since, leak_reported FROM barriers "
+                                    "ORDER BY since").fetchall()
+        return [(str(u), int(j), float(t), bool(r)) for u, j, t, r in rows]

@@ -37,6 +37,15 @@ from exporter.backends.nvml_processes import (
     read_process_list,
     read_process_utilization,
 )
+from exporter.config import ExporterConfig
+from gpu_audit.model.samples import (
+    BackendInfo,
+    GpuInfo,
+    GpuSample,
+    MigInstance,
+    ProcessSample,
+    ProcessType,
+)
 from gpu_audit.nvml_shim import (
     cuda_version_call,
     error_kind,
@@ -46,15 +55,6 @@ from gpu_audit.nvml_shim import (
     load_binding,
     process_list_calls,
     text,
-)
-from exporter.config import ExporterConfig
-from gpu_audit.model.samples import (
-    BackendInfo,
-    GpuInfo,
-    GpuSample,
-    MigInstance,
-    ProcessSample,
-    ProcessType,
 )
 
 log = logging.getLogger("gpu_audit.nvml")

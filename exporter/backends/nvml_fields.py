@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
+from gpu_audit.model.samples import LabelValues
 from gpu_audit.nvml_shim import (
     VersionedCall,
     clock_reasons_call,
     is_one_of,
     memory_info_call,
 )
-from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
-from gpu_audit.model.samples import LabelValues
 
 Values = dict[str, dict[LabelValues, float]]
 

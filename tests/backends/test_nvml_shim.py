@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 from exporter.backends.nvml import NvmlBackend
-from gpu_audit.nvml_shim import Variant, VersionedCall
 from exporter.config import ExporterConfig
+from gpu_audit.nvml_shim import Variant, VersionedCall
 from tests.backends.fake_nvml import FakeGpu, FakeNvml
 
 NOW = 1_700_000_000.0
