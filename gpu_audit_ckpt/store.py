@@ -53,7 +53,7 @@ def _at(point: str) -> None:
         _fault_hook(point)
 
 
-Writer = Callable[[BinaryIO], None]
+Writer = Callable[[BinaryIO], object]
 """Writes one file's bytes to the stream it is given (torch.save, pickle.dump, ...)."""
 
 
