@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, SupportsFloat
 
 from gpu_audit_ckpt import state as _state
 from gpu_audit_ckpt import store
@@ -134,16 +134,17 @@ class Checkpointer:
 
     # ---- the loop's questions --------------------------------------------------------
 
-    def report(self, step: int, loss: float | None = None, **metrics: Any) -> Anomaly | None:
+    def report(
+        self, step: int, loss: SupportsFloat | None = None, **metrics: Any
+    ) -> Anomaly | None:
         """Record a step's loss and metrics (a "metrics" event); returns an anomaly if one."""
         fields: dict[str, Any] = dict(metrics)
         if loss is not None:
-            loss = float(loss)
-            fields["loss"] = loss
+            fields["loss"] = float(loss)
         self.events.emit("metrics", step=step, **fields)
         if loss is None:
             return None
-        anomaly = self._monitor.observe(step, loss)
+        anomaly = self._monitor.observe(step, float(loss))
         if anomaly is not None and anomaly.first_in_streak:
             self.events.emit(
                 "anomaly", step=step, kind=anomaly.kind, loss=anomaly.loss,
