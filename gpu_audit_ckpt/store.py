@@ -25,9 +25,11 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -87,20 +89,40 @@ class Manifest:
 class _HashingWriter:
     """A write-only stream that hashes what passes through it, so nothing is read back.
 
-    It has no fileno() on purpose: numpy and torch would otherwise write around it.
+    Large writes are hashed on a helper thread (hashlib releases the GIL on big buffers), so
+    hashing overlaps the write and the serializer's own work. Queued data is immutable
+    `bytes` (anything else is copied first), so a caller reusing its buffer cannot change
+    what is hashed. It has no fileno() on purpose: numpy and torch would write around it.
     """
+
+    _THREAD_MIN = 1 << 20
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self._hash = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] | None = None
+        self._thread: threading.Thread | None = None
         self.size = 0
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while (chunk := self._queue.get()) is not None:
+            self._hash.update(chunk)
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._hash.update(view)
+        n = len(view)
+        if self._thread is None and n >= self._THREAD_MIN:
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(target=self._drain, name="ckpt-sha256", daemon=True)
+            self._thread.start()
+        if self._queue is not None:
+            self._queue.put(data if type(data) is bytes else bytes(view))
+        else:
+            self._hash.update(view)
         self._fh.write(view)
-        self.size += len(view)
-        return len(view)
+        self.size += n
+        return n
 
     def tell(self) -> int:
         return self.size
@@ -118,7 +140,12 @@ class _HashingWriter:
     def closed(self) -> bool:
         return False
 
-    def hexdigest(self) -> str:
+    def finish(self) -> str:
+        """Stop the hashing thread (also after a failed write) and return the hex digest."""
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         return self._hash.hexdigest()
 
 
@@ -185,12 +212,15 @@ def commit(
     for name, writer in files.items():
         with open(tmp / name, "xb") as fh:
             hw = _HashingWriter(fh)
-            writer(hw)  # type: ignore[arg-type]  # a write-only stream is what writers need
+            try:
+                writer(hw)  # type: ignore[arg-type]  # a write-only stream is what writers need
+            finally:
+                digest = hw.finish()
             fh.flush()
             _at("after_file_write")
             os.fsync(fh.fileno())
             _at("after_file_fsync")
-        entries[name] = FileEntry(hw.hexdigest(), hw.size)
+        entries[name] = FileEntry(digest, hw.size)
     _fsync_dir(tmp)
     _at("before_rename")
     os.rename(tmp, final)
