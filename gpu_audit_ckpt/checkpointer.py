@@ -196,11 +196,10 @@ class Checkpointer:
                 reason = "periodic"
         prefix = "anomaly" if reason == "anomaly" else "step"
         started = self._clock()
-        name, writer = _state.encode_state(state)
-        rng = _state.capture_rng(self.generators)
+        files = _state.encode_state(state)
+        files[_state.RNG_FILE] = _state.rng_writer(_state.capture_rng(self.generators))
         manifest = store.commit(
-            self.directory, step,
-            {name: writer, _state.RNG_FILE: _state.rng_writer(rng)},
+            self.directory, step, files,
             cursor=step if cursor is None else cursor, reason=reason, meta=meta, prefix=prefix,
         )
         done = self._clock()
@@ -230,11 +229,10 @@ class Checkpointer:
             if skipped:
                 self.events.emit("resume_skipped", skipped=skipped)
             return None
-        state_files = [n for n in manifest.files if n in _state.STATE_FILES]
         state = None
-        if state_files:
+        for name in _state.state_files(manifest.files):
             state = _state.decode_state(
-                manifest.path / state_files[0], weights_only=self.torch_weights_only
+                manifest.path, name, weights_only=self.torch_weights_only
             )
         if _state.RNG_FILE in manifest.files:
             rng = json.loads((manifest.path / _state.RNG_FILE).read_bytes())

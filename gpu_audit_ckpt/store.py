@@ -100,7 +100,7 @@ class _HashingWriter:
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self._hash = hashlib.sha256()
-        self._queue: queue.Queue[bytes | None] | None = None
+        self._queue: queue.Queue[bytes | memoryview | None] | None = None
         self._thread: threading.Thread | None = None
         self.size = 0
 
@@ -109,20 +109,27 @@ class _HashingWriter:
         while (chunk := self._queue.get()) is not None:
             self._hash.update(chunk)
 
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
+    def _write(self, view: memoryview, stable: bool) -> int:
         n = len(view)
         if self._thread is None and n >= self._THREAD_MIN:
             self._queue = queue.Queue(maxsize=4)
             self._thread = threading.Thread(target=self._drain, name="ckpt-sha256", daemon=True)
             self._thread.start()
         if self._queue is not None:
-            self._queue.put(data if type(data) is bytes else bytes(view))
+            self._queue.put(view if stable else bytes(view))
         else:
             self._hash.update(view)
         self._fh.write(view)
         self.size += n
         return n
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        return self._write(view, stable=isinstance(view.obj, bytes))
+
+    def write_stable(self, data: Any) -> int:
+        """Like write, for memory the caller promises not to change until commit returns."""
+        return self._write(memoryview(data).cast("B"), stable=True)
 
     def tell(self) -> int:
         return self.size
