@@ -21,7 +21,7 @@ def _roundtrip(tmp: Path, state: Any) -> tuple[Any, list[str]]:
 
 def test_numpy_arrays_round_trip_bit_exact_without_pickle(tmp_path: Path) -> None:
     big = np.arange(3_000_000, dtype=np.float64)  # > 16 MiB: several slices, hashing thread
-    state = {
+    state: dict[str, Any] = {
         "model": {"w/with/slashes": np.ones((3, 4), dtype=np.float32)[:, ::2],  # not contiguous
                   "scalar": np.array(3.5), "empty": np.zeros((0, 7))},
         "flags": np.array([True, False]), "when": np.array(["2026-12-01"], dtype="M8[D]"),
@@ -38,7 +38,7 @@ def test_numpy_arrays_round_trip_bit_exact_without_pickle(tmp_path: Path) -> Non
 
 
 def test_mixed_state_falls_back_to_pickle(tmp_path: Path) -> None:
-    state = {"w": np.ones(2), "epoch": 3, "name": "run-1"}
+    state: dict[str, Any] = {"w": np.ones(2), "epoch": 3, "name": "run-1"}
     back, files = _roundtrip(tmp_path, state)
     assert "state.pkl" in files
     assert back["epoch"] == 3 and back["name"] == "run-1" and np.array_equal(back["w"], state["w"])
