@@ -1,12 +1,12 @@
-"""Checkpoint commit cost: gpu_audit_ckpt's atomic commit vs a naive np.savez, side by side.
+"""Checkpoint commit cost: gpu_audit_ckpt's atomic commit vs a naive np.save, side by side.
 
 For each state size (float32 NumPy arrays in four tensors, like a model + optimizer state):
-- naive: np.savez straight to the final path (no fsync, not atomic: a kill mid-write
-  leaves a torn file where the checkpoint should be);
+- naive: np.save of each array straight to its final path (no fsync, not atomic: a kill
+  mid-write leaves a torn file where the checkpoint should be);
 - naive+fsync: the same, then fsync of the file (durable, still not atomic);
 - gpu_audit_ckpt: Checkpointer.save (temp dir, SHA-256 while writing, fsync of every file
   and directory, rename, manifest, retention), including the RNG file;
-and the resume side: np.load of the naive file vs Checkpointer.restore (which verifies
+and the resume side: np.load of the naive files vs Checkpointer.restore (which verifies
 every file's SHA-256 first). Methods alternate within each repetition; `sync` runs
 between timings so one method's dirty pages are not flushed on another's clock.
 
@@ -44,13 +44,16 @@ def _flat(state: dict[str, Any]) -> dict[str, Any]:
     return {f"{k}.{j}": a for k, sub in state.items() for j, a in sub.items()}
 
 
-def naive(path: Path, state: dict[str, Any], fsync: bool) -> float:
+def naive(directory: Path, state: dict[str, Any], fsync: bool) -> float:
+    """np.save of each array straight to its final path (what a training script does)."""
     t = time.perf_counter()
-    with open(path, "wb") as fh:
-        np.savez(fh, **_flat(state))
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
+    directory.mkdir(exist_ok=True)
+    for key, arr in _flat(state).items():
+        with open(directory / f"{key}.npy", "wb") as fh:
+            np.save(fh, arr)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
     return time.perf_counter() - t
 
 
@@ -60,11 +63,10 @@ def ours(ckpt: Checkpointer, step: int, state: dict[str, Any]) -> float:
     return time.perf_counter() - t
 
 
-def load_naive(path: Path) -> float:
+def load_naive(directory: Path) -> float:
     t = time.perf_counter()
-    with np.load(path) as z:
-        for k in z.files:
-            z[k]
+    for f in sorted(directory.iterdir()):
+        np.load(f)
     return time.perf_counter() - t
 
 
@@ -95,7 +97,7 @@ def main() -> None:
             kinds = ("naive", "naive_fsync", "ours", "load_naive", "load_ours")
             times: dict[str, list[float]] = {k: [] for k in kinds}
             for rep in range(args.reps):
-                path = base / f"naive-{mb}.npz"
+                path = base / f"naive-{mb}"
                 for name in ("naive", "naive_fsync", "ours"):
                     os.sync()
                     if name == "ours":
@@ -105,7 +107,7 @@ def main() -> None:
                 os.sync()
                 times["load_naive"].append(load_naive(path))
                 times["load_ours"].append(load_ours(ckpt))
-                path.unlink()
+                shutil.rmtree(path)
             med = {k: statistics.median(v) for k, v in times.items()}
             row = {"size_mb": mb, "reps": args.reps, "median_s": med, "all_s": times,
                    "bytes": sum(a.nbytes for sub in state.values() for a in sub.values())}
