@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, SupportsFloat
 
 from gpu_audit_ckpt import state as _state
 from gpu_audit_ckpt import store
@@ -134,16 +134,17 @@ class Checkpointer:
 
     # ---- the loop's questions --------------------------------------------------------
 
-    def report(self, step: int, loss: float | None = None, **metrics: Any) -> Anomaly | None:
+    def report(
+        self, step: int, loss: SupportsFloat | None = None, **metrics: Any
+    ) -> Anomaly | None:
         """Record a step's loss and metrics (a "metrics" event); returns an anomaly if one."""
         fields: dict[str, Any] = dict(metrics)
         if loss is not None:
-            loss = float(loss)
-            fields["loss"] = loss
+            fields["loss"] = float(loss)
         self.events.emit("metrics", step=step, **fields)
         if loss is None:
             return None
-        anomaly = self._monitor.observe(step, loss)
+        anomaly = self._monitor.observe(step, float(loss))
         if anomaly is not None and anomaly.first_in_streak:
             self.events.emit(
                 "anomaly", step=step, kind=anomaly.kind, loss=anomaly.loss,
@@ -195,11 +196,10 @@ class Checkpointer:
                 reason = "periodic"
         prefix = "anomaly" if reason == "anomaly" else "step"
         started = self._clock()
-        name, writer = _state.encode_state(state)
-        rng = _state.capture_rng(self.generators)
+        files = _state.encode_state(state)
+        files[_state.RNG_FILE] = _state.rng_writer(_state.capture_rng(self.generators))
         manifest = store.commit(
-            self.directory, step,
-            {name: writer, _state.RNG_FILE: _state.rng_writer(rng)},
+            self.directory, step, files,
             cursor=step if cursor is None else cursor, reason=reason, meta=meta, prefix=prefix,
         )
         done = self._clock()
@@ -229,11 +229,10 @@ class Checkpointer:
             if skipped:
                 self.events.emit("resume_skipped", skipped=skipped)
             return None
-        state_files = [n for n in manifest.files if n in _state.STATE_FILES]
         state = None
-        if state_files:
+        for name in _state.state_files(manifest.files):
             state = _state.decode_state(
-                manifest.path / state_files[0], weights_only=self.torch_weights_only
+                manifest.path, name, weights_only=self.torch_weights_only
             )
         if _state.RNG_FILE in manifest.files:
             rng = json.loads((manifest.path / _state.RNG_FILE).read_bytes())

@@ -3,7 +3,10 @@
 User state (model, optimizer, AMP scaler state dicts, anything the script passes):
 - any torch.Tensor inside -> `state.pt` through torch.save, loaded with
   torch.load(weights_only=True) unless the Checkpointer is told otherwise;
-- nested dicts of NumPy arrays only -> `state.npz`, loaded with allow_pickle=False;
+- nested dicts of NumPy arrays only -> one `array-<i>.npy` per array plus `arrays.json`
+  (the index: which array sits where in the nested dicts), loaded with allow_pickle=False.
+  Raw .npy rather than .npz: no zip CRC and no copies, the bytes go from the array's
+  memory to the file and the hash directly;
 - anything else -> `state.pkl` (pickle).
 Trust boundary: pickle, and torch.load with weights_only=False, run code from the file.
 Only load checkpoints this job wrote; the manifest's SHA-256 detects damage, not tampering.
@@ -24,15 +27,17 @@ import pickle
 import random
 import sys
 import warnings
-import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpu_audit_ckpt.store import Writer
 
-STATE_FILES = ("state.pt", "state.npz", "state.pkl")
+STATE_PT = "state.pt"
+STATE_PKL = "state.pkl"
+ARRAYS_INDEX = "arrays.json"
 RNG_FILE = "rng.json"
+_SLICE = 16 << 20
 
 
 def _mod(name: str) -> Any:
@@ -47,64 +52,87 @@ def _leaves(obj: Any) -> list[Any]:
     return [obj]
 
 
-def _flatten_arrays(obj: Mapping[str, Any], np: Any, prefix: str = "") -> dict[str, Any] | None:
-    """{"a/b": array} for nested str-keyed dicts of arrays; None if the state is not that."""
-    out: dict[str, Any] = {}
+def _flatten_arrays(obj: Mapping[Any, Any], np: Any, path: tuple[str, ...] = ()) -> list[
+    tuple[tuple[str, ...], Any]
+] | None:
+    """[(key path, array)] for nested str-keyed dicts of arrays; None if the state is not that."""
+    out: list[tuple[tuple[str, ...], Any]] = []
     if not obj:
         return None
     for k, v in obj.items():
-        if not isinstance(k, str) or not k or "/" in k:
+        if not isinstance(k, str):
             return None
         if isinstance(v, Mapping):
-            sub = _flatten_arrays(v, np, f"{prefix}{k}/")
+            sub = _flatten_arrays(v, np, (*path, k))
             if sub is None:
                 return None
-            out.update(sub)
-        elif isinstance(v, np.ndarray) and v.dtype != object:
-            out[prefix + k] = v
+            out += sub
+        elif isinstance(v, np.ndarray) and not v.dtype.hasobject:
+            out.append(((*path, k), v))
         else:
             return None
     return out
 
 
-def encode_state(state: Any) -> tuple[str, Writer]:
-    """The file name and writer for a user state (see the module docstring for the choice)."""
+def encode_state(state: Any) -> dict[str, Writer]:
+    """The files (name -> writer) for a user state; the module docstring says which."""
     torch, np = _mod("torch"), _mod("numpy")
     leaves = _leaves(state)
     if torch is not None and any(isinstance(x, torch.Tensor) for x in leaves):
-        return "state.pt", lambda fh: torch.save(state, fh)
+        return {STATE_PT: lambda fh: torch.save(state, fh)}
     if np is not None and isinstance(state, Mapping):
         flat = _flatten_arrays(state, np)
         if flat is not None:
-            return "state.npz", lambda fh: _write_npz(fh, flat, np)
-    return "state.pkl", lambda fh: pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            files: dict[str, Writer] = {}
+            index = []
+            for i, (path, arr) in enumerate(flat):
+                name = f"array-{i}.npy"
+                index.append({"path": list(path), "file": name})
+                files[name] = _npy_writer(arr, np)
+            data = json.dumps({"arrays": index}, separators=(",", ":")).encode()
+            files[ARRAYS_INDEX] = lambda fh: fh.write(data)
+            return files
+    return {STATE_PKL: lambda fh: pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)}
 
 
-def _write_npz(fh: BinaryIO, arrays: Mapping[str, Any], np: Any) -> None:
-    # np.savez(file, **arrays) breaks on an array named "file"; this is what it does inside.
-    with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for key, arr in arrays.items():
-            with zf.open(key + ".npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
+def _npy_writer(arr: Any, np: Any) -> Writer:
+    def write(fh: BinaryIO) -> None:
+        a = arr if arr.flags.c_contiguous else arr.copy(order="C")  # keeps 0-d arrays 0-d
+        header = np.lib.format.header_data_from_array_1_0(a)
+        try:
+            np.lib.format.write_array_header_1_0(fh, header)
+        except ValueError:  # a header over 64 KiB (very many dimensions or fields)
+            np.lib.format.write_array_header_2_0(fh, header)
+        raw = memoryview(a.reshape(-1).view(np.uint8))
+        # The array is not modified while save() runs, so its memory may be hashed in place.
+        write_stable = getattr(fh, "write_stable", fh.write)
+        for off in range(0, len(raw), _SLICE):
+            write_stable(raw[off : off + _SLICE])
+
+    return write
 
 
-def decode_state(path: Path, *, weights_only: bool = True) -> Any:
-    """Load a state file written by encode_state."""
-    if path.name == "state.pt":
+def state_files(names: Iterable[str]) -> list[str]:
+    return [n for n in names if n in (STATE_PT, STATE_PKL, ARRAYS_INDEX)]
+
+
+def decode_state(directory: Path, name: str, *, weights_only: bool = True) -> Any:
+    """Load the state that encode_state wrote as `name` (STATE_PT, ARRAYS_INDEX, STATE_PKL)."""
+    path = directory / name
+    if name == STATE_PT:
         import torch  # noqa: PLC0415 - a state.pt exists only where torch was used
 
         return torch.load(path, map_location="cpu", weights_only=weights_only)
-    if path.name == "state.npz":
+    if name == ARRAYS_INDEX:
         import numpy as np  # noqa: PLC0415 - as above, for numpy
 
         out: dict[str, Any] = {}
-        with np.load(path, allow_pickle=False) as npz:
-            for key in npz.files:
-                node = out
-                *parents, leaf = key.split("/")
-                for p in parents:
-                    node = node.setdefault(p, {})
-                node[leaf] = npz[key]
+        for entry in json.loads(path.read_bytes())["arrays"]:
+            node = out
+            *parents, leaf = entry["path"]
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = np.load(directory / entry["file"], allow_pickle=False)
         return out
     with open(path, "rb") as fh:
         return pickle.load(fh)  # noqa: S301 - trust boundary documented above

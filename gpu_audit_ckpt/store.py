@@ -25,9 +25,11 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,7 +55,7 @@ def _at(point: str) -> None:
         _fault_hook(point)
 
 
-Writer = Callable[[BinaryIO], None]
+Writer = Callable[[BinaryIO], object]
 """Writes one file's bytes to the stream it is given (torch.save, pickle.dump, ...)."""
 
 
@@ -87,20 +89,47 @@ class Manifest:
 class _HashingWriter:
     """A write-only stream that hashes what passes through it, so nothing is read back.
 
-    It has no fileno() on purpose: numpy and torch would otherwise write around it.
+    Large writes are hashed on a helper thread (hashlib releases the GIL on big buffers), so
+    hashing overlaps the write and the serializer's own work. Queued data is immutable
+    `bytes` (anything else is copied first), so a caller reusing its buffer cannot change
+    what is hashed. It has no fileno() on purpose: numpy and torch would write around it.
     """
+
+    _THREAD_MIN = 1 << 20
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self._hash = hashlib.sha256()
+        self._queue: queue.Queue[bytes | memoryview | None] | None = None
+        self._thread: threading.Thread | None = None
         self.size = 0
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while (chunk := self._queue.get()) is not None:
+            self._hash.update(chunk)
+
+    def _write(self, view: memoryview, stable: bool) -> int:
+        n = len(view)
+        if self._thread is None and n >= self._THREAD_MIN:
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(target=self._drain, name="ckpt-sha256", daemon=True)
+            self._thread.start()
+        if self._queue is not None:
+            self._queue.put(view if stable else bytes(view))
+        else:
+            self._hash.update(view)
+        self._fh.write(view)
+        self.size += n
+        return n
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._hash.update(view)
-        self._fh.write(view)
-        self.size += len(view)
-        return len(view)
+        return self._write(view, stable=isinstance(view.obj, bytes))
+
+    def write_stable(self, data: Any) -> int:
+        """Like write, for memory the caller promises not to change until commit returns."""
+        return self._write(memoryview(data).cast("B"), stable=True)
 
     def tell(self) -> int:
         return self.size
@@ -118,7 +147,12 @@ class _HashingWriter:
     def closed(self) -> bool:
         return False
 
-    def hexdigest(self) -> str:
+    def finish(self) -> str:
+        """Stop the hashing thread (also after a failed write) and return the hex digest."""
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         return self._hash.hexdigest()
 
 
@@ -185,12 +219,15 @@ def commit(
     for name, writer in files.items():
         with open(tmp / name, "xb") as fh:
             hw = _HashingWriter(fh)
-            writer(hw)  # type: ignore[arg-type]  # a write-only stream is what writers need
+            try:
+                writer(hw)  # type: ignore[arg-type]  # a write-only stream is what writers need
+            finally:
+                digest = hw.finish()
             fh.flush()
             _at("after_file_write")
             os.fsync(fh.fileno())
             _at("after_file_fsync")
-        entries[name] = FileEntry(hw.hexdigest(), hw.size)
+        entries[name] = FileEntry(digest, hw.size)
     _fsync_dir(tmp)
     _at("before_rename")
     os.rename(tmp, final)
