@@ -69,7 +69,7 @@ class Service:
         requeue the ones that vanished without one (killed with the node, say). Never
         starts an attempt twice: an adopted job stays running, a requeued one runs again
         only through the scheduler, with the next attempt number."""
-        self._events_seen = len(self.store.events())
+        self._events_seen = self.store.last_event_seq()
         now = self._clock()
         for job in self.store.jobs(ACTIVE):
             if self.executor.adopt(job.id, job.attempt):
@@ -105,14 +105,14 @@ class Service:
     def _after_tick(self) -> None:
         for line in self.executor.drain_events():
             self.telemetry.job_event(line.job_id, line.doc)
-        events = self.store.events()
-        new, self._events_seen = events[self._events_seen:], len(events)
-        for ev in new:
-            self._on_event(ev)
-        counts: dict[str, int] = {}
-        for job in self.store.jobs():
-            counts[job.state] = counts.get(job.state, 0) + 1
-        self.telemetry.set_states(counts)
+        while True:
+            batch = self.store.events_after(self._events_seen)
+            for seq, ev in batch:
+                self._events_seen = seq
+                self._on_event(ev)
+            if not batch:
+                break
+        self.telemetry.set_states(self.store.state_counts())
         self._refresh_jobmap()
 
     def _refresh_jobmap(self) -> None:
