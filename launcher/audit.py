@@ -3,24 +3,22 @@
 `LauncherAudit` owns a spool directory (exclusive, like every spool writer) and an
 AuditProducer whose stream is `launcher`; `emit()` builds a record with
 gpu_audit.audit.jobevents and commits it. The shipper ships that spool like the
-exporter's. `environment_fingerprint()` says what a job attempt runs on (Python, PyTorch,
-CUDA and driver versions where present, the container image if any), for the
-`job_started` record.
+exporter's. `fingerprint_from()` says what a job attempt runs on (Python, PyTorch, CUDA
+and driver versions where present, the container image if any) for the `job_started`
+record, from what the job's own interpreter reports to `PROBE` (the executor runs it as
+the job's user).
 
 This module must never raise out of `emit()` for a spool problem (scheduling goes on;
-the producer counts the failure), and never import torch into the daemon (versions are
-read from package metadata, not by importing).
+the producer counts the failure), and never import torch (versions come from package
+metadata).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import platform
 import socket
 import time
 from collections.abc import Callable, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -55,29 +53,47 @@ def _container_image(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def environment_fingerprint(
-    environ: Mapping[str, str] | None = None,
-    *,
-    python: str | None = None,
+# Run by the job's own interpreter (as the job's user): versions from package metadata,
+# never by importing torch (seconds, and GPU initialisation).
+PROBE = (
+    "import json, platform, importlib.metadata as m\n"
+    "def v(n):\n"
+    "    try:\n"
+    "        return m.version(n)\n"
+    "    except Exception:\n"
+    "        return None\n"
+    "out = {'python': platform.python_version(), 'torch': v('torch')}\n"
+    "for n in ('nvidia-cuda-runtime-cu12', 'nvidia-cuda-runtime-cu11'):\n"
+    "    if v(n):\n"
+    "        out['cuda'] = v(n)\n"
+    "        break\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def fingerprint_from(
+    probe: Mapping[str, Any] | None,
+    environ: Mapping[str, str],
 ) -> dict[str, str]:
-    """Versions of what a job runs on, only the ones known (unknown is absent)."""
-    env = os.environ if environ is None else environ
-    out: dict[str, str] = {"python": python or platform.python_version()}
-    try:
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = None
-    if torch_version:
-        out["torch"] = torch_version
-        if "+cu" in torch_version:
-            out["cuda"] = torch_version.split("+cu", 1)[1]
-    cuda = env.get("CUDA_VERSION")
-    if cuda:
-        out["cuda"] = cuda
+    """The fingerprint record field: what the job's interpreter reported (`probe`, None when
+    the job is not a Python we could ask), the CUDA version of its environment or torch
+    build, the driver version and the container image; unknown is absent."""
+    out: dict[str, str] = {}
+    for key in ("python", "torch", "cuda"):
+        value = (probe or {}).get(key)
+        if isinstance(value, str) and value:
+            out[key] = value
+    torch_version = out.get("torch", "")
+    if "cuda" not in out and "+cu" in torch_version:
+        digits = torch_version.split("+cu", 1)[1]
+        if digits.isdigit() and len(digits) >= 3:
+            out["cuda"] = f"{digits[:-1]}.{digits[-1]}"
+    if environ.get("CUDA_VERSION"):
+        out["cuda"] = environ["CUDA_VERSION"]
     driver = _driver_version()
     if driver:
         out["driver"] = driver
-    image = _container_image(env)
+    image = _container_image(environ)
     if image:
         out["container_image"] = image
     return out

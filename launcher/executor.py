@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from launcher.audit import PROBE, fingerprint_from
 from launcher.engine import Exit, Report
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,8 @@ class ProcessExecutor:
         self._reports: list[Report] = []
         self._ended_pids: dict[Any, set[int]] = {}
         self._injected: list[Exit] = []
+        self._fingerprints: dict[Any, dict[str, str]] = {}
+        self._probes: dict[tuple[str, int, int], dict[str, Any] | None] = {}
         self._is_root = os.geteuid() == 0
 
     @property
@@ -233,12 +237,49 @@ class ProcessExecutor:
                 os.close(fd)
         # pid and start time, so a restarted daemon can find (and trust) the group again
         self.pid_path(job_id, attempt).write_text(f"{proc.pid} {_start_ticks(proc.pid)}\n")
+        self._fingerprints[job_id] = fingerprint_from(
+            self._probe(argv, uid, gid, groups, full_env), full_env)
         self._running[job_id] = _Attempt(
             job_id=job_id, attempt=attempt, proc=proc, pgid=proc.pid, uid=uid,
             started=self._clock(), stdout=out, stderr=err, events=events, pids={proc.pid},
         )
         log.info("job %s attempt %d started: pid %d as uid %d on %d GPU(s)", job_id, attempt,
                  proc.pid, uid, len(gpus))
+
+    def fingerprint(self, job_id: Any) -> dict[str, str]:
+        """The environment fingerprint of the job's newest attempt started by this daemon."""
+        return dict(self._fingerprints.get(job_id, {}))
+
+    def _probe(self, argv: Sequence[str], uid: int, gid: int, groups: list[int],
+               env: Mapping[str, str]) -> dict[str, Any] | None:
+        """Ask the job's interpreter (argv[0] when it is a Python) for its versions, as the
+        job's user; cached per interpreter file and user. None for anything else."""
+        first = argv[2].split()[0] if argv[:2] == ["/bin/sh", "-c"] and argv[2].split() \
+            else argv[0]
+        if not Path(first).name.startswith("python"):
+            return None
+        exe = first if "/" in first else shutil.which(first, path=env.get("PATH"))
+        if exe is None:
+            return None
+        try:
+            st = os.stat(exe)
+        except OSError:
+            return None
+        key = (exe, st.st_mtime_ns, uid)
+        if key in self._probes:
+            return self._probes[key]
+        kw: dict[str, Any] = {}
+        if self._is_root:
+            kw = {"user": uid, "group": gid, "extra_groups": groups}
+        try:
+            r = subprocess.run([exe, "-I", "-c", PROBE], capture_output=True, timeout=10,
+                               env=dict(env), check=False, cwd="/", **kw)
+            doc = orjson.loads(r.stdout) if r.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, orjson.JSONDecodeError):
+            doc = None
+        result = doc if isinstance(doc, dict) else None
+        self._probes[key] = result
+        return result
 
     def adopt(self, job_id: Any, attempt: int) -> bool:
         """Take over an attempt a previous daemon started, if its process group still runs

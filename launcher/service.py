@@ -23,7 +23,7 @@ from typing import Any
 
 from gpu_audit.errors import ConfigError
 from launcher import protocol
-from launcher.audit import LauncherAudit, environment_fingerprint
+from launcher.audit import LauncherAudit
 from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
 from launcher.executor import ProcessExecutor
 from launcher.jobmap import JobMapWriter
@@ -142,7 +142,7 @@ class Service:
         elif ev.kind in ("started", "resumed"):
             self._emit(f"job_{ev.kind}", job, {
                 "attempt": d.get("attempt"), "gpus": d.get("gpus"),
-                "fingerprint": environment_fingerprint(job.spec.env),
+                "fingerprint": self.executor.fingerprint(job.id) or None,
                 "checkpoint_step": d.get("checkpoint_step"), "state": "running"}, ev.time)
             self.telemetry.job_started(job.id, job.name, job.user, job.project,
                                        int(d.get("attempt") or job.attempt))

@@ -150,7 +150,11 @@ def _assert_audit_trail(spool: Path, low: int, high: int) -> None:
     assert pre["job"]["signal_to_commit_seconds"] >= 0 and pre["job"]["exit_code"] == 75
     (started,) = [r for r in records if r["event"] == "job_started"
                   and r["job"]["id"] == str(low)]
-    assert started["job"]["fingerprint"]["python"]
+    job_python_version = subprocess.run(
+        [PY, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+        text=True, timeout=30, check=True).stdout.strip()
+    # the job's own interpreter, asked as the job's user (not the daemon's Python)
+    assert started["job"]["fingerprint"]["python"] == job_python_version
     assert started["job"]["uid"] == local_user(ALICE).pw_uid
     fin = [r for r in records if r["event"] == "job_finished" and r["job"]["id"] == str(high)]
     assert fin and fin[0]["job"]["allocated_gpu_seconds"] > 0
