@@ -45,7 +45,17 @@ log = logging.getLogger(__name__)
 # restarted while the job ran still learns how it ended). Its traps are no-op handlers,
 # which exec resets to the default for the job itself: the preemption signal reaches the
 # job unchanged, and the shell outlives it long enough to write the status.
-_WRAPPER = ('trap : USR1 USR2 TERM INT HUP; "$@"; rc=$?; '
+_TRAPPED = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+def _wrapper(preempt_signal: str | None) -> str:
+    """The shell script around the job; it also traps the job's own preemption signal (a
+    shell killed by it would be reported as the job's end while the job still commits)."""
+    names = list(_TRAPPED)
+    extra = (preempt_signal or "").upper().removeprefix("SIG")
+    if extra and extra.isalnum() and extra not in names:
+        names.append(extra)
+    return (f'trap : {" ".join(names)}; "$@"; rc=$?; '
             'printf %s "$rc" > "$GPU_AUDIT_EXIT_FILE"; exit "$rc"')
 _OOM_TEXT = (b"CUDA out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED")
 _STDERR_TAIL_BYTES = 16 * 1024
@@ -224,7 +234,8 @@ class ProcessExecutor:
                 kw = {"user": uid, "group": gid, "extra_groups": groups}
             try:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _WRAPPER, "gpu-audit-job", *argv],
+                    ["/bin/sh", "-c", _wrapper(_spec_get(spec, "preempt_signal")),
+                     "gpu-audit-job", *argv],
                     cwd=str(cwd), env=full_env, stdin=subprocess.DEVNULL,
                     stdout=fds[0], stderr=fds[1], start_new_session=True, close_fds=True,
                     **kw,

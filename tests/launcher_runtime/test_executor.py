@@ -156,3 +156,27 @@ def test_oom_hint_from_stderr(tmp_path: Path) -> None:
     ex.start(10, 1, _spec([PY, "-c", "raise SystemExit(1)"], tmp_path), [], {}, ALICE_UID())
     (exit_,) = _wait_exit(ex, 10)
     assert (exit_.code, exit_.oom) == (1, False)
+
+
+def test_any_preemption_signal_reaches_the_job_and_not_its_shell(tmp_path: Path) -> None:
+    """With preempt_signal SIGXCPU (default action: die) the job still checkpoints and its
+    exit 75 is what poll reports: the wrapper shell survives the group signal."""
+    ex = ProcessExecutor(tmp_path / "state")
+    ready = tmp_path / "ready"
+    script = (
+        "import signal,sys,time\n"
+        "flag=[False]\n"
+        "signal.signal(signal.SIGXCPU, lambda *a: flag.__setitem__(0, True))\n"
+        f"open({str(ready)!r},'w').close()\n"
+        "while not flag[0]: time.sleep(0.01)\n"
+        "time.sleep(0.3)\n"  # a commit that takes a while
+        "sys.exit(75)\n")
+    spec = {**_spec([PY, "-c", script], tmp_path), "preempt_signal": "SIGXCPU"}
+    ex.start(11, 1, spec, [], {}, ALICE_UID())
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    ex.signal(11, signal.SIGXCPU)
+    (exit_,) = _wait_exit(ex, 11)
+    assert exit_.code == 75
