@@ -288,6 +288,8 @@ class Service:
         if job is None:
             return protocol.error("not_found", f"no job {req.get('id')}")
         out = _summary(job)
+        if not caller.may_act_on(job.uid):
+            return {"ok": True, "job": out}  # like the queue: no spec, env or events
         out.update({
             "spec": job.spec.model_dump(mode="json"),
             "events": [{"time": e.time, "kind": e.kind, **e.data}

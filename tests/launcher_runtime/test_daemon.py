@@ -119,6 +119,9 @@ command: ["{PY}", "-c", "import time; print('secret', flush=True); time.sleep(60
         assert r.returncode == 1, (action, r.stdout, r.stderr)
         assert "belongs to" in r.stderr or "own jobs" in r.stderr, r.stderr
     assert daemon.job(job)["state"] == "running"
+    seen_by_bob = json.loads(daemon.client(BOB, "status", "--json", str(job)).stdout)["job"]
+    assert seen_by_bob["state"] == "running" and "spec" not in seen_by_bob
+    assert "events" not in seen_by_bob, "bob sees alice's job events (and its env)"
     # a second job: alice holds/releases it, an admin cancels it
     job2 = int(daemon.client(ALICE, "submit", "long.yaml").stdout.split(": ", 1)[1].split()[0])
     third = int(daemon.client(ALICE, "submit", "long.yaml").stdout.split(": ", 1)[1].split()[0])
