@@ -133,6 +133,7 @@ command: ["{PY}", "-c", "import time; print('secret', flush=True); time.sleep(60
     daemon.client(ALICE, "cancel", str(third))
 
 
+@pytest.mark.slow  # ~10 s: two daemon starts, six real jobs
 def test_kill9_mid_queue_restart_loses_and_duplicates_nothing(home: Path) -> None:
     """kill -9 of the daemon with jobs running and queued: after a restart every job runs
     exactly once to success. A job whose process survived is adopted (not started again);

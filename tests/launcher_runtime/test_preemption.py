@@ -52,6 +52,7 @@ def _spool_records(spool: Path) -> list[dict[str, object]]:
         reader.close()
 
 
+@pytest.mark.slow  # ~13 s: a 300-step trainer preempted and resumed
 def test_preempted_job_checkpoints_requeues_and_resumes_exactly(home: Path) -> None:
     ref = home / "ref"
     ref.mkdir()
