@@ -81,6 +81,7 @@ class Daemon:
         self._stop = False
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
+        self._last_tick_error: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -116,12 +117,27 @@ class Daemon:
             while not self._stop:
                 now = time.monotonic()
                 if now >= next_tick:
-                    self.service.tick()
+                    self._safe_tick()
                     next_tick = now + self._tick
                 self._poll_io(max(0.0, min(next_tick - time.monotonic(), 0.5)))
         finally:
             self._shutdown()
         return 0
+
+    def _safe_tick(self) -> None:
+        """One engine round; a failure is logged (once per distinct error) and the loop goes
+        on, so requests are still answered and the next tick may succeed."""
+        try:
+            self.service.tick()
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._last_tick_error:
+                log.exception("engine tick failed; retrying every tick")
+                self._last_tick_error = text
+        else:
+            if self._last_tick_error is not None:
+                log.info("engine tick works again")
+            self._last_tick_error = None
 
     def _shutdown(self) -> None:
         log.info("launcher stopping; running jobs keep running and are adopted on restart")
