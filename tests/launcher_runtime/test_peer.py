@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
-from pathlib import Path
+import subprocess
+
+import pytest
 
 from launcher.peer import admin_gid, peer_of
+from tests.launcher_runtime.users import job_python, shared_dir
 
 
 def test_peer_is_this_process_with_its_groups() -> None:
@@ -17,20 +21,40 @@ def test_peer_is_this_process_with_its_groups() -> None:
     assert set(os.getgroups()) <= caller.groups
 
 
-def test_admin_by_supplementary_group_from_proc(tmp_path: Path) -> None:
+def test_admin_by_supplementary_group_from_proc() -> None:
     """A non-root caller is an admin exactly when the admin gid is among the groups its
-    /proc/<pid>/status lists (here a fake procfs root)."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.getpid()
-    (tmp_path / str(pid)).mkdir()
-    (tmp_path / str(pid) / "status").write_text("Name:\tx\nGroups:\t100 4242 \n")
-    with a, b:
-        yes = peer_of(a, admin=4242, proc=tmp_path)
-        no = peer_of(a, admin=4243, proc=tmp_path)
-    assert 4242 in yes.groups and 4242 not in no.groups
-    if os.getuid() != 0:  # root is always an admin
-        assert yes.admin and not no.admin
-    assert yes.may_act_on(os.getuid())
+    /proc/<pid>/status lists (read here from a fake procfs root for a real peer)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: connects as another uid (nobody)")
+    d = shared_dir()
+    try:
+        path = d / "s.sock"
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        path.chmod(0o666)
+        srv.listen(1)
+        srv.settimeout(30)
+        child = subprocess.Popen(
+            [job_python(), "-c", "import socket,sys,time; s=socket.socket(socket.AF_UNIX); "
+             "s.connect(sys.argv[1]); time.sleep(30)", str(path)], user=65534, group=65534)
+        try:
+            conn, _ = srv.accept()
+            proc = d / "proc"
+            (proc / str(child.pid)).mkdir(parents=True)
+            (proc / str(child.pid) / "status").write_text("Name:\tx\nGroups:\t100 4242 \n")
+            with conn:
+                yes = peer_of(conn, admin=4242, proc=proc)
+                no = peer_of(conn, admin=4243, proc=proc)
+        finally:
+            child.kill()
+            child.wait(timeout=30)
+            srv.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert (yes.uid, yes.pid) == (65534, child.pid)
+    assert yes.admin and not no.admin
+    assert yes.groups == {100, 4242, 65534}
+    assert no.may_act_on(65534) and not no.may_act_on(1000)
 
 
 def test_admin_group_by_name_or_number() -> None:
