@@ -92,6 +92,7 @@ class _Attempt:
     last_checkpoint_step: int | None = None
     preempt_acked: float | None = None
     pids: set[int] = field(default_factory=set)
+    oom_kills_at_start: int | None = None
 
 
 def _spec_get(spec: Any, name: str, default: Any = None) -> Any:
@@ -253,6 +254,7 @@ class ProcessExecutor:
         self._running[job_id] = _Attempt(
             job_id=job_id, attempt=attempt, proc=proc, pgid=proc.pid, uid=uid,
             started=self._clock(), stdout=out, stderr=err, events=events, pids={proc.pid},
+            oom_kills_at_start=_cgroup_oom_kills(proc.pid),
         )
         log.info("job %s attempt %d started: pid %d as uid %d on %d GPU(s)", job_id, attempt,
                  proc.pid, uid, len(gpus))
@@ -433,8 +435,10 @@ class ProcessExecutor:
 
     def _oom_hint(self, a: _Attempt, code: int) -> bool:
         if code == 128 + signal.SIGKILL:
-            kills = _cgroup_oom_kills(os.getpid())
-            if kills:
+            # the kernel's OOM killer: the job's cgroup counted a kill since it started
+            kills = _cgroup_oom_kills(a.pgid) or _cgroup_oom_kills(os.getpid())
+            if kills is not None and a.oom_kills_at_start is not None \
+                    and kills > a.oom_kills_at_start:
                 return True
         try:
             size = a.stderr.stat().st_size
