@@ -244,8 +244,16 @@ class Scheduler:
         pending |= {j.preempt_for for j in queued if j.preempt_for is not None
                     and j.finished_at is not None
                     and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
+        # victims that left for a job still waiting here: they do not take the GPUs back
+        # before it (an idle-reclaim victim may outrank its waiter by age alone)
+        waiting = {j.id for j in queued}
+        yielded = {j.id for j in queued if j.preempt_for in waiting
+                   and j.finished_at is not None
+                   and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
         no_victims: set[tuple[int, float | None, int | None]] = set()
         for job in order:
+            if job.id in yielded:
+                continue
             placed = self._place(job, slots)
             if placed is not None:
                 d.starts.append((job.id, placed[0]))
@@ -338,11 +346,14 @@ class Scheduler:
         """The cheapest victim set that lets `job` fit: the single victim with the least
         un-checkpointed GPU-time that frees enough; else the fewest cheapest in order.
         Idle reclaim: a job that checkpoints and has been measured idle long enough is a
-        candidate for any waiter of higher or equal priority, and comes first."""
+        candidate for any waiter of higher or equal priority (its own age term left out),
+        and comes first."""
         mine = d.breakdowns[job.id].total
         gap = self.config.preempt_min_priority_gap
+        # (the idle job's age term does not count: it is running, not waiting)
         idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
-                and self._reclaimable(v) and d.breakdowns[v.id].total <= mine]
+                and self._reclaimable(v)
+                and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
         busy = [v for v in preemptible if v not in idle
                 and d.breakdowns[v.id].total + gap <= mine]
         candidates = idle + busy
