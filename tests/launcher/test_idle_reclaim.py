@@ -5,11 +5,16 @@ victims that checkpoint are chosen before victims that cannot."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from launcher.config import PolicyConfig
+from launcher.config import LauncherCoreConfig, PolicyConfig
+from launcher.engine import Engine
 from launcher.gpustate import GIB
+from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
+from launcher.store import Store
 from tests.launcher.harness import Node
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,8 +24,9 @@ BUSY = SimBehaviour(work_seconds=20_000, memory_bytes=8 * GIB, utilization=0.9)
 SMALL = SimBehaviour(work_seconds=600, memory_bytes=15 * GIB, utilization=0.4)
 
 
-def _node(holder: SimBehaviour, policy: PolicyConfig | None = None) -> Node:
-    return Node(gpus=1, policy=policy or PolicyConfig(),
+def _node(holder: SimBehaviour, policy: PolicyConfig | None = None,
+          store_path: str = ":memory:") -> Node:
+    return Node(gpus=1, policy=policy or PolicyConfig(), store_path=store_path,
                 behaviours={"holder": holder, "small": SMALL})
 
 
@@ -124,3 +130,20 @@ def test_a_victim_that_checkpoints_is_chosen_before_one_that_cannot() -> None:
     assert node.store.events(ck, "preempted")
     assert not node.store.events(nock, "preempt_signal")
     assert node.rec(urgent).state in ("running", "succeeded")
+
+
+def test_a_shared_gpu_stays_shared_across_a_daemon_restart(tmp_path: Path) -> None:
+    db = str(tmp_path / "state.db")
+    node = _node(NOTEBOOK, store_path=db)
+    holder, _ = _holder_and_small(node)
+    node.run(1200)
+    assert node.engine.shared == {holder: 0.1}
+    node.store.close()
+    node.store = Store(db)
+    node.engine = Engine(node.store, Scheduler(node.policy), node.sim, node.executor,
+                         node.clock, LauncherCoreConfig(policy=node.policy))
+    assert node.engine.shared == {holder: 0.1}
+    (again,) = node.submit("{name: small2, command: x, gpu_fraction: 0.25, "
+                           "gpu_memory_bytes: 20GiB}", uid=1002, user="dana")
+    node.run(60)
+    assert node.rec(again).gpus == node.rec(holder).gpus  # still placed beside it
