@@ -35,6 +35,15 @@ class PolicyConfig(BaseModel):
     preempt_wait_seconds: float = Field(default=300.0, ge=0)
     preempt_min_runtime_seconds: float = Field(default=120.0, ge=0)
     preempt_min_priority_gap: float = Field(default=500.0, ge=0)
+    # idle reclaim (policy "priority" only): a running job whose MEASURED utilisation stays
+    # under `idle_util_threshold` for `idle_reclaim_seconds` while work waits gives way
+    idle_reclaim: bool = True
+    idle_util_threshold: float = Field(default=0.05, ge=0, le=1)
+    idle_reclaim_seconds: float = Field(default=900.0, ge=0)
+    idle_share_max_fraction: float = Field(
+        default=0.5, gt=0, lt=1,
+        description="an idle one-GPU job that cannot checkpoint is re-admitted as a share "
+                    "of its GPU (its measured memory) when that share is at most this")
     # placement
     idle_memory_bytes: int = Field(default=1 << 30, ge=0,
                                    description="a GPU using at most this much is free")

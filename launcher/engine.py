@@ -11,7 +11,12 @@
 5. escalate preemptions past their grace (kill the process group), signal jobs past
    their max runtime, and checkpoint-and-requeue jobs whose GPU is lost or shows an XID;
 6. cancel jobs whose dependency failed; schedule the eligible ones (Scheduler.decide) and
-   carry out the starts and preemption signals, storing each decision's breakdown.
+   carry out the starts, preemption signals and idle-reclaim shares, storing each
+   decision's breakdown.
+
+Step 1 also tracks, per running job, since when its measured utilisation (the GPU's
+utilisation times the job's share of the memory in use there) has stayed under the
+policy's `idle_util_threshold`: the scheduler's idle reclaim reads it.
 
 No wall clock, no sockets, no processes: the executor, the GPU state and the clock are
 injected, so replay runs a week in seconds through exactly this code.
@@ -142,6 +147,15 @@ class Engine:
         self._over_fraction: set[tuple[int, int]] = set()
         self._killed_at: dict[int, float] = {}
         self._tick_events: list[Event] | None = None  # collecting while a tick runs
+        # idle reclaim: since when each active job has been measured idle, and the
+        # whole-GPU jobs re-admitted as a share of their GPU (job id -> fraction; durable
+        # through their "idle_shared" events, so a restart keeps their GPU shared)
+        self.idle_since: dict[int, float] = {}
+        self.shared: dict[int, float] = {}
+        for rec in store.jobs(ACTIVE):
+            for ev in store.events(rec.id, kind="idle_shared"):
+                if ev.data.get("attempt") == rec.attempt:
+                    self.shared[rec.id] = float(ev.data["fraction"])
 
     @property
     def ec(self) -> EngineConfig:
@@ -264,13 +278,20 @@ class Engine:
     # ---------------------------------------------------------------- measured usage
 
     def _account(self, now: float, gpus: list[GpuInfo], active: list[JobRecord]) -> None:
+        ids = {rec.id for rec in active}
+        for gone in [i for i in self.idle_since if i not in ids]:
+            del self.idle_since[gone]
+        for gone in [i for i in self.shared if i not in ids]:
+            del self.shared[gone]
         if self._last_tick is None or now <= self._last_tick or not active:
             return
         dt = now - self._last_tick
         by_uuid = {g.uuid: g for g in gpus}
+        threshold = self.scheduler.config.idle_util_threshold
         for rec in active:
             pids = self.executor.pids(rec.id)
             busy = 0.0
+            measured = 0
             for uuid in rec.gpus:
                 g = by_uuid.get(uuid)
                 if g is None or not g.up:
@@ -281,16 +302,24 @@ class Engine:
                 ours = sum(used for _, used in g.processes) or mine
                 util = g.utilization if g.utilization is not None else 1.0
                 busy += util * mine / ours
-                if (rec.spec.gpu_fraction is not None and rec.memory_bytes
+                measured += g.utilization is not None
+                if ((rec.spec.gpu_fraction is not None or rec.id in self.shared)
+                        and rec.memory_bytes
                         and mine > rec.memory_bytes
                         and (rec.id, rec.attempt) not in self._over_fraction):
                     self._over_fraction.add((rec.id, rec.attempt))
                     self._event(now, rec.id, "over_fraction", {
                         "gpu": uuid, "used_bytes": mine, "admitted_bytes": rec.memory_bytes})
-            measured = busy * dt
-            self.ledger.charge(now, rec.user, rec.project, measured)
+            # idle: every GPU of the job reports utilisation and its share is under the
+            # threshold (a GPU without a utilisation reading never makes a job idle)
+            if rec.state == "running" and measured == len(rec.gpus) and measured \
+                    and busy / measured < threshold:
+                self.idle_since.setdefault(rec.id, self._last_tick)
+            else:
+                self.idle_since.pop(rec.id, None)
+            self.ledger.charge(now, rec.user, rec.project, busy * dt)
             self.store.update(rec.id,
-                              measured_gpu_seconds=rec.measured_gpu_seconds + measured,
+                              measured_gpu_seconds=rec.measured_gpu_seconds + busy * dt,
                               allocated_gpu_seconds=rec.allocated_gpu_seconds
                               + dt * rec.spec.gpu_share)
 
@@ -489,7 +518,8 @@ class Engine:
         running = self.store.jobs(ACTIVE)
         if not queued:
             return
-        d = self.scheduler.decide(now, queued, running, gpus, self.ledger, self.blocked_gpus)
+        d = self.scheduler.decide(now, queued, running, gpus, self.ledger, self.blocked_gpus,
+                                  idle=self.idle_since, shared=self.shared)
         self.last_decision = d
         by_id = {j.id: j for j in queued}
         by_uuid = {g.uuid: g for g in gpus}
@@ -502,14 +532,25 @@ class Engine:
                 **(bd.as_dict() if bd is not None else {})})
             self._start(rec, [by_uuid[u] for u in uuids], d.memory.get(job_id), now)
         running_by_id = {j.id: j for j in running}
+        for job_id, fraction, memory in d.shares:
+            rec = running_by_id[job_id]
+            self.shared[job_id] = fraction
+            self.store.update(job_id, memory_bytes=memory)
+            data = {"reason": "idle_reclaim", "attempt": rec.attempt, "fraction": fraction,
+                    "memory_bytes": memory, "gpus": rec.gpus,
+                    "idle_seconds": d.idle_seconds.get(job_id)}
+            self.store.add_decision(now, job_id, "share", data)
+            self._event(now, job_id, "idle_shared", data)
         for victim_id, for_id in d.preemptions:
             victim = running_by_id[victim_id]
             vb, wb = d.breakdowns.get(victim_id), d.breakdowns.get(for_id)
+            reason = d.preempt_reasons.get(victim_id, "priority")
             self.store.add_decision(now, victim_id, "preempt", {
-                "for_job": for_id, "victim": vb.as_dict() if vb else None,
+                "for_job": for_id, "reason": reason, "victim": vb.as_dict() if vb else None,
                 "waiter": wb.as_dict() if wb else None,
+                "idle_seconds": d.idle_seconds.get(victim_id),
                 "uncheckpointed_gpu_seconds": d.victim_cost.get(victim_id)})
-            self._signal(victim, now, "priority", for_id)
+            self._signal(victim, now, reason, for_id)
 
     def _start(self, rec: JobRecord, gpus: list[GpuInfo], memory: int | None,
                now: float) -> None:
@@ -522,6 +563,8 @@ class Engine:
                               gpus=gpus, grace_seconds=self.ec.preempt_grace_seconds,
                               memory_limit_bytes=limit, mps=self.ec.mps, base=self.env_base)
         uuids = [g.uuid for g in gpus]
+        self.idle_since.pop(rec.id, None)  # a new attempt is measured afresh
+        self.shared.pop(rec.id, None)
         self.store.update(rec.id, state="running", attempt=attempt, gpus=uuids,
                           memory_bytes=memory, started_at=now, finished_at=None,
                           preempt_signal_at=None, preempt_reason=None, preempt_for=None,

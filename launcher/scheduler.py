@@ -6,7 +6,14 @@ them fairly:
 - `priority` (default): jobs in priority order (launcher.policy), each placed if it fits
   (backfilling behind a job that does not); a job that has waited `preempt_wait_seconds`
   and still does not fit may preempt lower-priority running jobs, choosing the victim
-  set that loses the least un-checkpointed GPU-time.
+  set that loses the least un-checkpointed GPU-time; jobs that checkpoint are chosen
+  before jobs that cannot (a job with no checkpoint_dir loses its whole run).
+  Idle reclaim (`idle_reclaim`): a running job whose measured utilisation has stayed
+  under `idle_util_threshold` for `idle_reclaim_seconds` while work waits gives way
+  without losing anything: a one-GPU job that cannot checkpoint (a notebook) is
+  re-admitted as a share of its GPU sized by its measured memory, so fractional jobs
+  pack beside it; a job that checkpoints becomes the preferred victim of any waiting
+  job of higher OR EQUAL priority (no priority gap needed), reason "idle_reclaim".
 - `fifo-exclusive`: submission order, whole GPUs only (a fraction takes a whole GPU),
   strictly in order (the first job that does not fit blocks the rest), no preemption.
 - `first-fit`: submission order, every job that fits starts (fractions packed by
@@ -21,7 +28,8 @@ GPUs down, with a recent XID, throttling or hotter than `max_temperature_c` get 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.config import PolicyConfig
@@ -43,6 +51,12 @@ class Decision:
     memory: dict[int, int] = field(default_factory=dict)
     victim_cost: dict[int, float] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
+    # why each victim is preempted: "priority" or "idle_reclaim"
+    preempt_reasons: dict[int, str] = field(default_factory=dict)
+    # idle reclaim by sharing: (job id, fraction of its GPU, memory booked), and how long
+    # each reclaimed job had been measured idle
+    shares: list[tuple[int, float, int]] = field(default_factory=list)
+    idle_seconds: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,15 +71,21 @@ class _Slot:
     exclusive: bool = False  # a whole-GPU job of ours holds it
     fraction: float = 0.0  # sum of our fractional jobs' shares on it
     booked: int = 0  # memory our fractional jobs there were admitted with
+    idle: bool = False  # measured under the idle threshold while a job of ours holds it
 
     def clone(self) -> _Slot:
         return _Slot(self.uuid, self.index, self.total, self.used, self.temperature,
-                     self.exclusive, self.fraction, self.booked)
+                     self.exclusive, self.fraction, self.booked, self.idle)
 
 
 class Scheduler:
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
+        # set for the duration of one decide(): jobs re-admitted as a share of their GPU
+        # (job id -> fraction) and since when each running job has been measured idle
+        self._shared: dict[int, float] = {}
+        self._idle: dict[int, float] = {}
+        self._now = 0.0
 
     # -------------------------------------------------------------------------- health
 
@@ -127,13 +147,23 @@ class Scheduler:
             return None
         if self.config.name == "first-fit":
             fits.sort(key=lambda f: f[1].index)
-        else:  # best fit: pack onto the fullest GPU that still fits, cooler first on ties
-            fits.sort(key=lambda f: (f[0], f[1].temperature, f[1].index))
+        else:  # best fit: pack onto the fullest GPU that still fits, cooler first on ties;
+            # with idle reclaim, a GPU an idle job holds comes first (its time turns busy)
+            fits.sort(key=lambda f: (not f[1].idle, f[0], f[1].temperature, f[1].index))
         _, slot, need = fits[0]
+        slot.idle = False
         slot.fraction += spec.gpu_fraction
         slot.booked += need
         slot.used += need  # it will use it: later jobs in this decision must see that
         return [slot.uuid], need
+
+    def _holds_whole(self, job: JobRecord) -> bool:
+        """A running job that owns its GPUs (not a fraction, not re-admitted as a share)."""
+        return (job.spec.gpu_fraction is None or self._whole_only) \
+            and job.id not in self._shared
+
+    def _share(self, job: JobRecord) -> float:
+        return self._shared.get(job.id, job.spec.gpu_fraction or 0.0)
 
     def _release(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
         """`slots` as they would be once `job` (running) has exited."""
@@ -141,12 +171,12 @@ class Scheduler:
             s = slots.get(uuid)
             if s is None:
                 continue
-            if job.spec.gpu_fraction is None or self._whole_only:
+            if self._holds_whole(job):
                 s.exclusive = False
                 s.used = 0
             else:
                 mem = job.memory_bytes or 0
-                s.fraction = max(0.0, s.fraction - (job.spec.gpu_fraction or 0.0))
+                s.fraction = max(0.0, s.fraction - self._share(job))
                 s.booked = max(0, s.booked - mem)
                 s.used = max(0, s.used - mem)
 
@@ -159,16 +189,19 @@ class Scheduler:
                 decision.unusable[g.uuid] = reason
                 continue
             slots[g.uuid] = _Slot(g.uuid, g.index, g.memory_total_bytes, g.memory_used_bytes,
-                                  g.temperature_c if g.temperature_c is not None else 0.0)
+                                  g.temperature_c if g.temperature_c is not None else 0.0,
+                                  idle=bool(self._idle) and g.utilization is not None
+                                  and g.utilization < self.config.idle_util_threshold
+                                  and bool(g.processes))
         for job in running:
             for uuid in job.gpus:
                 s = slots.get(uuid)
                 if s is None:
                     continue
-                if job.spec.gpu_fraction is None or self._whole_only:
+                if self._holds_whole(job):
                     s.exclusive = True
                 else:
-                    s.fraction += job.spec.gpu_fraction
+                    s.fraction += self._share(job)
                     s.booked += job.memory_bytes or 0
         return slots
 
@@ -177,13 +210,23 @@ class Scheduler:
     def decide(self, now: float,  # noqa: PLR0917 - the contract engine and replay share
                queued: Sequence[JobRecord], running: Sequence[JobRecord],
                gpus: Sequence[GpuInfo], ledger: FairShareLedger,
-               blocked: Collection[str] = ()) -> Decision:
+               blocked: Collection[str] = (), *,
+               idle: Mapping[int, float] | None = None,
+               shared: Mapping[int, float] | None = None) -> Decision:
         """Decide at `now`. `queued`: jobs eligible to start (dependencies met, backoff
         over, not held); `running`: jobs holding GPUs (running or preempting); `blocked`:
-        GPU uuids the engine keeps out (release barrier, leak)."""
+        GPU uuids the engine keeps out (release barrier, leak); `idle`: running job id ->
+        since when its measured utilisation has stayed under `idle_util_threshold`;
+        `shared`: whole-GPU jobs an earlier idle reclaim re-admitted as a share (job id ->
+        fraction; their record's memory_bytes is the memory booked)."""
         c = self.config
         d = Decision()
+        self._shared = dict(shared or {})
+        self._idle = dict(idle or {}) if c.name == "priority" and c.idle_reclaim else {}
+        self._now = now
         slots = self._slots(gpus, running, blocked, d)
+        if self._idle and queued:
+            self._share_idle(running, slots, d)
         if c.name == "priority":
             for job in queued:
                 d.breakdowns[job.id] = priority(c, job, now, ledger)
@@ -201,8 +244,16 @@ class Scheduler:
         pending |= {j.preempt_for for j in queued if j.preempt_for is not None
                     and j.finished_at is not None
                     and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
+        # victims that left for a job still waiting here: they do not take the GPUs back
+        # before it (an idle-reclaim victim may outrank its waiter by age alone)
+        waiting = {j.id for j in queued}
+        yielded = {j.id for j in queued if j.preempt_for in waiting
+                   and j.finished_at is not None
+                   and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
         no_victims: set[tuple[int, float | None, int | None]] = set()
         for job in order:
+            if job.id in yielded:
+                continue
             placed = self._place(job, slots)
             if placed is not None:
                 d.starts.append((job.id, placed[0]))
@@ -225,14 +276,58 @@ class Scheduler:
                     for v in victims:
                         d.preemptions.append((v.id, job.id))
                         d.victim_cost[v.id] = v.uncheckpointed_gpu_seconds(now)
+                        if self._idle and v.spec.checkpoint_dir and self._reclaimable(v):
+                            d.preempt_reasons[v.id] = "idle_reclaim"
+                            d.idle_seconds[v.id] = self.idle_for(v)
+                        else:
+                            d.preempt_reasons[v.id] = "priority"
                         preemptible.remove(v)
                         self._release(v, slots)
                     self._reserve(job, slots)
         return d
 
+    # ---------------------------------------------------------------------- idle reclaim
+
+    def idle_for(self, job: JobRecord) -> float:
+        """Seconds `job` has been measured idle (0: busy, or not measured yet)."""
+        since = self._idle.get(job.id)
+        return 0.0 if since is None else max(0.0, self._now - since)
+
+    def _reclaimable(self, job: JobRecord) -> bool:
+        return (job.state == "running" and job.id in self._idle
+                and self.idle_for(job) >= self.config.idle_reclaim_seconds)
+
+    def _share_idle(self, running: Sequence[JobRecord], slots: dict[str, _Slot],
+                    d: Decision) -> None:
+        """Re-admit idle one-GPU jobs that cannot checkpoint as a share of their GPU sized
+        by their measured memory: the job keeps its process, its memory and its GPU; the
+        rest of the GPU's memory is offered to fractional jobs. (A job that checkpoints
+        is preempted instead, see _victims: it loses nothing either.)"""
+        for job in running:
+            if (not self._reclaimable(job) or not self._holds_whole(job)
+                    or job.spec.gpus != 1 or job.spec.checkpoint_dir or len(job.gpus) != 1):
+                continue
+            s = slots.get(job.gpus[0])
+            if s is None or s.fraction > 0 or s.booked > 0:
+                continue
+            booked = max(job.spec.gpu_memory_bytes or 0, s.used)
+            fraction = math.ceil(100.0 * booked / s.total) / 100.0
+            if fraction > self.config.idle_share_max_fraction:
+                continue
+            s.exclusive = False
+            s.fraction = fraction
+            s.booked = booked
+            self._shared[job.id] = fraction
+            d.shares.append((job.id, fraction, booked))
+            d.idle_seconds[job.id] = self.idle_for(job)
+
+    # ------------------------------------------------------------------------ preemption
+
     def _preemptible(self, now: float, running: Sequence[JobRecord], ledger: FairShareLedger,
                      d: Decision) -> list[JobRecord]:
-        """Running jobs that may be preempted, least un-checkpointed GPU-time first."""
+        """Running jobs that may be preempted, cheapest first: jobs that checkpoint (they
+        commit on the signal) by least un-checkpointed GPU-time, then jobs without a
+        checkpoint_dir (a preemption throws their whole run away)."""
         c = self.config
         out = []
         for j in running:
@@ -242,16 +337,26 @@ class Scheduler:
                 continue
             d.breakdowns[j.id] = priority(c, j, now, ledger)
             out.append(j)
-        out.sort(key=lambda j: (j.uncheckpointed_gpu_seconds(now), -j.id))
+        out.sort(key=lambda j: (not j.spec.checkpoint_dir,
+                                j.uncheckpointed_gpu_seconds(now), -j.id))
         return out
 
     def _victims(self, job: JobRecord, slots: dict[str, _Slot],
                  preemptible: list[JobRecord], d: Decision) -> list[JobRecord]:
         """The cheapest victim set that lets `job` fit: the single victim with the least
-        un-checkpointed GPU-time that frees enough; else the fewest cheapest in order."""
+        un-checkpointed GPU-time that frees enough; else the fewest cheapest in order.
+        Idle reclaim: a job that checkpoints and has been measured idle long enough is a
+        candidate for any waiter of higher or equal priority (its own age term left out),
+        and comes first."""
         mine = d.breakdowns[job.id].total
-        candidates = [v for v in preemptible
-                      if d.breakdowns[v.id].total + self.config.preempt_min_priority_gap <= mine]
+        gap = self.config.preempt_min_priority_gap
+        # (the idle job's age term does not count: it is running, not waiting)
+        idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
+                and self._reclaimable(v)
+                and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
+        busy = [v for v in preemptible if v not in idle
+                and d.breakdowns[v.id].total + gap <= mine]
+        candidates = idle + busy
         if not candidates:
             return []
         for v in candidates:  # already cheapest first

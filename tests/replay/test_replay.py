@@ -44,11 +44,12 @@ def test_urgent_jobs_wait_less_under_priority(day: dict[str, ReplayMetrics]) -> 
     assert p95["priority"] < p95["first-fit"]
 
 
-def test_idle_held_gpu_time_is_no_worse_than_first_fit(day: dict[str, ReplayMetrics]) -> None:
-    """Notebooks hold whole GPUs idle under every policy (none reclaims idle holds:
-    BENCHMARKS.md, issue 15); the priority policy must at least not add to it."""
-    assert day["priority"].idle_held_gpu_hours <= day["first-fit"].idle_held_gpu_hours + 1e-9
-    assert day["first-fit"].idle_held_gpu_hours > 0
+def test_idle_reclaim_holds_fewer_gpus_idle_than_first_fit(
+        day: dict[str, ReplayMetrics]) -> None:
+    """Notebooks hold whole GPUs at 2 % under the baselines; the priority policy's idle
+    reclaim shares their GPUs with fractional jobs, so fewer GPU-hours are held idle."""
+    assert day["priority"].idle_held_gpu_hours < day["first-fit"].idle_held_gpu_hours
+    assert day["priority"].idle_held_gpu_hours > 0  # the first 15 min of each notebook
 
 
 def test_only_the_priority_policy_preempts(day: dict[str, ReplayMetrics]) -> None:
