@@ -58,6 +58,10 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     preempt_grace_seconds: float = Field(default=120.0, gt=0)
+    telemetry_event_interval_seconds: float = Field(
+        default=60.0, ge=0,
+        description="a job's step/loss reports are kept as job events at most this often "
+        "(every report still reaches the launcher's metrics endpoint); 0 keeps every one")
     backoff_base_seconds: float = Field(default=30.0, ge=0)
     backoff_max_seconds: float = Field(default=3600.0, ge=0)
     release_timeout_seconds: float = Field(

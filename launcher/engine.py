@@ -146,6 +146,7 @@ class Engine:
         self._last_tick: float | None = None
         self._over_fraction: set[tuple[int, int]] = set()
         self._killed_at: dict[int, float] = {}
+        self._telemetry_kept_at: dict[int, float] = {}
         self._tick_events: list[Event] | None = None  # collecting while a tick runs
         # idle reclaim: since when each active job has been measured idle, and the
         # whole-GPU jobs re-admitted as a share of their GPU (job id -> fraction; durable
@@ -335,6 +336,12 @@ class Engine:
                 self.store.update(rec.id, last_checkpoint_time=r.time,
                                   last_checkpoint_step=step if isinstance(step, int) else None)
             self._event(r.time, rec.id, "checkpoint_committed", dict(r.data))
+        elif r.kind == "telemetry":
+            # a report per training step would be a stored row per step: keep one a while
+            kept = self._telemetry_kept_at.get(rec.id)
+            if kept is None or r.time - kept >= self.ec.telemetry_event_interval_seconds:
+                self._telemetry_kept_at[rec.id] = r.time
+                self._event(r.time, rec.id, r.kind, dict(r.data))
         else:
             self._event(r.time, rec.id, r.kind, dict(r.data))
 

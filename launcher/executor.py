@@ -348,7 +348,9 @@ class ProcessExecutor:
         a = self._running.get(job_id)
         if a is not None:
             return set(a.pids)
-        return set(self._ended_pids.get(job_id, ()))
+        # an ended job's processes that are still alive: a GPU state read before they
+        # were gone (the exporter samples every few seconds) must not make a dead pid a leak
+        return {pid for pid in self._ended_pids.get(job_id, ()) if _alive(pid)}
 
     def pid_of(self, job_id: Any) -> int | None:
         a = self._running.get(job_id)
@@ -512,6 +514,15 @@ def _start_ticks(pid: int) -> int:
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (IndexError, ValueError):
         return -1
+
+
+def _alive(pid: int) -> bool:
+    """A live (not zombie) process with this pid, from /proc."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _group_members(pgids: set[int]) -> dict[int, set[int]]:

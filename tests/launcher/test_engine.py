@@ -10,7 +10,7 @@ import pytest
 
 from launcher.config import EngineConfig, LauncherCoreConfig, PolicyConfig
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
-from launcher.engine import BadState, Engine, LauncherError, PermissionDenied
+from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, Report
 from launcher.gpustate import GIB
 from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
@@ -387,3 +387,17 @@ def test_freed_gpus_are_kept_for_the_waiter_not_taken_by_lower_jobs() -> None:
     (big_start,) = _started(node, big)
     behind_starts = _started(node, behind)
     assert not behind_starts or behind_starts[0] >= big_start
+
+
+def test_step_reports_are_kept_as_job_events_at_most_once_an_interval() -> None:
+    """A training loop reports every step; storing each would be a row per step."""
+    node = Node(gpus=1, default=SimBehaviour(work_seconds=10_000),
+                engine_config=EngineConfig(telemetry_event_interval_seconds=60.0))
+    (job,) = node.submit("{name: t, command: x}")
+    node.run(10)
+    for step in range(300):  # 300 steps over 150 s
+        node.executor._reports.append(
+            Report(job, node.now + step * 0.5, "telemetry", {"step": step, "loss": 1.0}))
+    node.run(10)
+    kept = [e.data["step"] for e in node.store.events(job, "telemetry")]
+    assert kept == [0, 120, 240]

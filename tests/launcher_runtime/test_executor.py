@@ -66,7 +66,8 @@ def test_job_runs_as_submitter_with_its_groups_and_env(tmp_path: Path) -> None:
     assert (job_env, user_env) == ("7", ALICE)
     assert events == str(ex.events_path(7, 1))
     assert leader, "the job is not in its own session and process group"
-    assert ex.pids(7), "the job's pids are remembered for the release barrier"
+    assert ex._ended_pids[7], "the job's pids are remembered for the release barrier"
+    assert ex.pids(7) == set(), "...but only the live ones count: it has exited"
     assert out.stat().st_uid == pw.pw_uid
 
 
@@ -180,3 +181,26 @@ def test_any_preemption_signal_reaches_the_job_and_not_its_shell(tmp_path: Path)
     ex.signal(11, signal.SIGXCPU)
     (exit_,) = _wait_exit(ex, 11)
     assert exit_.code == 75
+
+
+def test_an_ended_jobs_pids_are_only_those_still_alive(tmp_path: Path) -> None:
+    """The release barrier asks pids() after the exit: a GPU state read before the job's
+    processes were gone (an exporter samples every few seconds) shows their pids, and a
+    dead pid must not be taken for a leak; a process of the job still alive must be."""
+    local_user(ALICE)
+    tmp_path.chmod(0o777)
+    ex = ProcessExecutor(tmp_path / "state")
+    ex.start(4, 1, _spec([PY, "-c", "import time; time.sleep(0.5)"], tmp_path), [], {},
+             ALICE_UID())
+    deadline = time.monotonic() + 20
+    while not ex.pids(4):
+        assert time.monotonic() < deadline, "the job's pids were never seen"
+        ex.poll()
+        time.sleep(0.02)
+    seen = ex.pids(4)
+    (exit_,) = _wait_exit(ex, 4)
+    assert exit_.code == 0
+    assert seen and ex.pids(4) == set()
+    # a pid of the job that is still alive (here: pretend this test process was one)
+    ex._ended_pids[4] = seen | {os.getpid()}
+    assert ex.pids(4) == {os.getpid()}
