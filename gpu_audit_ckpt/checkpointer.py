@@ -209,7 +209,8 @@ class Checkpointer:
             bytes=manifest.size, duration_s=self.last_commit_seconds,
             signal_time=self.flag.signal_time if reason == "preempt" else None,
         )
-        store.retain(self.directory, self.keep_last, prefix)
+        if reason != "preempt":  # the deadline is running: the next save prunes instead
+            store.retain(self.directory, self.keep_last, prefix)
         if prefix == "anomaly":
             self._anomaly = None
         else:
