@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, SupportsFloat
 
+from gpu_audit_ckpt import preempt as _preempt
 from gpu_audit_ckpt import state as _state
 from gpu_audit_ckpt import store
 from gpu_audit_ckpt.anomaly import Anomaly, LossMonitor
@@ -90,7 +91,8 @@ class Checkpointer:
         self.events = EventLog(
             events_file if events_file is not None else os.environ.get(ENV_EVENTS_FILE), clock
         )
-        self.flag = PreemptFlag(clock)
+        # The process-wide flag when gpu_audit_ckpt.install() already ran, else our own.
+        self.flag = _preempt.installed() or PreemptFlag(clock)
         self._acked = False
         self._anomaly: Anomaly | None = None
         self.last_saved_step: int | None = None
