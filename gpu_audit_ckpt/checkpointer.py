@@ -116,6 +116,10 @@ class Checkpointer:
         """Unix time after which the job will be killed, once a preemption was requested."""
         return self.flag.deadline
 
+    def time_left(self) -> float | None:
+        """Seconds until the deadline once a preemption was requested, else None."""
+        return self.flag.time_left()
+
     def _ack(self, step: int | None) -> None:
         """The loop has seen the request: tell the launcher once (signal-to-ack latency)."""
         if not self._acked:
