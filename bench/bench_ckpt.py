@@ -16,6 +16,7 @@ between timings so one method's dirty pages are not flushed on another's clock.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,14 @@ def ours(ckpt: Checkpointer, step: int, state: dict[str, Any]) -> float:
     return time.perf_counter() - t
 
 
+def sha256_only(state: dict[str, Any]) -> float:
+    """SHA-256 of the state's memory alone: the part of the commit that buys verification."""
+    t = time.perf_counter()
+    for arr in _flat(state).values():
+        hashlib.sha256(memoryview(arr.reshape(-1).view(np.uint8))).hexdigest()
+    return time.perf_counter() - t
+
+
 def load_naive(directory: Path) -> float:
     t = time.perf_counter()
     for f in sorted(directory.iterdir()):
@@ -76,8 +86,60 @@ def load_ours(ckpt: Checkpointer) -> float:
     return time.perf_counter() - t
 
 
+class Timings:
+    """Wall and CPU seconds (all threads: the hashing thread counts) per measured kind."""
+
+    KINDS = ("naive", "naive_fsync", "ours", "sha256", "load_naive", "load_ours")
+
+    def __init__(self) -> None:
+        self.wall: dict[str, list[float]] = {k: [] for k in self.KINDS}
+        self.cpu: dict[str, list[float]] = {k: [] for k in self.KINDS}
+
+    def time(self, kind: str, fn: Callable[[], float]) -> None:
+        c0 = time.process_time()
+        self.wall[kind].append(fn())
+        self.cpu[kind].append(time.process_time() - c0)
+
+
+def run_size(base: Path, mb: int, reps: int) -> dict[str, Any]:
+    state = make_state(mb)
+    ckpt = Checkpointer(base / f"ck-{mb}", keep_last=1)
+    path = base / f"naive-{mb}"
+    t = Timings()
+    for rep in range(reps):
+        os.sync()
+        t.time("naive", lambda: naive(path, state, fsync=False))
+        os.sync()
+        t.time("naive_fsync", lambda: naive(path, state, fsync=True))
+        os.sync()
+        t.time("ours", lambda: ours(ckpt, rep + 1, state))  # noqa: B023 - called at once
+        t.time("sha256", lambda: sha256_only(state))
+        os.sync()
+        t.time("load_naive", lambda: load_naive(path))
+        t.time("load_ours", lambda: load_ours(ckpt))
+        shutil.rmtree(path)
+    shutil.rmtree(base / f"ck-{mb}")
+    med = {k: statistics.median(v) for k, v in t.wall.items()}
+    cpu = {k: statistics.median(v) for k, v in t.cpu.items()}
+    print(
+        f"{mb:>5} MB  commit: naive {med['naive']:.3f} s | naive+fsync "
+        f"{med['naive_fsync']:.3f} s | gpu_audit_ckpt {med['ours']:.3f} s "
+        f"({med['ours'] / med['naive']:.2f}x naive, "
+        f"{med['ours'] / med['naive_fsync']:.2f}x naive+fsync, {mb / med['ours']:.0f} MB/s; "
+        f"sha256 alone {med['sha256']:.3f} s)   resume: np.load "
+        f"{med['load_naive']:.3f} s | restore+verify {med['load_ours']:.3f} s\n"
+        f"{'':>5}    CPU:    naive {cpu['naive']:.3f} s | naive+fsync "
+        f"{cpu['naive_fsync']:.3f} s | gpu_audit_ckpt {cpu['ours']:.3f} s | "
+        f"sha256 alone {cpu['sha256']:.3f} s   resume: np.load "
+        f"{cpu['load_naive']:.3f} s | restore+verify {cpu['load_ours']:.3f} s",
+        flush=True,
+    )
+    return {"size_mb": mb, "reps": reps, "bytes": mb * 1024 * 1024,
+            "median_s": med, "median_cpu_s": cpu, "all_s": t.wall, "all_cpu_s": t.cpu}
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
@@ -85,44 +147,12 @@ def main() -> None:
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
-    need = max(args.sizes_mb) * 1024 * 1024 * 3
-    free = shutil.disk_usage(base).free
-    if free < need:
-        raise SystemExit(f"{base}: {free >> 20} MiB free, need {need >> 20} MiB")
-    results: list[dict[str, Any]] = []
     try:
-        for mb in args.sizes_mb:
-            state = make_state(mb)
-            ckpt = Checkpointer(base / f"ck-{mb}", keep_last=1)
-            kinds = ("naive", "naive_fsync", "ours", "load_naive", "load_ours")
-            times: dict[str, list[float]] = {k: [] for k in kinds}
-            for rep in range(args.reps):
-                path = base / f"naive-{mb}"
-                for name in ("naive", "naive_fsync", "ours"):
-                    os.sync()
-                    if name == "ours":
-                        times[name].append(ours(ckpt, rep + 1, state))
-                    else:
-                        times[name].append(naive(path, state, fsync=name == "naive_fsync"))
-                os.sync()
-                times["load_naive"].append(load_naive(path))
-                times["load_ours"].append(load_ours(ckpt))
-                shutil.rmtree(path)
-            med = {k: statistics.median(v) for k, v in times.items()}
-            row = {"size_mb": mb, "reps": args.reps, "median_s": med, "all_s": times,
-                   "bytes": sum(a.nbytes for sub in state.values() for a in sub.values())}
-            results.append(row)
-            shutil.rmtree(base / f"ck-{mb}")
-            del state
-            print(
-                f"{mb:>5} MB  commit: naive {med['naive']:.3f} s | naive+fsync "
-                f"{med['naive_fsync']:.3f} s | gpu_audit_ckpt {med['ours']:.3f} s "
-                f"({med['ours'] / med['naive']:.2f}x naive, "
-                f"{med['ours'] / med['naive_fsync']:.2f}x naive+fsync, {mb / med['ours']:.0f} MB/s)"
-                f"   resume: np.load "
-                f"{med['load_naive']:.3f} s | restore+verify {med['load_ours']:.3f} s",
-                flush=True,
-            )
+        need = max(args.sizes_mb) * 1024 * 1024 * 3
+        free = shutil.disk_usage(base).free
+        if free < need:
+            raise SystemExit(f"{base}: {free >> 20} MiB free, need {need >> 20} MiB")
+        results = [run_size(base, mb, args.reps) for mb in args.sizes_mb]
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if args.json:

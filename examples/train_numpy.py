@@ -22,9 +22,12 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
+import gpu_audit_ckpt
 
-from gpu_audit_ckpt import Checkpointer
+# First, before importing numpy: from here on a preemption signal only sets the flag.
+gpu_audit_ckpt.install()
+
+import numpy as np  # noqa: E402
 
 
 def make_data(n: int, dim: int, seed: int) -> tuple[Any, Any]:
@@ -99,11 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     momentum = {k: np.zeros_like(v) for k, v in params.items()}
     perm = np.arange(n)
 
-    ckpt = Checkpointer(
+    ckpt = gpu_audit_ckpt.Checkpointer(
         args.checkpoint_dir, every_steps=args.every_steps, keep_last=args.keep_last,
         generators={"data": data_rng, "dropout": drop_rng},
     )
-    ckpt.install()
     step = 0
     resumed = ckpt.restore()
     if resumed is not None:

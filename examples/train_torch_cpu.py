@@ -17,10 +17,15 @@ import sys
 import time
 from typing import Any
 
-import torch
-from torch import nn
+import gpu_audit_ckpt
 
-from gpu_audit_ckpt import Checkpointer
+# First, before the seconds torch takes to import: from here on a preemption signal only
+# sets the flag (the default action would kill the process and lose the work since the
+# last checkpoint). Checkpointers created later share this flag.
+gpu_audit_ckpt.install()
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 def make_data(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,11 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     shuffle = torch.Generator().manual_seed(args.seed + 2)
     perm = torch.arange(n)
 
-    ckpt = Checkpointer(
+    ckpt = gpu_audit_ckpt.Checkpointer(
         args.checkpoint_dir, every_steps=args.every_steps, keep_last=args.keep_last,
         generators={"shuffle": shuffle},
     )
-    ckpt.install()
     step = 0
     resumed = ckpt.restore()
     if resumed is not None:

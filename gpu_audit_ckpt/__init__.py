@@ -15,6 +15,7 @@ from gpu_audit_ckpt.constants import (
     EXIT_PREEMPTED,
 )
 from gpu_audit_ckpt.events import EventLog
+from gpu_audit_ckpt.preempt import PreemptFlag, install
 from gpu_audit_ckpt.store import InvalidCheckpoint, Manifest, latest, verify
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "InvalidCheckpoint",
     "LossMonitor",
     "Manifest",
+    "PreemptFlag",
     "Resumed",
+    "install",
     "latest",
     "verify",
 ]

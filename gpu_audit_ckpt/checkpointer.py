@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, SupportsFloat
 
+from gpu_audit_ckpt import preempt as _preempt
 from gpu_audit_ckpt import state as _state
 from gpu_audit_ckpt import store
 from gpu_audit_ckpt.anomaly import Anomaly, LossMonitor
@@ -90,7 +91,8 @@ class Checkpointer:
         self.events = EventLog(
             events_file if events_file is not None else os.environ.get(ENV_EVENTS_FILE), clock
         )
-        self.flag = PreemptFlag(clock)
+        # The process-wide flag when gpu_audit_ckpt.install() already ran, else our own.
+        self.flag = _preempt.installed() or PreemptFlag(clock)
         self._acked = False
         self._anomaly: Anomaly | None = None
         self.last_saved_step: int | None = None
@@ -113,6 +115,10 @@ class Checkpointer:
     def deadline(self) -> float | None:
         """Unix time after which the job will be killed, once a preemption was requested."""
         return self.flag.deadline
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline once a preemption was requested, else None."""
+        return self.flag.time_left()
 
     def _ack(self, step: int | None) -> None:
         """The loop has seen the request: tell the launcher once (signal-to-ack latency)."""
@@ -209,7 +215,8 @@ class Checkpointer:
             bytes=manifest.size, duration_s=self.last_commit_seconds,
             signal_time=self.flag.signal_time if reason == "preempt" else None,
         )
-        store.retain(self.directory, self.keep_last, prefix)
+        if reason != "preempt":  # the deadline is running: the next save prunes instead
+            store.retain(self.directory, self.keep_last, prefix)
         if prefix == "anomaly":
             self._anomaly = None
         else:

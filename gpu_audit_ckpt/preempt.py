@@ -108,3 +108,23 @@ class PreemptFlag:
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - self._clock()
+
+
+# The process's flag once `install()` ran: a script can install it first thing, before
+# importing torch (seconds during which a signal would otherwise kill it), and every
+# Checkpointer created later reads the same flag.
+_installed: PreemptFlag | None = None
+
+
+def install(signals: Iterable[str | int] | None = None, grace: float | None = None) -> PreemptFlag:
+    """Install the process-wide preemption flag (signals and grace default to the environment)."""
+    global _installed  # noqa: PLW0603 - one signal disposition per process, by nature
+    if _installed is None:
+        _installed = PreemptFlag()
+    _installed.install(signals, grace)
+    return _installed
+
+
+def installed() -> PreemptFlag | None:
+    return _installed
+

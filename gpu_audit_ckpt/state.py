@@ -190,7 +190,8 @@ def capture_rng(generators: Mapping[str, Any]) -> dict[str, Any]:
         doc["numpy"] = _to_json(list(np.random.get_state()))
     if torch is not None:
         doc["torch_cpu"] = _to_json(_tensor_bytes(torch.get_rng_state()))
-        if torch.cuda.is_available():
+        # Only once CUDA is in use: asking earlier would create a context on every device.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             doc["torch_cuda"] = [
                 _to_json(_tensor_bytes(s)) for s in torch.cuda.get_rng_state_all()
             ]

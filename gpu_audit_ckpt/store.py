@@ -43,7 +43,6 @@ PREFIXES = ("step", "anomaly")
 _TMP = ".tmp-"
 _NAME = re.compile(r"^(step|anomaly)-(\d+)$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_CHUNK = 1 << 20
 
 # Fault injection for tests (tests/ckpt/test_ckpt_kill.py): called with the name of each
 # boundary of a commit; a test sets it in a child process to SIGKILL itself there.
@@ -319,13 +318,11 @@ def verify(path: Path) -> Manifest:
             size = f.stat().st_size
             if size != entry.size:
                 raise InvalidCheckpoint(f"{f}: {size} bytes, manifest says {entry.size}")
-            h = hashlib.sha256()
             with open(f, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    h.update(chunk)
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()  # readinto, no copies
         except OSError as exc:
             raise InvalidCheckpoint(f"{f}: unreadable: {exc}") from None
-        if h.hexdigest() != entry.sha256:
+        if digest != entry.sha256:
             raise InvalidCheckpoint(f"{f}: sha256 does not match the manifest (damaged)")
     return manifest
 

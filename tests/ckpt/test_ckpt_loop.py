@@ -155,3 +155,31 @@ def test_events_are_one_json_object_per_line(ckpt: Checkpointer, tmp_path: Path)
     assert ev["event"] == "metrics" and ev["step"] == 1
     assert ev["loss"] == 0.25 and ev["acc"] == 0.5 and ev["note"] == "warmup"
     assert isinstance(ev["time"], float) and ev["pid"] == os.getpid()
+
+
+def test_retention_after_periodic_saves_but_not_on_the_preemption_path(tmp_path: Path) -> None:
+    c = Checkpointer(tmp_path, keep_last=2)
+    for s in (1, 2, 3):
+        c.save(s, {"w": np.zeros(1)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3"]
+    c.flag.request("test")
+    c.save(4, {"w": np.zeros(1)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3", "step-4"]
+    Checkpointer(tmp_path, keep_last=2).save(5, {"w": np.zeros(1)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-4", "step-5"]
+
+
+def test_process_wide_install_is_shared_by_later_checkpointers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """install() before the slow imports: a signal then is seen by the Checkpointer made later."""
+    from gpu_audit_ckpt import install, preempt
+
+    monkeypatch.setattr(preempt, "_installed", None)
+    flag = install(["USR2"], grace=5)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        c = Checkpointer(tmp_path)
+        assert c.flag is flag and c.preempt_requested and c.should_checkpoint(1)
+    finally:
+        flag.uninstall()
