@@ -232,9 +232,12 @@ def write_outputs(bill: Bill, req: Request, data: SourceData, out_dir: Path) -> 
     Returns file name -> sha256 of the three outputs (what the manifest records and
     `--replay` compares). `out_dir` is created if missing.
     """
+    rendered = render_outputs(bill, req, data)  # every byte first: a bad value writes nothing
     out_dir.mkdir(parents=True, exist_ok=True)
+    # An earlier export's manifest would vouch for files about to change.
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     hashes: dict[str, str] = {}
-    for name, data_bytes in render_outputs(bill, req, data).items():
+    for name, data_bytes in rendered.items():
         replace_file(out_dir / name, data_bytes)
         hashes[name] = sha256_bytes(data_bytes)
     replace_file(out_dir / MANIFEST_NAME, render_manifest(req, data, hashes))
