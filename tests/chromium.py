@@ -144,13 +144,13 @@ def png_pixels(png: Path) -> tuple[int, int, list[bytes]]:
     return width, height, rows
 
 
-def count_color(png: Path, rgb: str, tolerance: int = 8) -> int:
-    """Pixels within `tolerance` of the colour `#rrggbb`."""
-    want = bytes.fromhex(rgb.lstrip("#"))
+def count_colors(png: Path, colors: list[str]) -> dict[str, int]:
+    """How many pixels have exactly each colour `#rrggbb` (flat fills such as chart bars
+    keep their exact colour; anti-aliased edges do not count)."""
     _, _, rows = png_pixels(png)
-    n = 0
-    for row in rows:
-        for i in range(0, len(row), 3):
-            if all(abs(row[i + k] - want[k]) <= tolerance for k in range(3)):
-                n += 1
-    return n
+    out: dict[str, int] = {}
+    for color in colors:
+        want = bytes.fromhex(color.lstrip("#"))
+        # bytes.count finds unaligned matches too; for a flat colour they are rare
+        out[color] = sum(row.count(want) for row in rows)
+    return out

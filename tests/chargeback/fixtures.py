@@ -144,8 +144,8 @@ def sample_bill(days: int = 30, *, hostile: bool = False, verified: bool | None 
         energy_difference_kwh=(fleet.energy_joules - fleet.power_energy_joules) / 3.6e6,
         other_sources=dict(other_sources or {}))
     start, end = period(days)
-    unmapped = sorted(user or "" for (user, _p) in totals
-                      if user is not None and user not in departments)
+    unmapped = sorted(user for (user, _p) in totals
+                      if user is not None and departments.get(user) is None)
     return Bill(
         start=start, end=end, source="archive", currency="EUR", idle_policy="proportional",
         idle_policy_note="", rows=rows, reconciliation=rec, days=per_day, unmapped=unmapped,
