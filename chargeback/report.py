@@ -206,9 +206,8 @@ def _departments(bill: Bill, money: _Money) -> str:
           _e(money(r.energy_cost)), _e(money(r.idle_share_cost)), _e(money(r.total_cost))]
          for name, r in groups),
     )
-    policy = f"Idle fleet cost policy: <b>{_e(bill.idle_policy)}</b>."
-    if bill.idle_policy_note:
-        policy += f" {_e(bill.idle_policy_note)}"
+    policy = f"Idle fleet cost policy: <b>{_e(bill.idle_policy)}</b>"
+    policy += f" ({_e(bill.idle_policy_note)})." if bill.idle_policy_note else "."
     return ('<section id="departments"><h2>Cost by department</h2>'
             f"{hbars('Cost by department', items, color=BLUE)}{table}"
             f'<p class="note">{policy}</p></section>')

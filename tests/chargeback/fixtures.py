@@ -118,19 +118,19 @@ def sample_bill(days: int = 30, *, hostile: bool = False, verified: bool | None 
                  user or "", u) for (user, project), u in totals.items()
             if (user, project) != UNATTRIBUTED]
     idle_hours = (fleet.gpu_seconds - fleet.held_gpu_seconds) / 3600
-    idle_cost = idle_hours * GPU_PRICE
+    idle_kwh = (fleet.energy_joules - sum(u.energy_joules for u in totals.values())) / 3.6e6
+    idle_cost = idle_hours * GPU_PRICE + idle_kwh * KWH_PRICE  # shared, as compute does
     owner_hours = sum(r.charged_gpu_hours for r in rows)
     for r in rows:  # proportional idle share
         r.idle_share_cost = idle_cost * r.charged_gpu_hours / owner_hours
         r.total_cost += r.idle_share_cost
     rows.sort(key=lambda r: (r.department, r.project, r.user))
     rows.append(_row("unattributed", "", "", "", totals[UNATTRIBUTED]))
-    idle_kwh = (fleet.energy_joules - sum(u.energy_joules for u in totals.values())) / 3.6e6
     rows.append(Row(kind="idle", department="", project="", user="",
                     charged_gpu_hours=idle_hours, energy_kwh=idle_kwh,
-                    power_energy_kwh=idle_kwh * 0.99, gpu_cost=idle_cost,
-                    energy_cost=idle_kwh * KWH_PRICE,
-                    idle_share_cost=-idle_cost, total_cost=idle_kwh * KWH_PRICE))
+                    power_energy_kwh=idle_kwh * 0.99, gpu_cost=idle_hours * GPU_PRICE,
+                    energy_cost=idle_kwh * KWH_PRICE, idle_share_cost=-idle_cost,
+                    total_cost=0.0))
     unattributed_h = totals[UNATTRIBUTED].charged_gpu_seconds / 3600
     fleet_h = fleet.gpu_seconds / 3600
     rec = Reconciliation(
@@ -148,7 +148,8 @@ def sample_bill(days: int = 30, *, hostile: bool = False, verified: bool | None 
                       if user is not None and departments.get(user) is None)
     return Bill(
         start=start, end=end, source="archive", currency="EUR", idle_policy="proportional",
-        idle_policy_note="", rows=rows, reconciliation=rec, days=per_day, unmapped=unmapped,
+        idle_policy_note="idle cost shared over owner rows in proportion to charged "
+        "GPU-hours", rows=rows, reconciliation=rec, days=per_day, unmapped=unmapped,
         simulated_excluded=1234, simulated_included=False, verified=verified,
         verification_problems=[] if verified is not False else
         ["part 2026-11-14.jsonl.gz record 88: prev_hash does not match record 87"],

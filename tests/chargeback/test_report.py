@@ -23,8 +23,8 @@ from tests.chargeback.fixtures import (
     sample_source_data,
 )
 
-# `GPU_AUDIT_SCREENSHOT_DIR=docs/img pytest tests/chargeback/test_report.py` also keeps
-# the screenshot there (the README's docs/img/chargeback-report.png).
+# `GPU_AUDIT_SCREENSHOT_DIR=DIR pytest tests/chargeback/test_report.py` keeps the test's
+# screenshot there (the README's picture comes from tests/chargeback/screenshot.py).
 KEEP_DIR = os.environ.get("GPU_AUDIT_SCREENSHOT_DIR")
 
 
