@@ -180,3 +180,24 @@ def sample_source_data(bill: Bill) -> SourceData:
         queries=[f"archive part {d}.jsonl.gz" for d in sorted(bill.days)],
         inputs={f"{d}.jsonl.gz": f"{i:064x}" for i, d in enumerate(sorted(bill.days))},
         simulated_excluded=bill.simulated_excluded, verified=bill.verified)
+
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def sample_month_data(days: int = 30, *, hostile: bool = False) -> SourceData:
+    """The same month as `sample_bill`, as a source would hand it to compute.build_bill
+    (every GPU an A100)."""
+    per_day = sample_days(days, hostile=hostile)
+    start, end = period(days)
+    data = SourceData(source="archive", start=start, end=end, days=per_day,
+                      simulated_excluded=1234, verified=True)
+    fleet = Fleet()
+    for usage, day_fleet in per_day.values():
+        fleet.add(day_fleet)
+        for owner, u in usage.items():
+            data.usage.setdefault((owner, A100), Usage()).add(u)
+    data.fleet[A100] = fleet
+    data.queries = [f"archive part {d}.jsonl.gz" for d in sorted(per_day)]
+    data.inputs = {f"{d}.jsonl.gz": f"{i:064x}" for i, d in enumerate(sorted(per_day))}
+    return data
