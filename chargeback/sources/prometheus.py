@@ -5,18 +5,20 @@ What is read, per GPU (instance, uuid) and owner (user, project), for each UTC d
 the period (one `query_range` with a one-day step for the whole days, one instant query
 per partial day at either end):
 
-| quantity | query |
-|---|---|
-| used | `sum_over_time(gpu:gpu_held:bool[d])` x rule interval (recording rule) |
-| idle while held | `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (recording rule) |
-| allocated | `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule) |
-| charged | held / holders of the GPU, per evaluation: a subquery over `gpu:gpu_held:bool` at the rule interval (no rule splits shared GPUs) |
-| busy | subquery of `gpu_process_sm_utilization_ratio` summed per owner and GPU (raw) |
-| power share | the split of `user_project_job:gpu_power_watts:sum`, kept per GPU (subquery: the rule itself drops the GPU, and so the GPU model) |
-| up / down | subquery counts of `gpu_up == 1` / `== 0` (raw) |
-| GPU busy, power | subqueries of `gpu_utilization_ratio`, `gpu_power_usage_watts` per GPU (raw) |
-| energy | `max by (instance, uuid) (increase(gpu_energy_joules_total[d]))` (raw; `increase` handles counter resets, `max by` counts the copies of one counter on a MIG GPU's instances once) |
-| GPU model | `gpu_info`'s `name`, joined in Python |
+- used: `sum_over_time(gpu:gpu_held:bool[d])` x rule interval (recording rule);
+- idle while held: `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (rule);
+- allocated: `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule);
+- charged: held / holders of the GPU at each evaluation, a subquery over
+  `gpu:gpu_held:bool` at the rule interval (no rule splits a shared GPU);
+- busy: a subquery of `gpu_process_sm_utilization_ratio` per owner and GPU (raw);
+- power share: the split of `user_project_job:gpu_power_watts:sum` kept per GPU (a
+  subquery: the rule drops the GPU, and with it the GPU model);
+- up / down: subquery counts of `gpu_up == 1` / `== 0` (raw);
+- GPU busy and power: subqueries of `gpu_utilization_ratio`, `gpu_power_usage_watts`;
+- energy: `max by (instance, uuid) (increase(gpu_energy_joules_total[d]))` (raw;
+  `increase` handles counter resets, `max by` counts the copies of one counter on a MIG
+  GPU's instances once);
+- GPU model: `gpu_info`'s `name`, joined in Python.
 
 GPU-seconds are sums of 0/1 rule samples x the rule group's evaluation interval, read from
 `/api/v1/rules` (the group holding `gpu:gpu_held:bool`), else 60 s (the shipped rules'
@@ -164,17 +166,20 @@ class Client:
     """The query API over urllib: POST form bodies, JSON answers."""
 
     def __init__(self, url: str, timeout: float = 300.0) -> None:
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise PrometheusError(f"{url}: not an http(s) URL")
         self.url = url.rstrip("/")
         self.timeout = timeout
 
     def _call(self, path: str, params: dict[str, str] | None) -> Any:
         url = f"{self.url}{path}"
         data = urllib.parse.urlencode(params).encode() if params is not None else None
-        req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+        # http(s) only: checked in __init__
+        req = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
         if data:
             req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310
                 body = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode("utf-8", "replace")
@@ -375,13 +380,13 @@ def _assemble(data: SourceData,
         def get(name: str, key: tuple[str, str, Owner | None], q: Any = q) -> float:
             return float(q.get(name, {}).get(key, 0.0))
 
-        gpus = {(i, u) for name in q for (i, u, _) in q[name]}
+        gpus = {(inst, uid) for name in q for (inst, uid, _) in q[name]}
         owners_by_gpu: dict[tuple[str, str], set[Owner]] = {}
         for name, (_, per_owner) in QUERIES.items():
             if per_owner:
-                for i, u, o in q.get(name, {}):
+                for inst, uid, o in q.get(name, {}):
                     assert o is not None
-                    owners_by_gpu.setdefault((i, u), set()).add(o)
+                    owners_by_gpu.setdefault((inst, uid), set()).add(o)
         for gpu in sorted(gpus):
             model = models.get(gpu, "unknown")
             g = (gpu[0], gpu[1], None)
