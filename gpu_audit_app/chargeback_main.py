@@ -76,11 +76,11 @@ def period(args: argparse.Namespace) -> tuple[datetime, datetime]:
     if not args.time_from or not args.time_to:
         raise ConfigError("arguments", ["a period is needed: --month YYYY-MM, or both "
                                         "--from and --to"])
-    start = _time(args.time_from, "--from", problems)
-    end = _time(args.time_to, "--to", problems)
-    if problems or start is None or end is None:
+    begin = _time(args.time_from, "--from", problems)
+    until = _time(args.time_to, "--to", problems)
+    if problems or begin is None or until is None:
         raise ConfigError("arguments", problems)
-    return start, end
+    return begin, until
 
 
 def request(args: argparse.Namespace) -> Request:
