@@ -15,8 +15,9 @@ written; left out, as `audit verify` does).
 Accounting, per cycle and GPU (the `gpu` record, its `process` records and its
 `unattributed` record share `host`, GPU uuid and `time_ns`; they are grouped with a
 buffer of one cycle per GPU, so memory does not grow with the number of records). A
-record counts for the period and the UTC day of its `time_ns` (the end of the interval
-it accounts for):
+record at time T accounts for the interval (T - elapsed, T], so it counts for the period
+[start, end) when start < T <= end, and for the UTC day its interval ends in (the day of
+T - 1 ns: a record at midnight sharp closes the day before):
 
 - fleet: an up `gpu` record adds `gpu_seconds`, a down one `elapsed_seconds` to
   `down_gpu_seconds`; energy is the record's `energy_joules` (counter, counter reset or
@@ -141,7 +142,7 @@ class _Totals:
         return entry
 
     def close(self, c: _Cycle) -> None:
-        day = day_of(c.time_ns).isoformat()
+        day = day_of(c.time_ns - 1).isoformat()
         f = Fleet()
         e = c.elapsed
         idle = c.utilization is not None and c.utilization < IDLE_UTILIZATION
@@ -287,8 +288,9 @@ def _sha256(path: Path) -> str:
 
 
 def parts_for(directory: Path, start_ns: int, end_ns: int) -> list[Part]:
-    """The archive's parts of the UTC days that [start_ns, end_ns) touches, in order."""
-    first, last = day_of(start_ns), day_of(max(start_ns, end_ns - 1))
+    """The archive's parts of the UTC days from start_ns's to end_ns's (a record at
+    end_ns sharp, in end_ns's day, is still in the period), in order."""
+    first, last = day_of(start_ns), day_of(max(start_ns, end_ns))
     return [p for p in list_parts(directory) if first <= p.day <= last]
 
 
@@ -340,7 +342,7 @@ def read_archive(
             if not isinstance(rec, dict):
                 continue
             t = rec.get("time_ns")
-            if not isinstance(t, int) or not start_ns <= t < end_ns:
+            if not isinstance(t, int) or not start_ns < t <= end_ns:
                 continue
             in_range += 1
             if rec.get("simulated") is True and not include_sim:

@@ -7,7 +7,8 @@ body is recorded in `SourceData.queries` as canonical JSON (sorted keys), prefix
 the index searched:
 
 - usage: `process` records of attributed processes, by (user, project, GPU name, UTC
-  day): sums of `gpu_seconds` (used), `busy_gpu_seconds`, `energy_joules`, and the
+  day; as in the archive source, a record at T counts for (start, end] and for the day
+  of T - 1 ms): sums of `gpu_seconds` (used), `busy_gpu_seconds`, `energy_joules`, and the
   `gpu_seconds` of records whose own utilisation (`values.utilization_ratio`) is < 5 %
   (idle-held);
 - unattributed: `unattributed` records by (GPU name, day), in two filters: `free` (no
@@ -94,7 +95,7 @@ def _filters(req: Request, kind: str) -> list[dict[str, Any]]:
     start_ns = _ns(req.start)
     end_ns = _ns(req.end)
     out: list[dict[str, Any]] = [
-        {"range": {"time_ns": {"gte": start_ns, "lt": end_ns}}},
+        {"range": {"time_ns": {"gt": start_ns, "lte": end_ns}}},
         {"term": {"kind": kind}},
     ]
     return out
@@ -105,8 +106,11 @@ def _not_simulated(req: Request) -> list[dict[str, Any]]:
 
 
 def _day_source() -> dict[str, Any]:
+    # a record at T accounts for (T - elapsed, T]: one at midnight sharp closes the day
+    # before, so days start 1 ms after midnight (records are cycles, never that close)
     return {"day": {"date_histogram": {"field": "time", "calendar_interval": "1d",
-                                       "time_zone": "UTC", "format": "yyyy-MM-dd"}}}
+                                       "time_zone": "UTC", "offset": "+1ms",
+                                       "format": "yyyy-MM-dd"}}}
 
 
 def _terms(name: str, field: str) -> dict[str, Any]:
@@ -190,7 +194,7 @@ def simulated_body(req: Request) -> dict[str, Any]:
         "size": 0,
         "track_total_hits": True,
         "query": {"bool": {"filter": [
-            {"range": {"time_ns": {"gte": _ns(req.start), "lt": _ns(req.end)}}},
+            {"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
             {"term": {"simulated": True}}]}},
     }
 

@@ -11,6 +11,7 @@ sending that this fake cannot answer fails the test instead of answering wrongly
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -64,11 +65,15 @@ def _source_key(doc: Mapping[str, Any], src: Mapping[str, Any]) -> Any:
     if kind == "terms":
         return _get(doc, arg["field"])
     if kind == "date_histogram":
-        if (arg.get("calendar_interval"), arg.get("time_zone"), arg.get("format")) != (
-                "1d", "UTC", "yyyy-MM-dd"):
+        if (arg.get("calendar_interval"), arg.get("time_zone"), arg.get("format"),
+                arg.get("offset"), arg.get("field")) != ("1d", "UTC", "yyyy-MM-dd", "+1ms",
+                                                         "time"):
             raise Unsupported(f"date_histogram {arg}")
-        t = _get(doc, arg["field"])
-        return str(t)[:10] if isinstance(t, str) else None
+        t = doc.get("time_ns")  # the same instant as `time`
+        if not isinstance(t, int):
+            return None
+        shifted = (t - 1_000_000) // 10**9
+        return dt.datetime.fromtimestamp(shifted, tz=dt.UTC).date().isoformat()
     raise Unsupported(f"composite source {kind}")
 
 

@@ -129,14 +129,20 @@ def test_archive_sums_match_the_hand_computed_bill(archive: Path) -> None:
 
 
 def test_days_split_at_utc_midnight(archive: Path) -> None:
+    """A record at T accounts for (T - 10 s, T]: the one at midnight sharp closes the day
+    before (though the archive files it under the new day), and a period that starts at
+    midnight leaves it out."""
     d = read_archive(_req(), archive)
     assert sorted(d.days) == ["2026-11-02", "2026-11-03"]
     before, after = d.days["2026-11-02"], d.days["2026-11-03"]
-    assert before[0][ALICE_O].charged_gpu_seconds == 2 * 1.5 * E  # intervals ending -20, -10
-    assert after[0][ALICE_O].charged_gpu_seconds == 4 * 1.5 * E  # ending 0, 10, 20, 30
-    assert (before[1].gpu_seconds, after[1].gpu_seconds) == (2 * 4 * E, 4 * 4 * E)
+    # intervals ending -20, -10 and 0 s; then 10, 20, 30 s
+    assert before[0][ALICE_O].charged_gpu_seconds == 3 * 1.5 * E
+    assert after[0][ALICE_O].charged_gpu_seconds == 3 * 1.5 * E
+    assert (before[1].gpu_seconds, after[1].gpu_seconds) == (3 * 4 * E, 3 * 4 * E)
     only_after = read_archive(_req(start=DAY), archive)
-    assert only_after.usage[ALICE_O, MODEL].charged_gpu_seconds == 4 * 1.5 * E
+    assert only_after.usage[ALICE_O, MODEL].charged_gpu_seconds == 3 * 1.5 * E
+    until_midnight = read_archive(_req(end=DAY), archive)
+    assert until_midnight.usage[ALICE_O, MODEL].charged_gpu_seconds == 3 * 1.5 * E
 
 
 def test_simulated_records_are_counted_and_excluded_unless_asked(archive: Path) -> None:

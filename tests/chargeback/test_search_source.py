@@ -115,7 +115,7 @@ def test_every_request_body_is_recorded_as_canonical_json(server: AggSearchServe
     first = server.bodies[0]
     filters = first["query"]["bool"]["filter"]
     lo = int(_req().start.timestamp()) * 10**9
-    assert {"range": {"time_ns": {"gte": lo, "lt": lo + 2 * 3600 * 10**9}}} in filters
+    assert {"range": {"time_ns": {"gt": lo, "lte": lo + 2 * 3600 * 10**9}}} in filters
     assert first["query"]["bool"]["must_not"] == [{"term": {"simulated": True}}]
     sources = [next(iter(s)) for s in first["aggs"]["rows"]["composite"]["sources"]]
     assert sources == ["user", "project", "model", "day"]
