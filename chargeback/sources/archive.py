@@ -64,9 +64,10 @@ from gpu_audit.audit.verify import Verifier
 
 IDLE_UTILIZATION = 0.05
 # Duplicate record ids are looked for within this many recent records per stream: a
-# sample chained twice sits within a few cycles of itself, and the window bounds memory
-# (core's default, a million, would hold ~150 MB of ids on a large fleet).
-ID_WINDOW = 100_000
+# sample chained twice sits within a few cycles of itself (10,000 records: over an hour
+# of an 8-GPU node at 10 s), and the window bounds memory. Core's default (a million per
+# stream, each id kept with its position) held ~200 MB on the benchmark's 8 streams.
+ID_WINDOW = 10_000
 UNKNOWN_MODEL = "unknown"
 
 Progress = Callable[[int, int], None]  # (bytes of parts read so far, bytes of all parts)
