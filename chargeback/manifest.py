@@ -22,10 +22,8 @@ directory of the export it checks.
 from __future__ import annotations
 
 import base64
-import importlib
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -250,14 +248,13 @@ def compare_sources(doc: dict[str, Any], data: SourceData) -> list[str]:
     return lines
 
 
-RunChargeback = Callable[[Request, bool], tuple[Bill, SourceData, dict[str, str]]]
-
-
 def run_request(req: Request) -> tuple[Bill, SourceData, dict[str, str]]:
     """The one way replay runs a request: `chargeback.run.run_chargeback`, imported when
-    a replay needs it (the sources and their client libraries load only then)."""
-    run: RunChargeback = importlib.import_module("chargeback.run").run_chargeback
-    return run(req, False)
+    a replay needs it (run imports the outputs, which import this module)."""
+    from chargeback.run import run_chargeback  # noqa: PLC0415
+
+    result = run_chargeback(req, False)
+    return result.bill, result.data, result.outputs
 
 
 def replay(manifest_path: Path, out_dir: Path | None = None, *,

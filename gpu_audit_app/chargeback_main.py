@@ -94,10 +94,9 @@ def request(args: argparse.Namespace) -> Request:
 
 def chargeback_command(args: argparse.Namespace) -> int:
     if args.replay:
-        from chargeback.manifest import replay  # type: ignore[import-not-found,unused-ignore]
+        from chargeback.manifest import replay
 
-        result = replay(Path(args.replay))
-        return result if isinstance(result, int) else EXIT_OK
+        return replay(Path(args.replay))
     from chargeback.run import NoDataError, run_chargeback
     from chargeback.sources.prometheus import PrometheusError
 
