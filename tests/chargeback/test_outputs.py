@@ -168,3 +168,26 @@ def test_a_bill_with_nan_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="finite"):
         write_outputs(bad, req, data, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_failed_write_leaves_no_manifest(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest vouches for the files beside it: when replacing one fails (disk
+    full), the earlier manifest is already gone and no new one is written."""
+    from chargeback import outputs
+
+    bill = sample_bill(days=2)
+    req, data = sample_request(tmp_path, bill), sample_source_data(bill)
+    out = tmp_path / "out"
+    write_outputs(bill, req, data, out)
+    real = outputs.replace_file
+
+    def full_disk(path: Path, data: bytes) -> None:
+        if path.name == HTML_NAME:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(outputs, "replace_file", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_outputs(sample_bill(days=3), req, data, out)
+    assert not (out / MANIFEST_NAME).exists()
