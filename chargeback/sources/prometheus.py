@@ -8,11 +8,10 @@ per partial day at either end):
 - used: `sum_over_time(gpu:gpu_held:bool[d])` x rule interval (recording rule);
 - idle while held: `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (rule);
 - allocated: `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule);
-- charged: held / holders of the GPU at each evaluation, a subquery over
-  `gpu:gpu_held:bool` at the rule interval (no rule splits a shared GPU);
-- busy: a subquery of `gpu_process_sm_utilization_ratio` per owner and GPU (raw);
-- power share: the split of `user_project_job:gpu_power_watts:sum` kept per GPU (a
-  subquery: the rule drops the GPU, and with it the GPU model);
+- charged: `sum_over_time(gpu:gpu_held:share[d])` x interval (rule: 1 / holders);
+- busy: `sum_over_time(gpu:gpu_busy:sum[d])` x interval (rule: SM utilisation);
+- power share: `sum_over_time(gpu:gpu_power_watts:share[d])` x interval (rule: the
+  split of `user_project_job:gpu_power_watts:sum`, kept per GPU for its model);
 - up / down: subquery counts of `gpu_up == 1` / `== 0` (raw);
 - GPU busy and power: subqueries of `gpu_utilization_ratio`, `gpu_power_usage_watts`;
 - energy: `max by (instance, uuid) (increase(gpu_energy_joules_total[d]))` (raw;
@@ -56,6 +55,10 @@ DEFAULT_INTERVAL = 60.0
 _SEL = '{simulated!="true"}'
 _DAY = 86400.0
 
+_SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
+        "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
+        " gpu:gpu_held:bool)")
+
 # The recording rules this source reads, as alerts/rules/recording.yaml renders them
 # with the production parameters (tests/chargeback check the two agree). `{S}` is the
 # simulated filter. Used verbatim in raw mode.
@@ -70,33 +73,35 @@ RULES: dict[str, str] = {
         "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})\n"
         "  * on (instance, uuid) group_left () max by (instance, uuid) "
         "(gpu_utilization_ratio{S})",
+    "gpu:gpu_held:share":
+        "gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+        "  count by (instance, uuid) (gpu:gpu_held:bool)",
+    "gpu:gpu_busy:sum":
+        "sum by (instance, gpu, uuid, user, project, job) (gpu_process_sm_utilization_ratio{S})",
+    "gpu:gpu_power_watts:share":
+        "(\n"
+        "  {SMH}\n"
+        "    / on (instance, uuid) group_left ()\n"
+        "  (sum by (instance, uuid) {SMH} > 0)\n"
+        "  or on (instance, uuid)\n"
+        "  gpu:gpu_held:share\n"
+        ")\n"
+        "* on (instance, uuid) group_left () max by (instance, uuid) "
+        "(gpu_power_usage_watts{S})",
 }
+RULES = {k: v.replace("{SMH}", _SMH) for k, v in RULES.items()}
 
 _OWNER = "instance, uuid, user, project"
-_SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
-        "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
-        " gpu:gpu_held:bool)")
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval
 QUERIES: dict[str, tuple[str, bool]] = {
     "used": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:bool[{{R}}]))", True),
     "idle_held": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_idle_held:bool[{{R}}]))", True),
     "allocated": (f"sum by ({_OWNER}) "
                   f"(count_over_time(gpu:allocation_utilization_ratio[{{R}}]))", True),
-    "charged": (f"sum by ({_OWNER}) (sum_over_time((gpu:gpu_held:bool"
-                " / on (instance, uuid) group_left () count by (instance, uuid)"
-                " (gpu:gpu_held:bool))[{R}:{I}]))", True),
-    "busy": (f"sum by ({_OWNER}) (sum_over_time((sum by ({_OWNER})"
-             " (gpu_process_sm_utilization_ratio{S}))[{R}:{I}]))", True),
-    "power_share": (f"sum by ({_OWNER}) (sum_over_time((\n"
-                    f"  ({_SMH}\n"
-                    "    / on (instance, uuid) group_left ()\n"
-                    f"  (sum by (instance, uuid) {_SMH} > 0)\n"
-                    "  or on (instance, uuid)\n"
-                    "  (gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-                    "    count by (instance, uuid) (gpu:gpu_held:bool)))\n"
-                    "  * on (instance, uuid) group_left () max by (instance, uuid)"
-                    " (gpu_power_usage_watts{S})\n"
-                    ")[{R}:{I}]))", True),
+    "charged": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:share[{{R}}]))", True),
+    "busy": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_busy:sum[{{R}}]))", True),
+    "power_share": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_power_watts:share[{{R}}]))",
+                    True),
     "gpu_up": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 1)[{R}:{I}]))", False),
     "gpu_down": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 0)[{R}:{I}]))", False),
     "gpu_busy": ("sum_over_time((max by (instance, uuid) (gpu_utilization_ratio{S}))[{R}:{I}])",
