@@ -76,6 +76,11 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
               f"  gpu:gpu_held:share\n"
               f")\n"
               f"* on (instance, uuid) group_left () max by (instance, uuid) ({power})"),
+        # per GPU, for chargeback: up (1/0; its samples also count the time down),
+        # utilisation and power, one series per physical GPU
+        _rule("gpu:gpu_up:max", f"max by ({GPU}) (gpu_up{sel(p)})"),
+        _rule("gpu:gpu_utilization_ratio:max", f"max by ({GPU}) ({util})"),
+        _rule("gpu:gpu_power_watts:max", f"max by ({GPU}) ({power})"),
         _rule("fleet:gpus:count",
               f"count(gpu_up{sel(p)} == 1) or vector(0)"),
         _rule("fleet:gpus_held:sum",

@@ -12,8 +12,9 @@ per partial day at either end):
 - busy: `sum_over_time(gpu:gpu_busy:sum[d])` x interval (rule: SM utilisation);
 - power share: `sum_over_time(gpu:gpu_power_watts:share[d])` x interval (rule: the
   split of `user_project_job:gpu_power_watts:sum`, kept per GPU for its model);
-- up / down: subquery counts of `gpu_up == 1` / `== 0` (raw);
-- GPU busy and power: subqueries of `gpu_utilization_ratio`, `gpu_power_usage_watts`;
+- up / down: sums and counts of `gpu:gpu_up:max` (rule: 1 up, 0 down);
+- GPU busy and power: sums of `gpu:gpu_utilization_ratio:max`, `gpu:gpu_power_watts:max`;
+- GPU idle while held: a subquery of `max by (instance, uuid) (gpu:gpu_idle_held:bool)`;
 - energy: `max by (instance, uuid) (increase(gpu_energy_joules_total[d]))` (raw;
   `increase` handles counter resets, `max by` counts the copies of one counter on a MIG
   GPU's instances once);
@@ -88,6 +89,9 @@ RULES: dict[str, str] = {
         ")\n"
         "* on (instance, uuid) group_left () max by (instance, uuid) "
         "(gpu_power_usage_watts{S})",
+    "gpu:gpu_up:max": "max by (instance, gpu, uuid) (gpu_up{S})",
+    "gpu:gpu_utilization_ratio:max": "max by (instance, gpu, uuid) (gpu_utilization_ratio{S})",
+    "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
 }
 RULES = {k: v.replace("{SMH}", _SMH) for k, v in RULES.items()}
 
@@ -102,14 +106,15 @@ QUERIES: dict[str, tuple[str, bool]] = {
     "busy": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_busy:sum[{{R}}]))", True),
     "power_share": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_power_watts:share[{{R}}]))",
                     True),
-    "gpu_up": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 1)[{R}:{I}]))", False),
-    "gpu_down": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 0)[{R}:{I}]))", False),
-    "gpu_busy": ("sum_over_time((max by (instance, uuid) (gpu_utilization_ratio{S}))[{R}:{I}])",
+    "gpu_up": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_up:max[{R}]))", False),
+    "gpu_down": ("sum by (instance, uuid) (count_over_time(gpu:gpu_up:max[{R}]))"
+                 " - sum by (instance, uuid) (sum_over_time(gpu:gpu_up:max[{R}]))", False),
+    "gpu_busy": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_utilization_ratio:max[{R}]))",
                  False),
     "gpu_idle_held": ("sum_over_time((max by (instance, uuid) (gpu:gpu_idle_held:bool))"
                       "[{R}:{I}])", False),
-    "gpu_power": ("sum_over_time((max by (instance, uuid) (gpu_power_usage_watts{S}))"
-                  "[{R}:{I}])", False),
+    "gpu_power": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_power_watts:max[{R}]))",
+                  False),
     "gpu_energy": ("max by (instance, uuid) (increase(gpu_energy_joules_total{S}[{RE}]))",
                    False),
 }
