@@ -322,7 +322,24 @@ def read_prometheus(req: Request, progress: bool = False, *, raw: bool = False,
                         slot[key] = slot.get(key, 0.0) + value
                 advance()
     _assemble(data, days, models, interval)
+    if not raw and not any(f.gpu_seconds or f.down_gpu_seconds for f in data.fleet.values()):
+        _rules_missing(client, req, sel, period, log)
     return data
+
+
+def _rules_missing(client: Client, req: Request, sel: str, period: float,
+                   log: Callable[[str], None]) -> None:
+    """Nothing from the rules: say so when the raw series do have the period (rules not
+    loaded or not backfilled) rather than let it read as "no data"."""
+    q = f"count(count_over_time(gpu_up{sel}[{_fmt_ms(period)}]))"
+    log(f"query time={_iso(req.end)} {q}")
+    res = client.query(q, req.end)
+    if res and float(res[0]["value"][1]) > 0:
+        raise PrometheusError(
+            f"{client.url}: gpu_up has data for the period but the recording rules "
+            "(gpu:gpu_up:max, gpu:gpu_held:bool, ...) have none: load "
+            "alerts/rules/recording.yaml into its rule evaluation, or backfill them "
+            "with `promtool tsdb create-blocks-from rules`")
 
 
 Runner = Callable[[Client, str, Callable[[str], None]],

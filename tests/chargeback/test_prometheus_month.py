@@ -213,3 +213,30 @@ def test_partial_days_use_instant_queries(prom: Backfilled, tmp_path: Path) -> N
     assert sorted(data.days) == ["2026-11-09", "2026-11-10", "2026-11-11"]
     # a1 down the whole of the 10th: 42 h of 4 GPUs minus 24 h
     assert close(sum(f.gpu_seconds for f in data.fleet.values()) / 3600, 4 * 42 - 24, TOL_H)
+
+
+def test_missing_recording_rules_are_named_not_called_no_data(tmp_path: Path) -> None:
+    """Raw series without the rules (a Prometheus that never loaded them): the error
+    says the rules are missing instead of "no data"."""
+    import subprocess
+
+    from chargeback.sources.prometheus import PrometheusError
+    from tests.chargeback.month import write_openmetrics_file
+    from tests.chargeback.promfill import _start, _stop
+    from tests.promstack import need
+
+    m = scenario(step=3600)
+    root = tmp_path / "p"
+    (root / "tsdb").mkdir(parents=True)
+    write_openmetrics_file(m, tmp_path / "m.om")
+    subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "openmetrics", "-q",
+                    "--max-block-duration=744h", str(tmp_path / "m.om"), str(root / "tsdb")],
+                   check=True, timeout=120, capture_output=True)
+    (tmp_path / "none.yaml").write_text("groups: []\n")
+    proc, url = _start(need("prometheus"), root, tmp_path / "none.yaml", "3599s",
+                       root / "log.txt")
+    try:
+        with pytest.raises(PrometheusError, match=r"recording rules .* have none"):
+            read_prometheus(_request(url, tmp_path))
+    finally:
+        _stop(proc)
