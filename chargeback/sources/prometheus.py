@@ -8,13 +8,13 @@ per partial day at either end):
 - used: `sum_over_time(gpu:gpu_held:bool[d])` x rule interval (recording rule);
 - idle while held: `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (rule);
 - allocated: `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule);
-- charged: held / holders of the GPU at each evaluation, a subquery over
-  `gpu:gpu_held:bool` at the rule interval (no rule splits a shared GPU);
-- busy: a subquery of `gpu_process_sm_utilization_ratio` per owner and GPU (raw);
-- power share: the split of `user_project_job:gpu_power_watts:sum` kept per GPU (a
-  subquery: the rule drops the GPU, and with it the GPU model);
-- up / down: subquery counts of `gpu_up == 1` / `== 0` (raw);
-- GPU busy and power: subqueries of `gpu_utilization_ratio`, `gpu_power_usage_watts`;
+- charged: `sum_over_time(gpu:gpu_held:share[d])` x interval (rule: 1 / holders);
+- busy: `sum_over_time(gpu:gpu_busy:sum[d])` x interval (rule: SM utilisation);
+- power share: `sum_over_time(gpu:gpu_power_watts:share[d])` x interval (rule: the
+  split of `user_project_job:gpu_power_watts:sum`, kept per GPU for its model);
+- up / down: sums and counts of `gpu:gpu_up:max` (rule: 1 up, 0 down);
+- GPU busy and power: sums of `gpu:gpu_utilization_ratio:max`, `gpu:gpu_power_watts:max`;
+- GPU idle while held: a subquery of `max by (instance, uuid) (gpu:gpu_idle_held:bool)`;
 - energy: `max by (instance, uuid) (increase(gpu_energy_joules_total[d]))` (raw;
   `increase` handles counter resets, `max by` counts the copies of one counter on a MIG
   GPU's instances once);
@@ -56,6 +56,10 @@ DEFAULT_INTERVAL = 60.0
 _SEL = '{simulated!="true"}'
 _DAY = 86400.0
 
+_SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
+        "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
+        " gpu:gpu_held:bool)")
+
 # The recording rules this source reads, as alerts/rules/recording.yaml renders them
 # with the production parameters (tests/chargeback check the two agree). `{S}` is the
 # simulated filter. Used verbatim in raw mode.
@@ -70,41 +74,47 @@ RULES: dict[str, str] = {
         "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})\n"
         "  * on (instance, uuid) group_left () max by (instance, uuid) "
         "(gpu_utilization_ratio{S})",
+    "gpu:gpu_held:share":
+        "gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+        "  count by (instance, uuid) (gpu:gpu_held:bool)",
+    "gpu:gpu_busy:sum":
+        "sum by (instance, gpu, uuid, user, project, job) (gpu_process_sm_utilization_ratio{S})",
+    "gpu:gpu_power_watts:share":
+        "(\n"
+        "  {SMH}\n"
+        "    / on (instance, uuid) group_left ()\n"
+        "  (sum by (instance, uuid) {SMH} > 0)\n"
+        "  or on (instance, uuid)\n"
+        "  gpu:gpu_held:share\n"
+        ")\n"
+        "* on (instance, uuid) group_left () max by (instance, uuid) "
+        "(gpu_power_usage_watts{S})",
+    "gpu:gpu_up:max": "max by (instance, gpu, uuid) (gpu_up{S})",
+    "gpu:gpu_utilization_ratio:max": "max by (instance, gpu, uuid) (gpu_utilization_ratio{S})",
+    "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
 }
+RULES = {k: v.replace("{SMH}", _SMH) for k, v in RULES.items()}
 
 _OWNER = "instance, uuid, user, project"
-_SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
-        "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
-        " gpu:gpu_held:bool)")
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval
 QUERIES: dict[str, tuple[str, bool]] = {
     "used": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:bool[{{R}}]))", True),
     "idle_held": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_idle_held:bool[{{R}}]))", True),
     "allocated": (f"sum by ({_OWNER}) "
                   f"(count_over_time(gpu:allocation_utilization_ratio[{{R}}]))", True),
-    "charged": (f"sum by ({_OWNER}) (sum_over_time((gpu:gpu_held:bool"
-                " / on (instance, uuid) group_left () count by (instance, uuid)"
-                " (gpu:gpu_held:bool))[{R}:{I}]))", True),
-    "busy": (f"sum by ({_OWNER}) (sum_over_time((sum by ({_OWNER})"
-             " (gpu_process_sm_utilization_ratio{S}))[{R}:{I}]))", True),
-    "power_share": (f"sum by ({_OWNER}) (sum_over_time((\n"
-                    f"  ({_SMH}\n"
-                    "    / on (instance, uuid) group_left ()\n"
-                    f"  (sum by (instance, uuid) {_SMH} > 0)\n"
-                    "  or on (instance, uuid)\n"
-                    "  (gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-                    "    count by (instance, uuid) (gpu:gpu_held:bool)))\n"
-                    "  * on (instance, uuid) group_left () max by (instance, uuid)"
-                    " (gpu_power_usage_watts{S})\n"
-                    ")[{R}:{I}]))", True),
-    "gpu_up": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 1)[{R}:{I}]))", False),
-    "gpu_down": ("sum by (instance, uuid) (count_over_time((gpu_up{S} == 0)[{R}:{I}]))", False),
-    "gpu_busy": ("sum_over_time((max by (instance, uuid) (gpu_utilization_ratio{S}))[{R}:{I}])",
+    "charged": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:share[{{R}}]))", True),
+    "busy": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_busy:sum[{{R}}]))", True),
+    "power_share": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_power_watts:share[{{R}}]))",
+                    True),
+    "gpu_up": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_up:max[{R}]))", False),
+    "gpu_down": ("sum by (instance, uuid) (count_over_time(gpu:gpu_up:max[{R}]))"
+                 " - sum by (instance, uuid) (sum_over_time(gpu:gpu_up:max[{R}]))", False),
+    "gpu_busy": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_utilization_ratio:max[{R}]))",
                  False),
     "gpu_idle_held": ("sum_over_time((max by (instance, uuid) (gpu:gpu_idle_held:bool))"
                       "[{R}:{I}])", False),
-    "gpu_power": ("sum_over_time((max by (instance, uuid) (gpu_power_usage_watts{S}))"
-                  "[{R}:{I}])", False),
+    "gpu_power": ("sum by (instance, uuid) (sum_over_time(gpu:gpu_power_watts:max[{R}]))",
+                  False),
     "gpu_energy": ("max by (instance, uuid) (increase(gpu_energy_joules_total{S}[{RE}]))",
                    False),
 }
@@ -312,7 +322,24 @@ def read_prometheus(req: Request, progress: bool = False, *, raw: bool = False,
                         slot[key] = slot.get(key, 0.0) + value
                 advance()
     _assemble(data, days, models, interval)
+    if not raw and not any(f.gpu_seconds or f.down_gpu_seconds for f in data.fleet.values()):
+        _rules_missing(client, req, sel, period, log)
     return data
+
+
+def _rules_missing(client: Client, req: Request, sel: str, period: float,
+                   log: Callable[[str], None]) -> None:
+    """Nothing from the rules: say so when the raw series do have the period (rules not
+    loaded or not backfilled) rather than let it read as "no data"."""
+    q = f"count(count_over_time(gpu_up{sel}[{_fmt_ms(period)}]))"
+    log(f"query time={_iso(req.end)} {q}")
+    res = client.query(q, req.end)
+    if res and float(res[0]["value"][1]) > 0:
+        raise PrometheusError(
+            f"{client.url}: gpu_up has data for the period but the recording rules "
+            "(gpu:gpu_up:max, gpu:gpu_held:bool, ...) have none: load "
+            "alerts/rules/recording.yaml into its rule evaluation, or backfill them "
+            "with `promtool tsdb create-blocks-from rules`")
 
 
 Runner = Callable[[Client, str, Callable[[str], None]],
