@@ -71,7 +71,8 @@ def close(got: float, want: float, tol: float) -> bool:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
-    with backfilled_prometheus(tmp_path_factory.mktemp("month"), scenario(step=300)) as p:
+    with backfilled_prometheus(tmp_path_factory.mktemp("month"), scenario(step=300),
+                               records=set(RULES)) as p:
         yield p
 
 
