@@ -2,7 +2,8 @@
 
 Builds a regular fleet (tests/chargeback/month.py `fleet`: N GPUs, 12-hour holds by
 eight users, idle gaps, a one-day outage), backfills it into a real Prometheus with
-promtool (raw series, then the recording rules of alerts/ in dependency rounds) and
+promtool (raw series, then the recording rules of alerts/ that chargeback reads, in
+dependency rounds) and
 times the Prometheus source reading the whole period
   (a) through the recording rules (what `gpu-audit chargeback` does), and
   (b) from the raw series (every rule expanded into a subquery at the rule interval),
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from chargeback.model import Request
-from chargeback.sources.prometheus import read_prometheus
+from chargeback.sources.prometheus import RULES, read_prometheus
 from tests.chargeback.month import fleet
 from tests.chargeback.promfill import backfilled_prometheus
 
@@ -43,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "rule_interval_s": args.rule_interval,
                                  "gpu_samples": args.gpus * month.steps}
     with tempfile.TemporaryDirectory() as tmp, \
-            backfilled_prometheus(Path(tmp), month, args.rule_interval) as prom:
+            backfilled_prometheus(Path(tmp), month, args.rule_interval,
+                                  records=set(RULES)) as prom:
         result["samples_backfilled"] = prom.samples
         result["backfill_s"] = {k: round(v, 1) for k, v in prom.timings.items()}
         req = Request(month.start, month.end, "prometheus", None, prom.url, None, None,

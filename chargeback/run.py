@@ -1,14 +1,16 @@
 """One chargeback run: inputs, source, bill, outputs.
 
 `run_chargeback(req)` loads the rates and directory files, reads the period from the
-source the request names (imported on demand: a site without Elasticsearch never
-imports its client), refuses a period with no data (an empty bill would look valid),
+source the request names (Prometheus built in; the archive and search readers are
+registered by the app layer, which reads their settings from the gpu-audit
+configuration), refuses a period with no data (an empty bill would look valid),
 builds the bill and hands it to `chargeback.outputs.write_outputs`, which writes the
 CSV, JSON, HTML and the manifest into `req.out` and returns each file's sha256.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,20 +52,38 @@ def check_request(req: Request) -> None:
         raise ConfigError("arguments", problems)
 
 
+Reader = Callable[[Request, bool], SourceData]
+# source name -> reader, for the sources whose settings live in the gpu-audit
+# configuration (archive directory, HMAC key, search sink): the app layer reads that
+# configuration (chargeback may not import it) and registers a reader here before a run
+# or a replay. Prometheus needs only the request and is built in.
+_READERS: dict[str, Reader] = {}
+
+
+class SourceError(RuntimeError):
+    """A source could not be read (unreachable, refused, broken trail): exit 1."""
+
+
+def register_reader(source: str, reader: Reader) -> None:
+    _READERS[source] = reader
+
+
 def read_source(req: Request, progress: bool = False) -> SourceData:
-    if req.source == "prometheus":
-        from chargeback.sources.prometheus import read_prometheus  # noqa: PLC0415
+    if req.source == "prometheus" and req.source not in _READERS:
+        from chargeback.sources.prometheus import (  # noqa: PLC0415
+            PrometheusError,
+            read_prometheus,
+        )
 
-        return read_prometheus(req, progress)
-    if req.source == "archive":
-        from chargeback.sources.archive import read_archive  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-        data: SourceData = read_archive(req, progress=progress)
-        return data
-    from chargeback.sources.search import read_search  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-    found: SourceData = read_search(req, progress=progress)
-    return found
+        try:
+            return read_prometheus(req, progress)
+        except PrometheusError as exc:
+            raise SourceError(str(exc)) from None
+    reader = _READERS.get(req.source)
+    if reader is None:
+        raise SourceError(f"no reader for --source {req.source} in this program "
+                          "(gpu-audit chargeback registers them)")
+    return reader(req, progress)
 
 
 def has_data(data: SourceData) -> bool:

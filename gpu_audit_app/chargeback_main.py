@@ -13,8 +13,10 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from chargeback.model import Request
+from chargeback.model import Request, SourceData
+from chargeback.run import NoDataError, SourceError, register_reader, run_chargeback
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
@@ -92,18 +94,83 @@ def request(args: argparse.Namespace) -> Request:
                    allow_unverified=args.allow_unverified)
 
 
+def _bar(enabled: bool, what: str) -> Any:
+    """A rich progress bar on stderr when it is a terminal, else None."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from rich.progress import Progress
+
+    return Progress(transient=True), what
+
+
+def _settings(req: Request) -> Any:
+    """Where the archive or the search sink is, from --config (gpu_audit_app's
+    chargeback_sources reads the shipper's sink configuration)."""
+    from gpu_audit_app import chargeback_sources  # type: ignore[attr-defined,unused-ignore]
+
+    path = Path(req.config) if req.config else None
+    if req.source == "archive":
+        return chargeback_sources.archive_source(path)
+    return chargeback_sources.search_settings(path, req.source)
+
+
+def _archive(req: Request, progress: bool) -> SourceData:
+    directory, key = _settings(req)
+    from chargeback.sources.archive import (  # type: ignore[import-not-found,unused-ignore]
+        ArchiveRefused,
+        read_archive,
+    )
+
+    bar = _bar(progress, f"reading {directory}")
+    try:
+        if bar is None:
+            data: SourceData = read_archive(req, directory, key)
+            return data
+        prog, what = bar
+        with prog:
+            task = prog.add_task(what, total=None)
+            data = read_archive(req, directory, key, progress=lambda done, total: prog.update(
+                task, completed=done, total=total))
+            return data
+    except ArchiveRefused as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _search(req: Request, progress: bool) -> SourceData:
+    settings = _settings(req)
+    from chargeback.sources.search import (  # type: ignore[import-not-found,unused-ignore]
+        SearchUnavailable,
+        read_search,
+    )
+
+    try:
+        data: SourceData = read_search(req, settings)
+        return data
+    except SearchUnavailable as exc:
+        raise SourceError(str(exc)) from None
+
+
+def register_readers() -> None:
+    """The sources whose settings are in the gpu-audit configuration (see chargeback.run)."""
+    register_reader("archive", _archive)
+    register_reader("elasticsearch", _search)
+    register_reader("opensearch", _search)
+
+
 def chargeback_command(args: argparse.Namespace) -> int:
+    register_readers()
     if args.replay:
         from chargeback.manifest import replay
 
-        return replay(Path(args.replay))
-    from chargeback.run import NoDataError, run_chargeback
-    from chargeback.sources.prometheus import PrometheusError
-
+        try:
+            return replay(Path(args.replay))
+        except (SourceError, NoDataError) as exc:
+            print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
     req = request(args)
     try:
         result = run_chargeback(req, progress=sys.stderr.isatty())
-    except (PrometheusError, NoDataError) as exc:
+    except (SourceError, NoDataError) as exc:
         print(f"gpu-audit chargeback: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     r = result.bill.reconciliation

@@ -22,9 +22,10 @@ per partial day at either end):
 
 GPU-seconds are sums of 0/1 rule samples x the rule group's evaluation interval, read from
 `/api/v1/rules` (the group holding `gpu:gpu_held:bool`), else 60 s (the shipped rules'
-interval, said in the notes). Subqueries run at that interval, so they line up with the
-rules' evaluations. Sum windows are one millisecond shorter than the day, so a sample
-at midnight is counted in the day it ends, not in both (Prometheus 2 ranges are closed);
+interval, said in the notes). Subqueries (the idle-held one, and every rule in raw mode)
+step at that interval, so they count what the rules would. Sum windows are one
+millisecond shorter than the day, so a sample at midnight is counted in the day it
+ends, not in both (Prometheus 2 ranges are closed);
 the energy window is the whole day, so `increase` starts from the midnight reading.
 
 An owner's energy is its integrated power share on each GPU scaled to that GPU's

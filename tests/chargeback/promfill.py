@@ -48,6 +48,18 @@ def _levels(rules: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
+def _needed(rules: list[dict[str, Any]], records: set[str]) -> list[dict[str, Any]]:
+    """The rules named and, transitively, the rules they read, in file order."""
+    by_name = {r["record"]: r for r in rules}
+    want = set(records)
+    while True:
+        more = {n for n in by_name for w in want if n != w and n in by_name[w]["expr"]}
+        if more <= want:
+            break
+        want |= more
+    return [r for r in rules if r["record"] in want]
+
+
 def _start(binary: str, root: Path, rule_file: Path, lookback: str, log: Path,
            ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
@@ -72,12 +84,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = None,
-                          ) -> Iterator[Backfilled]:
+                          records: set[str] | None = None) -> Iterator[Backfilled]:
     """Prometheus on loopback with the month and its recording rules backfilled.
 
     rule_interval: the rules' evaluation interval (default the month's step, which
-    must divide it). The query lookback is one interval less a second: backfilled
-    series carry no staleness markers, so a series that stopped must drop out at once.
+    must divide it). records: backfill only these rules (and the rules they read);
+    default all of alerts/rules/recording.yaml. The query lookback is one interval less
+    a second: backfilled series carry no staleness markers, so a series that stopped
+    must drop out at once.
     """
     from tests.promstack import need
     prometheus, promtool = need("prometheus"), need("promtool")
@@ -97,6 +111,8 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
     timings["backfill_raw"] = time.perf_counter() - t0
 
     group = yaml.safe_load(RULES.read_text())["groups"][0]
+    if records is not None:
+        group["rules"] = _needed(group["rules"], records)
     rule_file = root / "rules.yaml"
     rule_file.write_text(yaml.safe_dump({"groups": [dict(group, interval=f"{interval}s")]}))
     # promtool evaluates rules at an offset within the interval (a hash of the file

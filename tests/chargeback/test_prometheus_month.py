@@ -71,7 +71,8 @@ def close(got: float, want: float, tol: float) -> bool:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
-    with backfilled_prometheus(tmp_path_factory.mktemp("month"), scenario(step=300)) as p:
+    with backfilled_prometheus(tmp_path_factory.mktemp("month"), scenario(step=300),
+                               records=set(RULES)) as p:
         yield p
 
 
@@ -240,3 +241,34 @@ def test_missing_recording_rules_are_named_not_called_no_data(tmp_path: Path) ->
             read_prometheus(_request(url, tmp_path))
     finally:
         _stop(proc)
+
+
+def test_cli_month_hands_the_bill_to_write_outputs(prom: Backfilled, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole command on the month; chargeback.outputs (the report helper's module) is
+    stood in for here, to pin the call: write_outputs(bill, req, data, out_dir)."""
+    import sys
+    import types
+
+    calls: list[tuple[object, ...]] = []
+
+    def write_outputs(bill: Bill, req: Request, data: object, out: Path) -> dict[str, str]:
+        calls.append((bill, req, data, out))
+        return {"bill.csv": "0" * 64}
+
+    fake = types.ModuleType("chargeback.outputs")
+    fake.write_outputs = write_outputs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "chargeback.outputs", fake)
+    out = tmp_path / "bill"
+    code = main(["chargeback", "--month", "2026-11", "--prometheus-url", prom.url,
+                 "--rates", str(EXAMPLES / "rates.yaml"),
+                 "--directory", str(EXAMPLES / "directory.yaml"), "--out", str(out)])
+    assert code == 0
+    (bill, req, _, where), = calls
+    assert where == out and out.is_dir()
+    assert isinstance(req, Request) and req.start == datetime(2026, 11, 1, tzinfo=UTC)
+    assert isinstance(bill, Bill) and bill.idle_policy == "proportional"
+    text = capsys.readouterr().out
+    assert "5 owner rows" in text and "simulated left out: 8" in text
+    assert f"wrote {out / 'bill.csv'}" in text
