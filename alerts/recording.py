@@ -60,6 +60,27 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         _rule("gpu:allocation_utilization_ratio",
               f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})\n"
               f"  * on (instance, uuid) group_left () max by (instance, uuid) ({util})"),
+        # per GPU and identity, for chargeback (a bill needs the GPU, for its model):
+        # the holder's share of a shared GPU (1 / holders), its SM use, its power share
+        _rule("gpu:gpu_held:share",
+              "gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+              "  count by (instance, uuid) (gpu:gpu_held:bool)"),
+        _rule("gpu:gpu_busy:sum",
+              f"sum by ({GPU_IDENTITY}) ({proc_sm})"),
+        _rule("gpu:gpu_power_watts:share",
+              f"(\n"
+              f"  {sm_held}\n"
+              f"    / on (instance, uuid) group_left ()\n"
+              f"  (sum by (instance, uuid) {sm_held} > 0)\n"
+              f"  or on (instance, uuid)\n"
+              f"  gpu:gpu_held:share\n"
+              f")\n"
+              f"* on (instance, uuid) group_left () max by (instance, uuid) ({power})"),
+        # per GPU, for chargeback: up (1/0; its samples also count the time down),
+        # utilisation and power, one series per physical GPU
+        _rule("gpu:gpu_up:max", f"max by ({GPU}) (gpu_up{sel(p)})"),
+        _rule("gpu:gpu_utilization_ratio:max", f"max by ({GPU}) ({util})"),
+        _rule("gpu:gpu_power_watts:max", f"max by ({GPU}) ({power})"),
         _rule("fleet:gpus:count",
               f"count(gpu_up{sel(p)} == 1) or vector(0)"),
         _rule("fleet:gpus_held:sum",

@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_render_args(rr)
 
+    p = sub.add_parser("chargeback", help="A period's bill: GPU-hours, energy and cost per "
+                       "user, project and department.",
+                       description="Bill a month (--month) or a period (--from/--to) from "
+                       "Prometheus, the audit archive or Elasticsearch/OpenSearch: CSV, JSON, "
+                       "HTML and an audit manifest in --out. Exit 1 when the source is "
+                       "unreachable or has no data for the period.")
+    from gpu_audit_app.chargeback_main import add_arguments
+
+    add_arguments(p)
+
     p = sub.add_parser("dashboards", help="Grafana and Kibana dashboards.")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
     dp = dsub.add_parser("push", help="Upload the dashboards to Grafana and/or Kibana.",
@@ -240,6 +250,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from gpu_audit_app.audit_verify import verify_command
 
         return verify_command(args)
+    if cmd == "chargeback":
+        _setup_logging("warning")
+        from gpu_audit_app.chargeback_main import chargeback_command
+
+        return chargeback_command(args)
     if cmd == "spool":
         _setup_logging("warning")
         from gpu_audit.spool import render_stats, spool_dir_problem, spool_stats, verify_spool

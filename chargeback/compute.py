@@ -1,0 +1,153 @@
+"""From what a source measured to the bill: rows, costs, idle share, reconciliation.
+
+- Owner rows, one per (department, project, user), sum the owner's usage over GPU
+  models; the GPU cost is charged GPU-hours x the model's price, per model, then summed.
+  The energy cost is the owner's counter energy (kWh) x the energy price.
+- The unattributed row is GPU time held only by processes nobody owns; it is costed the
+  same way and never shares idle cost (there is nobody to bill).
+- The idle row is each model's up time minus the time any process held a GPU of that
+  model, and the fleet's energy that no row carries.
+- Idle share (`idle_policy`): "none" leaves the idle cost on the idle row; "proportional"
+  shares it over owner rows by charged GPU-hours; "even" shares it equally over owner
+  rows. When every proportional weight is 0 it is shared evenly; with no owner rows it
+  stays on the idle row (`Bill.idle_policy_note` says which). The idle row's
+  `idle_share_cost` is minus what was shared, so total_cost sums to the fleet's cost.
+"""
+
+from __future__ import annotations
+
+from chargeback.directory import UNMAPPED, Directory
+from chargeback.model import (
+    UNATTRIBUTED,
+    Bill,
+    Owner,
+    Reconciliation,
+    Row,
+    SourceData,
+    Usage,
+)
+from chargeback.rates import Rates
+
+IDLE_POLICIES = ("none", "proportional", "even")
+_H = 3600.0
+_KWH = 3.6e6
+
+
+def _row(kind: str, department: str, project: str, user: str, u: Usage) -> Row:
+    return Row(kind, department, project, user,
+               allocated_gpu_hours=u.allocated_gpu_seconds / _H,
+               used_gpu_hours=u.used_gpu_seconds / _H,
+               charged_gpu_hours=u.charged_gpu_seconds / _H,
+               busy_gpu_hours=u.busy_gpu_seconds / _H,
+               idle_held_gpu_hours=u.idle_held_gpu_seconds / _H,
+               energy_kwh=u.energy_joules / _KWH,
+               power_energy_kwh=u.power_energy_joules / _KWH)
+
+
+def build_bill(data: SourceData, rates: Rates, directory: Directory,
+               idle_policy: str) -> Bill:
+    if idle_policy not in IDLE_POLICIES:
+        raise ValueError(f"idle policy {idle_policy!r}: one of {', '.join(IDLE_POLICIES)}")
+    models = sorted({m for _, m in data.usage} | set(data.fleet))
+    rates.check_models(models, "rates")
+
+    per_owner: dict[Owner, Usage] = {}
+    gpu_cost: dict[Owner, float] = {}
+    charged_by_model: dict[str, float] = {}
+    for (owner, model), u in sorted(data.usage.items(), key=lambda kv: (
+            str(kv[0][0]), kv[0][1])):
+        per_owner.setdefault(owner, Usage()).add(u)
+        gpu_cost[owner] = gpu_cost.get(owner, 0.0) + (
+            u.charged_gpu_seconds / _H * rates.gpu_hour_price(model))
+        charged_by_model[model] = charged_by_model.get(model, 0.0) + u.charged_gpu_seconds
+
+    rows: list[Row] = []
+    unmapped: set[str] = set()
+    unattributed = _row("unattributed", "", "", "", per_owner.get(UNATTRIBUTED, Usage()))
+    unattributed.gpu_cost = gpu_cost.get(UNATTRIBUTED, 0.0)
+    for owner, u in per_owner.items():
+        if owner == UNATTRIBUTED:
+            continue
+        user, project = owner
+        dept = directory.department(user, project)
+        if dept == UNMAPPED:
+            unmapped.add(f"{user or '-'}/{project or '-'}")
+        row = _row("owner", dept, project or "", user or "", u)
+        row.gpu_cost = gpu_cost[owner]
+        rows.append(row)
+    rows.sort(key=lambda r: (r.department, r.project, r.user))
+
+    # idle: per model, up time minus time held (by anyone); energy nobody carries
+    idle_seconds = 0.0
+    idle_cost = 0.0
+    fleet_seconds = down_seconds = held_seconds = 0.0
+    fleet_energy = fleet_power_energy = fleet_busy = 0.0
+    for model in models:
+        f = data.fleet.get(model)
+        if f is None:
+            continue
+        idle = max(0.0, f.gpu_seconds - f.held_gpu_seconds)
+        idle_seconds += idle
+        idle_cost += idle / _H * rates.gpu_hour_price(model)
+        fleet_seconds += f.gpu_seconds
+        down_seconds += f.down_gpu_seconds
+        held_seconds += f.held_gpu_seconds
+        fleet_energy += f.energy_joules
+        fleet_power_energy += f.power_energy_joules
+        fleet_busy += f.busy_gpu_seconds
+    rows_energy = sum(u.energy_joules for u in per_owner.values())
+    idle_row = Row("idle", "", "", "", charged_gpu_hours=idle_seconds / _H,
+                   energy_kwh=max(0.0, fleet_energy - rows_energy) / _KWH,
+                   gpu_cost=idle_cost)
+
+    for r in (*rows, unattributed, idle_row):
+        r.energy_cost = r.energy_kwh * rates.energy_kwh
+    note = _share_idle(rows, idle_row, idle_policy)
+    for r in (*rows, unattributed, idle_row):
+        r.total_cost = r.gpu_cost + r.energy_cost + r.idle_share_cost
+
+    owners_h = sum(r.charged_gpu_hours for r in rows)
+    recon = Reconciliation(
+        fleet_gpu_hours=fleet_seconds / _H,
+        down_gpu_hours=down_seconds / _H,
+        owners_gpu_hours=owners_h,
+        unattributed_gpu_hours=unattributed.charged_gpu_hours,
+        idle_gpu_hours=idle_row.charged_gpu_hours,
+        difference_gpu_hours=fleet_seconds / _H - (
+            owners_h + unattributed.charged_gpu_hours + idle_row.charged_gpu_hours),
+        fleet_energy_kwh=fleet_energy / _KWH,
+        rows_energy_kwh=rows_energy / _KWH,
+        power_energy_kwh=fleet_power_energy / _KWH,
+        energy_difference_kwh=(fleet_energy - fleet_power_energy) / _KWH,
+    )
+    return Bill(
+        start=data.start, end=data.end, source=data.source, currency=rates.currency,
+        idle_policy=idle_policy, idle_policy_note=note,
+        rows=[*rows, unattributed, idle_row], reconciliation=recon, days=data.days,
+        unmapped=sorted(unmapped), simulated_excluded=data.simulated_excluded,
+        simulated_included=data.simulated_included, verified=data.verified,
+        verification_problems=list(data.verification_problems), notes=list(data.notes),
+    )
+
+
+def _share_idle(rows: list[Row], idle_row: Row, policy: str) -> str:
+    """Spread the idle row's cost over owner rows; returns the note for the bill."""
+    cost = idle_row.gpu_cost + idle_row.energy_cost
+    if policy == "none":
+        return "idle cost not shared (policy none): the idle row carries it"
+    if not rows:
+        return f"idle cost not shared (policy {policy}): no owner rows to share it"
+    weights = [r.charged_gpu_hours for r in rows]
+    note = "idle cost shared over owner rows in proportion to charged GPU-hours"
+    if policy == "even":
+        weights = [1.0] * len(rows)
+        note = "idle cost shared evenly over owner rows"
+    elif sum(weights) <= 0:
+        weights = [1.0] * len(rows)
+        note = ("idle cost shared evenly over owner rows: policy proportional, but every "
+                "owner's charged GPU-hours are 0 (the defined fallback)")
+    total = sum(weights)
+    for r, w in zip(rows, weights, strict=True):
+        r.idle_share_cost = cost * w / total
+    idle_row.idle_share_cost = -cost
+    return note

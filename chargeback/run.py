@@ -1,0 +1,110 @@
+"""One chargeback run: inputs, source, bill, outputs.
+
+`run_chargeback(req)` loads the rates and directory files, reads the period from the
+source the request names (Prometheus built in; the archive and search readers are
+registered by the app layer, which reads their settings from the gpu-audit
+configuration), refuses a period with no data (an empty bill would look valid),
+builds the bill and hands it to `chargeback.outputs.write_outputs`, which writes the
+CSV, JSON, HTML and the manifest into `req.out` and returns each file's sha256.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from chargeback.compute import IDLE_POLICIES, build_bill
+from chargeback.directory import load_directory
+from chargeback.model import Bill, Request, SourceData
+from chargeback.rates import load_rates
+from gpu_audit.errors import ConfigError
+
+SOURCES = ("prometheus", "archive", "elasticsearch", "opensearch")
+
+
+class NoDataError(RuntimeError):
+    """The source had nothing for the period: no bill is written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    bill: Bill
+    data: SourceData
+    outputs: dict[str, str]  # file name -> sha256
+
+
+def check_request(req: Request) -> None:
+    """ConfigError naming every problem with the request itself."""
+    problems = []
+    if req.end <= req.start:
+        problems.append(f"the period is empty: {req.start.isoformat()} is not before "
+                        f"{req.end.isoformat()}")
+    if req.source not in SOURCES:
+        problems.append(f"--source {req.source!r}: one of {', '.join(SOURCES)}")
+    if req.idle_policy not in IDLE_POLICIES:
+        problems.append(f"--idle-policy {req.idle_policy!r}: one of {', '.join(IDLE_POLICIES)}")
+    if req.rates is None:
+        problems.append("--rates FILE is needed (an example: chargeback/examples/rates.yaml)")
+    if req.source == "prometheus" and not req.prometheus_url:
+        problems.append("--prometheus-url URL is needed with --source prometheus")
+    if problems:
+        raise ConfigError("arguments", problems)
+
+
+Reader = Callable[[Request, bool], SourceData]
+# source name -> reader, for the sources whose settings live in the gpu-audit
+# configuration (archive directory, HMAC key, search sink): the app layer reads that
+# configuration (chargeback may not import it) and registers a reader here before a run
+# or a replay. Prometheus needs only the request and is built in.
+_READERS: dict[str, Reader] = {}
+
+
+class SourceError(RuntimeError):
+    """A source could not be read (unreachable, refused, broken trail): exit 1."""
+
+
+def register_reader(source: str, reader: Reader) -> None:
+    _READERS[source] = reader
+
+
+def read_source(req: Request, progress: bool = False) -> SourceData:
+    if req.source == "prometheus" and req.source not in _READERS:
+        from chargeback.sources.prometheus import (  # noqa: PLC0415
+            PrometheusError,
+            read_prometheus,
+        )
+
+        try:
+            return read_prometheus(req, progress)
+        except PrometheusError as exc:
+            raise SourceError(str(exc)) from None
+    reader = _READERS.get(req.source)
+    if reader is None:
+        raise SourceError(f"no reader for --source {req.source} in this program "
+                          "(gpu-audit chargeback registers them)")
+    return reader(req, progress)
+
+
+def has_data(data: SourceData) -> bool:
+    return any(f.gpu_seconds > 0 or f.down_gpu_seconds > 0 for f in data.fleet.values()) or any(
+        u.used_gpu_seconds > 0 for u in data.usage.values())
+
+
+def run_chargeback(req: Request, progress: bool = False) -> Result:
+    check_request(req)
+    assert req.rates is not None
+    rates = load_rates(req.rates)
+    directory = load_directory(req.directory)
+    data = read_source(req, progress)
+    if not has_data(data):
+        where = data.inputs.get("prometheus_url") or req.config or req.source
+        raise NoDataError(f"no data for {req.start.isoformat()} .. {req.end.isoformat()} "
+                          f"from {req.source} ({where}): no bill written")
+    bill = build_bill(data, rates, directory, req.idle_policy)
+    from chargeback.outputs import write_outputs  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+    out = Path(req.out)
+    out.mkdir(parents=True, exist_ok=True)
+    outputs: dict[str, str] = write_outputs(bill, req, data, out)
+    return Result(bill, data, outputs)

@@ -1,0 +1,385 @@
+"""Chargeback from the local audit archive: one streaming pass that verifies the hash
+chain and adds up the records' accounted seconds and joules (docs/AUDIT.md,
+"Accounting: sums over records give usage without Prometheus").
+
+Reading: the parts of every UTC day the period touches, in archive order, through core's
+ordered reader (gpu_audit.archive). Every line of those parts is fed to core's
+`Verifier` as it is read (the records of a boundary day outside the period too, so the
+chain is checked across the whole of every part read); a broken trail is refused
+(`ArchiveRefused`, naming the problems) unless `Request.allow_unverified`, and then the
+data says `verified=False` with the problems. What is not checked: the records before
+the first part read (the chain is verified from its first record read on, not from
+seq 1), and the newest part's last line when it has no newline yet (still being
+written; left out, as `audit verify` does).
+
+Accounting, per cycle and GPU (the `gpu` record, its `process` records and its
+`unattributed` record share `host`, GPU uuid and `time_ns`; they are grouped with a
+buffer of one cycle per GPU, so memory does not grow with the number of records). A
+record at time T accounts for the interval (T - elapsed, T], so it counts for the period
+[start, end) when start < T <= end, and for the UTC day its interval ends in (the day of
+T - 1 ns: a record at midnight sharp closes the day before):
+
+- fleet: an up `gpu` record adds `gpu_seconds`, a down one `elapsed_seconds` to
+  `down_gpu_seconds`; energy is the record's `energy_joules` (counter, counter reset or
+  power, as the exporter chose) and the cross-check `values.power_usage_watts x
+  elapsed_seconds`;
+- used: per owner (user, project of an attributed process), the interval once per GPU
+  (several processes of one owner on one GPU count once); busy: the sum of their
+  `busy_gpu_seconds`; energy: the sum of their split `energy_joules` (the power
+  cross-check is split in the same proportion);
+- charged: the interval divided equally among the distinct owners on the GPU;
+- held by nobody known: the `unattributed` record's `gpu_seconds` when it names
+  unowned processes (`values.processes` > 0) is the unattributed owner's time; with no
+  process at all the GPU was free (idle fleet time, the fleet minus everything held);
+  the `unattributed` record's energy goes to the unattributed owner, except on a free
+  GPU, where it is idle energy (in the fleet only);
+- idle-held: the interval of a held GPU whose `values.utilization_ratio` is < 5 %
+  (unknown utilisation, e.g. a MIG parent, is not counted as idle);
+- allocated: the records carry no allocation (the job mapping names owners, not
+  reservations), so allocated = used, and `notes` says so;
+- MIG: the exporter writes one `gpu` record per physical GPU (the MIG parent), with
+  each instance's processes on it (`process.gpu_instance_id`), so its energy is counted
+  once. A `gpu` record whose uuid is a MIG instance's (`MIG-...`, another producer) adds
+  no fleet time or energy (its parent's record has them); its processes still count as
+  used time, and `notes` says how many such records there were;
+- simulated records (`simulated: true`) are left out unless `include_simulated`, and
+  counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
+from gpu_audit.archive import list_parts, read_lines
+from gpu_audit.archive.layout import Part, day_of
+from gpu_audit.audit.verify import Verifier
+
+IDLE_UTILIZATION = 0.05
+# Duplicate record ids are looked for within this many recent records per stream: a
+# sample chained twice sits within a few cycles of itself (10,000 records: over an hour
+# of an 8-GPU node at 10 s), and the window bounds memory. Core's default (a million per
+# stream, each id kept with its position) held ~200 MB on the benchmark's 8 streams.
+ID_WINDOW = 10_000
+UNKNOWN_MODEL = "unknown"
+
+Progress = Callable[[int, int], None]  # (bytes of parts read so far, bytes of all parts)
+
+
+class ArchiveRefused(Exception):
+    """The archive cannot be billed from: the trail is broken, or holds no data."""
+
+    def __init__(self, directory: Path, problems: list[str]) -> None:
+        self.directory = directory
+        self.problems = problems
+        lines = [f"archive {directory}: {len(problems)} problem(s)"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ns(t: datetime) -> int:
+    """A datetime (naive: UTC) as Unix nanoseconds, exactly."""
+    t = t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+    return (t - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """The records of one GPU and one cycle, reduced as they arrive."""
+
+    time_ns: int
+    model: str
+    mig_instance: bool
+    up: bool | None = None  # None: no gpu record seen (yet)
+    elapsed: float = 0.0
+    gpu_seconds: float = 0.0
+    energy: float | None = None
+    power_energy: float | None = None
+    utilization: float | None = None
+    # owner -> [max gpu_seconds, busy, energy]
+    owners: dict[Owner, list[float]] = field(default_factory=dict)
+    unowned_processes: int = 0
+    un_seconds: float = 0.0
+    un_energy: float = 0.0
+    un_busy: float = 0.0
+    un_seen: bool = False
+
+
+@dataclass(slots=True)
+class _Totals:
+    usage: dict[tuple[Owner, str], Usage] = field(default_factory=dict)
+    fleet: dict[str, Fleet] = field(default_factory=dict)
+    days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
+    mig_instance_records: int = 0
+
+    def _usage(self, owner: Owner, model: str, day: str) -> tuple[Usage, Usage]:
+        u = self.usage.get((owner, model))
+        if u is None:
+            u = self.usage[owner, model] = Usage()
+        d = self._day(day)[0]
+        du = d.get(owner)
+        if du is None:
+            du = d[owner] = Usage()
+        return u, du
+
+    def _day(self, day: str) -> tuple[dict[Owner, Usage], Fleet]:
+        entry = self.days.get(day)
+        if entry is None:
+            entry = self.days[day] = ({}, Fleet())
+        return entry
+
+    def close(self, c: _Cycle) -> None:
+        day = day_of(c.time_ns - 1).isoformat()
+        f = Fleet()
+        e = c.elapsed
+        idle = c.utilization is not None and c.utilization < IDLE_UTILIZATION
+        gpu_energy = c.energy or 0.0
+        ratio = (c.power_energy / gpu_energy
+                 if c.power_energy is not None and gpu_energy > 0 else None)
+        if c.mig_instance:
+            self.mig_instance_records += 1
+        elif c.up is True:
+            f.gpu_seconds = c.gpu_seconds
+            f.energy_joules = gpu_energy
+            f.power_energy_joules = c.power_energy or 0.0
+        elif c.up is False:
+            f.down_gpu_seconds = e
+        held = bool(c.owners) or c.unowned_processes > 0
+        if held and not c.mig_instance:
+            f.held_gpu_seconds = e
+            if idle:
+                f.idle_held_gpu_seconds = e
+        n = len(c.owners)
+        for owner, (used, busy, energy) in c.owners.items():
+            u = Usage(
+                allocated_gpu_seconds=used,
+                used_gpu_seconds=used,
+                charged_gpu_seconds=(e or used) / n,
+                busy_gpu_seconds=busy,
+                idle_held_gpu_seconds=used if idle else 0.0,
+                energy_joules=energy,
+                power_energy_joules=energy * ratio if ratio is not None else 0.0,
+            )
+            f.busy_gpu_seconds += busy
+            for target in self._usage(owner, c.model, day):
+                target.add(u)
+        if c.un_seen and (c.unowned_processes > 0 or c.owners):
+            held_unknown = c.un_seconds if c.unowned_processes > 0 else 0.0
+            u = Usage(
+                allocated_gpu_seconds=held_unknown,
+                used_gpu_seconds=held_unknown,
+                charged_gpu_seconds=held_unknown,
+                busy_gpu_seconds=c.un_busy if c.unowned_processes > 0 else 0.0,
+                idle_held_gpu_seconds=held_unknown if idle else 0.0,
+                energy_joules=c.un_energy,
+                power_energy_joules=c.un_energy * ratio if ratio is not None else 0.0,
+            )
+            f.busy_gpu_seconds += u.busy_gpu_seconds
+            if any((u.used_gpu_seconds, u.energy_joules, u.busy_gpu_seconds)):
+                for target in self._usage(UNATTRIBUTED, c.model, day):
+                    target.add(u)
+        if c.mig_instance:
+            return
+        fleet = self.fleet.get(c.model)
+        if fleet is None:
+            fleet = self.fleet[c.model] = Fleet()
+        fleet.add(f)
+        self._day(day)[1].add(f)
+
+
+def _owner(rec: Mapping[str, Any]) -> Owner | None:
+    """The owner of a process record, or None when it is not attributed."""
+    if rec.get("attributed") is not True:
+        return None
+    a = rec.get("attribution")
+    if not isinstance(a, Mapping):
+        return UNATTRIBUTED
+    user, project = a.get("user"), a.get("project")
+    return (user if isinstance(user, str) and user else None,
+            project if isinstance(project, str) and project else None)
+
+
+class _Accountant:
+    """Groups usage records by (host, GPU uuid) and cycle; closes a cycle when the next
+    one of its GPU starts, or at the end."""
+
+    def __init__(self) -> None:
+        self.totals = _Totals()
+        self.open: dict[tuple[str, str], _Cycle] = {}
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        kind = rec.get("kind")
+        if kind not in {"gpu", "process", "unattributed"}:
+            return
+        gpu = rec.get("gpu")
+        t = rec.get("time_ns")
+        if not isinstance(gpu, Mapping) or not isinstance(t, int):
+            return
+        uuid = str(gpu.get("uuid", ""))
+        key = (str(rec.get("host", "")), uuid)
+        c = self.open.get(key)
+        if c is None or c.time_ns != t:
+            if c is not None:
+                self.totals.close(c)
+            name = gpu.get("name")
+            c = self.open[key] = _Cycle(
+                time_ns=t,
+                model=name if isinstance(name, str) and name else UNKNOWN_MODEL,
+                mig_instance=uuid.startswith("MIG-"),
+            )
+        elapsed = _num(rec.get("elapsed_seconds")) or 0.0
+        c.elapsed = max(c.elapsed, elapsed)
+        values = rec.get("values")
+        vals: Mapping[str, Any] = values if isinstance(values, Mapping) else {}
+        if kind == "gpu":
+            c.up = gpu.get("up") is True
+            c.gpu_seconds = _num(rec.get("gpu_seconds")) or 0.0
+            c.energy = _num(rec.get("energy_joules"))
+            power = _num(vals.get("power_usage_watts"))
+            c.power_energy = power * elapsed if power is not None else None
+            c.utilization = _num(vals.get("utilization_ratio"))
+        elif kind == "process":
+            owner = _owner(rec)
+            if owner is None:
+                c.unowned_processes += 1
+                return
+            acc = c.owners.get(owner)
+            if acc is None:
+                acc = c.owners[owner] = [0.0, 0.0, 0.0]
+            acc[0] = max(acc[0], _num(rec.get("gpu_seconds")) or 0.0)
+            acc[1] += _num(rec.get("busy_gpu_seconds")) or 0.0
+            acc[2] += _num(rec.get("energy_joules")) or 0.0
+        else:
+            c.un_seen = True
+            c.un_seconds = _num(rec.get("gpu_seconds")) or 0.0
+            c.un_energy = _num(rec.get("energy_joules")) or 0.0
+            procs = _num(vals.get("processes"))
+            if procs is not None:
+                c.unowned_processes = max(c.unowned_processes, int(procs))
+            util = _num(vals.get("utilization_ratio"))
+            c.un_busy = util * elapsed if util is not None else 0.0
+
+    def finish(self) -> _Totals:
+        for c in self.open.values():
+            self.totals.close(c)
+        self.open.clear()
+        return self.totals
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parts_for(directory: Path, start_ns: int, end_ns: int) -> list[Part]:
+    """The archive's parts of the UTC days from start_ns's to end_ns's (a record at
+    end_ns sharp, in end_ns's day, is still in the period), in order."""
+    first, last = day_of(start_ns), day_of(max(start_ns, end_ns))
+    return [p for p in list_parts(directory) if first <= p.day <= last]
+
+
+def read_archive(
+    req: Request,
+    archive_dir: Path,
+    key: bytes | None = None,
+    progress: Progress | None = None,
+) -> SourceData:
+    """Verify and add up the archive's records for [req.start, req.end).
+
+    `key`: the HMAC key the records were chained with (None: plain SHA-256).
+    `progress(done, total)` is called after each part, in bytes of the part files.
+    Raises ArchiveRefused when the directory cannot be read, holds no part for the
+    period, or the chain does not verify (unless `req.allow_unverified`).
+    """
+    start_ns, end_ns = _ns(req.start), _ns(req.end)
+    if not archive_dir.is_dir():
+        raise ArchiveRefused(archive_dir, ["not a directory (is --config's archive right?)"])
+    parts = parts_for(archive_dir, start_ns, end_ns)
+    if not parts:
+        raise ArchiveRefused(archive_dir, [
+            f"no archive part for {req.start.isoformat()} .. {req.end.isoformat()} "
+            "(files <prefix>-YYYY-MM-DD[.N].jsonl[.gz])"])
+    data = SourceData(source="archive", start=req.start, end=req.end,
+                      simulated_included=req.include_simulated)
+    data.inputs["archive"] = str(archive_dir)
+    verifier = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW,
+                        source=str(archive_dir))
+    acct = _Accountant()
+    include_sim = req.include_simulated
+    in_range = 0
+    newest = list_parts(archive_dir)[-1]
+    sizes = [p.path.stat().st_size for p in parts]
+    total, done = sum(sizes), 0
+    loads = orjson.loads
+    for part, size in zip(parts, sizes, strict=True):
+        data.inputs[part.path.name] = _sha256(part.path)
+        data.queries.append(f"archive part {part.path.name}")
+        for line in read_lines(archive_dir, parts=[part]):
+            if not line.complete and part == newest:
+                continue  # still being written: not part of the trail yet
+            try:
+                rec = loads(line.raw)
+            except orjson.JSONDecodeError:
+                verifier.feed(line.raw, line.where)  # reported as invalid_json
+                continue
+            verifier.feed(rec, line.where)
+            if not isinstance(rec, dict):
+                continue
+            t = rec.get("time_ns")
+            if not isinstance(t, int) or not start_ns < t <= end_ns:
+                continue
+            in_range += 1
+            if rec.get("simulated") is True and not include_sim:
+                data.simulated_excluded += 1
+                continue
+            acct.add(rec)
+        done += size
+        if progress is not None:
+            progress(done, total)
+    report = verifier.report()
+    problems = [p.render() for p in report.problems]
+    hidden = sum(report.counts.values()) - len(report.problems)
+    if hidden > 0:
+        problems.append(f"... {hidden} more not listed")
+    if problems and not req.allow_unverified:
+        raise ArchiveRefused(archive_dir, [
+            "the hash chain does not verify (pass --allow-unverified to bill from it "
+            "anyway, marked unverified)", *problems])
+    data.verified = not problems
+    data.verification_problems = problems
+    totals = acct.finish()
+    if not totals.fleet and not totals.usage:
+        why = (f"{in_range} record(s) in the period, all simulated (--include-simulated "
+               "bills them)" if in_range and data.simulated_excluded == in_range
+               else f"{in_range} record(s) in the period, none a usage record")
+        raise ArchiveRefused(archive_dir, [
+            f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
+    data.usage, data.fleet, data.days = totals.usage, totals.fleet, totals.days
+    data.notes.append(
+        "archive: allocated GPU-hours = used GPU-hours (audit records carry no "
+        "allocation, only the owners of running processes)")
+    data.notes.append(
+        f"archive: {report.records} record(s) verified in {len(parts)} part(s), "
+        f"{in_range} in the period")
+    if totals.mig_instance_records:
+        data.notes.append(
+            f"archive: {totals.mig_instance_records} GPU record(s) of MIG instances "
+            "(MIG-... uuids) added no fleet time or energy (their parent GPU's record has it)")
+    return data

@@ -1,0 +1,188 @@
+"""`gpu-audit chargeback`: a period's bill from Prometheus, the archive or a search sink.
+
+Exit 0 with the outputs written, 1 when the source is unreachable or has no data for
+the period (no bill is written), 2 for bad arguments, rates or directory files.
+`--replay MANIFEST` hands over to `chargeback.manifest.replay`, which reruns the
+recorded request and checks the outputs byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chargeback.model import Request, SourceData
+from chargeback.run import NoDataError, SourceError, register_reader, run_chargeback
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+
+_MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    when = p.add_argument_group("period (one of)")
+    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
+    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
+    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
+    p.add_argument("--source", default="prometheus",
+                   choices=("prometheus", "archive", "elasticsearch", "opensearch"))
+    p.add_argument("--prometheus-url", metavar="URL",
+                   help="Prometheus-compatible query API (Prometheus, VictoriaMetrics, ...).")
+    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
+                   "archive and the sinks are.")
+    p.add_argument("--rates", metavar="FILE", help="Rates file (YAML; see "
+                   "chargeback/examples/rates.yaml).")
+    p.add_argument("--directory", metavar="FILE", help="Directory file: user/project -> "
+                   "department (YAML; see chargeback/examples/directory.yaml).")
+    p.add_argument("--idle-policy", default="proportional",
+                   choices=("none", "proportional", "even"),
+                   help="How idle fleet cost is shared over owners (default proportional).")
+    p.add_argument("--out", metavar="DIR", default="chargeback-out", help="Output directory.")
+    p.add_argument("--include-simulated", action="store_true",
+                   help="Bill simulated series/records too (left out by default).")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="Bill from an archive whose hash chain does not verify (said in the "
+                   "report).")
+    p.add_argument("--replay", metavar="MANIFEST",
+                   help="Reproduce the bill of an earlier run from its manifest.")
+
+
+def _time(text: str, what: str, problems: list[str]) -> datetime | None:
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        problems.append(f"{what}: {text!r} is not an RFC 3339 time")
+        return None
+    if dt.tzinfo is None:
+        problems.append(f"{what}: {text!r} needs a time zone (e.g. Z)")
+        return None
+    return dt.astimezone(UTC)
+
+
+def period(args: argparse.Namespace) -> tuple[datetime, datetime]:
+    """The [start, end) of --month or --from/--to; ConfigError naming every problem."""
+    problems: list[str] = []
+    if args.month and (args.time_from or args.time_to):
+        raise ConfigError("arguments", ["--month or --from/--to, not both"])
+    if args.month:
+        m = _MONTH.match(args.month)
+        if m is None or not 1 <= int(m.group(2)) <= 12:
+            raise ConfigError("arguments", [f"--month {args.month!r}: expected YYYY-MM"])
+        year, month = int(m.group(1)), int(m.group(2))
+        start = datetime(year, month, 1, tzinfo=UTC)
+        end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
+        return start, end
+    if not args.time_from or not args.time_to:
+        raise ConfigError("arguments", ["a period is needed: --month YYYY-MM, or both "
+                                        "--from and --to"])
+    begin = _time(args.time_from, "--from", problems)
+    until = _time(args.time_to, "--to", problems)
+    if problems or begin is None or until is None:
+        raise ConfigError("arguments", problems)
+    return begin, until
+
+
+def request(args: argparse.Namespace) -> Request:
+    start, end = period(args)
+    return Request(start=start, end=end, source=args.source, config=args.config,
+                   prometheus_url=args.prometheus_url, rates=args.rates,
+                   directory=args.directory, idle_policy=args.idle_policy, out=args.out,
+                   include_simulated=args.include_simulated,
+                   allow_unverified=args.allow_unverified)
+
+
+def _bar(enabled: bool, what: str) -> Any:
+    """A rich progress bar on stderr when it is a terminal, else None."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from rich.progress import Progress
+
+    return Progress(transient=True), what
+
+
+def _settings(req: Request) -> Any:
+    """Where the archive or the search sink is, from --config (gpu_audit_app's
+    chargeback_sources reads the shipper's sink configuration)."""
+    from gpu_audit_app import chargeback_sources  # type: ignore[attr-defined,unused-ignore]
+
+    path = Path(req.config) if req.config else None
+    if req.source == "archive":
+        return chargeback_sources.archive_source(path)
+    return chargeback_sources.search_settings(path, req.source)
+
+
+def _archive(req: Request, progress: bool) -> SourceData:
+    directory, key = _settings(req)
+    from chargeback.sources.archive import (  # type: ignore[import-not-found,unused-ignore]
+        ArchiveRefused,
+        read_archive,
+    )
+
+    bar = _bar(progress, f"reading {directory}")
+    try:
+        if bar is None:
+            data: SourceData = read_archive(req, directory, key)
+            return data
+        prog, what = bar
+        with prog:
+            task = prog.add_task(what, total=None)
+            data = read_archive(req, directory, key, progress=lambda done, total: prog.update(
+                task, completed=done, total=total))
+            return data
+    except ArchiveRefused as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _search(req: Request, progress: bool) -> SourceData:
+    settings = _settings(req)
+    from chargeback.sources.search import (  # type: ignore[import-not-found,unused-ignore]
+        SearchUnavailable,
+        read_search,
+    )
+
+    try:
+        data: SourceData = read_search(req, settings)
+        return data
+    except SearchUnavailable as exc:
+        raise SourceError(str(exc)) from None
+
+
+def register_readers() -> None:
+    """The sources whose settings are in the gpu-audit configuration (see chargeback.run)."""
+    register_reader("archive", _archive)
+    register_reader("elasticsearch", _search)
+    register_reader("opensearch", _search)
+
+
+def chargeback_command(args: argparse.Namespace) -> int:
+    register_readers()
+    if args.replay:
+        from chargeback.manifest import replay
+
+        try:
+            return replay(Path(args.replay))
+        except (SourceError, NoDataError) as exc:
+            print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    req = request(args)
+    try:
+        result = run_chargeback(req, progress=sys.stderr.isatty())
+    except (SourceError, NoDataError) as exc:
+        print(f"gpu-audit chargeback: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    r = result.bill.reconciliation
+    print(f"chargeback {req.start.isoformat()} .. {req.end.isoformat()} from {req.source}: "
+          f"{sum(1 for row in result.bill.rows if row.kind == 'owner')} owner rows")
+    print(f"fleet {r.fleet_gpu_hours:.2f} GPU-h (down {r.down_gpu_hours:.2f}) = owners "
+          f"{r.owners_gpu_hours:.2f} + unattributed {r.unattributed_gpu_hours:.2f} + idle "
+          f"{r.idle_gpu_hours:.2f} (difference {r.difference_gpu_hours:+.3f})")
+    print(f"energy {r.fleet_energy_kwh:.2f} kWh (integrated power {r.power_energy_kwh:.2f}, "
+          f"difference {r.energy_difference_kwh:+.3f})")
+    if result.bill.simulated_excluded:
+        print(f"simulated left out: {result.bill.simulated_excluded}")
+    for name in sorted(result.outputs):
+        print(f"wrote {Path(req.out) / name}  sha256 {result.outputs[name]}")
+    return EXIT_OK
