@@ -94,7 +94,13 @@ def _ns(t: datetime) -> int:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A JSON number as a float; None for anything else (bool included)."""
+    t = type(v)  # exact types: the hot path, and bool is not a number here
+    if t is float:
+        return float(v)
+    if t is int:
+        return float(v)
+    return None
 
 
 @dataclass(slots=True)
@@ -125,6 +131,15 @@ class _Totals:
     fleet: dict[str, Fleet] = field(default_factory=dict)
     days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
     mig_instance_records: int = 0
+    _day_names: dict[int, str] = field(default_factory=dict)
+
+    def day_name(self, time_ns: int) -> str:
+        """The UTC day an interval ending at time_ns belongs to (midnight: the day before)."""
+        n = (time_ns - 1) // 86_400_000_000_000
+        name = self._day_names.get(n)
+        if name is None:
+            name = self._day_names[n] = day_of(time_ns - 1).isoformat()
+        return name
 
     def _usage(self, owner: Owner, model: str, day: str) -> tuple[Usage, Usage]:
         u = self.usage.get((owner, model))
@@ -143,7 +158,7 @@ class _Totals:
         return entry
 
     def close(self, c: _Cycle) -> None:
-        day = day_of(c.time_ns - 1).isoformat()
+        day = self.day_name(c.time_ns)
         f = Fleet()
         e = c.elapsed
         idle = c.utilization is not None and c.utilization < IDLE_UTILIZATION
