@@ -70,6 +70,11 @@ IDLE_UTILIZATION = 0.05
 ID_WINDOW = 10_000
 UNKNOWN_MODEL = "unknown"
 
+_ENERGY_SOURCES = {"counter": "the energy counter",
+                   "counter_reset": "the counter after a reset (driver reload, GPU reset)",
+                   "power": "power x elapsed (no counter reading)",
+                   "none": "nowhere (no counter and no power reading: not billed)"}
+
 Progress = Callable[[int, int], None]  # (bytes of parts read so far, bytes of all parts)
 
 
@@ -114,6 +119,7 @@ class _Cycle:
     elapsed: float = 0.0
     gpu_seconds: float = 0.0
     energy: float | None = None
+    energy_source: str = "none"
     power_energy: float | None = None
     utilization: float | None = None
     # owner -> [max gpu_seconds, busy, energy]
@@ -131,6 +137,7 @@ class _Totals:
     fleet: dict[str, Fleet] = field(default_factory=dict)
     days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
     mig_instance_records: int = 0
+    energy_sources: dict[str, int] = field(default_factory=dict)  # up GPU intervals by source
     _day_names: dict[int, str] = field(default_factory=dict)
 
     def day_name(self, time_ns: int) -> str:
@@ -168,6 +175,7 @@ class _Totals:
         if c.mig_instance:
             self.mig_instance_records += 1
         elif c.up is True:
+            self.energy_sources[c.energy_source] = self.energy_sources.get(c.energy_source, 0) + 1
             f.gpu_seconds = c.gpu_seconds
             f.energy_joules = gpu_energy
             f.power_energy_joules = c.power_energy or 0.0
@@ -264,6 +272,8 @@ class _Accountant:
             c.up = gpu.get("up") is True
             c.gpu_seconds = _num(rec.get("gpu_seconds")) or 0.0
             c.energy = _num(rec.get("energy_joules"))
+            source = rec.get("energy_source")
+            c.energy_source = source if isinstance(source, str) else "none"
             power = _num(vals.get("power_usage_watts"))
             c.power_energy = power * elapsed if power is not None else None
             c.utilization = _num(vals.get("utilization_ratio"))
@@ -393,6 +403,12 @@ def read_archive(
     data.notes.append(
         f"archive: {report.records} record(s) verified in {len(parts)} part(s), "
         f"{in_range} in the period")
+    sources = totals.energy_sources
+    data.notes.append(
+        "archive: energy of " + ", ".join(
+            f"{n} GPU interval(s) from {_ENERGY_SOURCES.get(k, k)}"
+            for k, n in sorted(sources.items())) if sources else
+        "archive: no GPU interval with energy")
     if totals.mig_instance_records:
         data.notes.append(
             f"archive: {totals.mig_instance_records} GPU record(s) of MIG instances "
