@@ -70,6 +70,11 @@ IDLE_UTILIZATION = 0.05
 ID_WINDOW = 10_000
 UNKNOWN_MODEL = "unknown"
 
+_ENERGY_SOURCES = {"counter": "the energy counter",
+                   "counter_reset": "the counter after a reset (driver reload, GPU reset)",
+                   "power": "power x elapsed (no counter reading)",
+                   "none": "nowhere (no counter and no power reading: not billed)"}
+
 Progress = Callable[[int, int], None]  # (bytes of parts read so far, bytes of all parts)
 
 
@@ -94,7 +99,13 @@ def _ns(t: datetime) -> int:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A JSON number as a float; None for anything else (bool included)."""
+    t = type(v)  # exact types: the hot path, and bool is not a number here
+    if t is float:
+        return float(v)
+    if t is int:
+        return float(v)
+    return None
 
 
 @dataclass(slots=True)
@@ -108,6 +119,7 @@ class _Cycle:
     elapsed: float = 0.0
     gpu_seconds: float = 0.0
     energy: float | None = None
+    energy_source: str = "none"
     power_energy: float | None = None
     utilization: float | None = None
     # owner -> [max gpu_seconds, busy, energy]
@@ -125,6 +137,31 @@ class _Totals:
     fleet: dict[str, Fleet] = field(default_factory=dict)
     days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
     mig_instance_records: int = 0
+    energy_sources: dict[str, int] = field(default_factory=dict)  # up GPU intervals by source
+    _day_names: dict[int, str] = field(default_factory=dict)
+
+    def day_name(self, time_ns: int) -> str:
+        """The UTC day an interval ending at time_ns belongs to (midnight: the day before)."""
+        n = (time_ns - 1) // 86_400_000_000_000
+        name = self._day_names.get(n)
+        if name is None:
+            name = self._day_names[n] = day_of(time_ns - 1).isoformat()
+        return name
+
+    def merge(self, other: _Totals) -> None:
+        """Add another run's totals (of other days) to these."""
+        for k, u in other.usage.items():
+            self.usage.setdefault(k, Usage()).add(u)
+        for m, f in other.fleet.items():
+            self.fleet.setdefault(m, Fleet()).add(f)
+        for day, (owners, f) in other.days.items():
+            mine = self.days.setdefault(day, ({}, Fleet()))
+            for o, u in owners.items():
+                mine[0].setdefault(o, Usage()).add(u)
+            mine[1].add(f)
+        self.mig_instance_records += other.mig_instance_records
+        for src, n in other.energy_sources.items():
+            self.energy_sources[src] = self.energy_sources.get(src, 0) + n
 
     def _usage(self, owner: Owner, model: str, day: str) -> tuple[Usage, Usage]:
         u = self.usage.get((owner, model))
@@ -143,7 +180,7 @@ class _Totals:
         return entry
 
     def close(self, c: _Cycle) -> None:
-        day = day_of(c.time_ns - 1).isoformat()
+        day = self.day_name(c.time_ns)
         f = Fleet()
         e = c.elapsed
         idle = c.utilization is not None and c.utilization < IDLE_UTILIZATION
@@ -153,6 +190,7 @@ class _Totals:
         if c.mig_instance:
             self.mig_instance_records += 1
         elif c.up is True:
+            self.energy_sources[c.energy_source] = self.energy_sources.get(c.energy_source, 0) + 1
             f.gpu_seconds = c.gpu_seconds
             f.energy_joules = gpu_energy
             f.power_energy_joules = c.power_energy or 0.0
@@ -249,6 +287,8 @@ class _Accountant:
             c.up = gpu.get("up") is True
             c.gpu_seconds = _num(rec.get("gpu_seconds")) or 0.0
             c.energy = _num(rec.get("energy_joules"))
+            source = rec.get("energy_source")
+            c.energy_source = source if isinstance(source, str) else "none"
             power = _num(vals.get("power_usage_watts"))
             c.power_energy = power * elapsed if power is not None else None
             c.utilization = _num(vals.get("utilization_ratio"))
@@ -295,16 +335,132 @@ def parts_for(directory: Path, start_ns: int, end_ns: int) -> list[Part]:
     return [p for p in list_parts(directory) if first <= p.day <= last]
 
 
+@dataclass(slots=True)
+class _Scan:
+    """What one run of consecutive days' parts gave (picklable: a worker's answer)."""
+
+    records: int = 0
+    in_range: int = 0
+    simulated_excluded: int = 0
+    problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
+    totals: _Totals = field(default_factory=_Totals)
+    # per stream: its first and last record fed, with where they are (for the stitch)
+    edges: dict[str, tuple[dict[str, Any], str, dict[str, Any], str]] = field(
+        default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+
+def _scan(parts: list[Part], newest: Path, *, start_ns: int, end_ns: int,
+          key: bytes | None, include_sim: bool,
+          on_part: Callable[[int], None] | None = None) -> _Scan:
+    """Verify every line of `parts` (in order) and add up the period's records;
+    `on_part(size)` after each part."""
+    out = _Scan()
+    verifier = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
+    acct = _Accountant()
+    first: dict[str, tuple[dict[str, Any], str]] = {}
+    last: dict[str, tuple[dict[str, Any], str]] = {}
+    loads = orjson.loads
+    for part in parts:
+        out.hashes[part.path.name] = _sha256(part.path)
+        for line in read_lines(part.path.parent, parts=[part]):
+            if not line.complete and part.path == newest:
+                continue  # still being written: not part of the trail yet
+            try:
+                rec = loads(line.raw)
+            except orjson.JSONDecodeError:
+                verifier.feed(line.raw, line.where)  # reported as invalid_json
+                continue
+            verifier.feed(rec, line.where)
+            if not isinstance(rec, dict):
+                continue
+            stream = rec.get("stream")
+            if isinstance(stream, str):
+                if stream not in first:
+                    first[stream] = (rec, line.where)
+                last[stream] = (rec, line.where)
+            t = rec.get("time_ns")
+            if not isinstance(t, int) or not start_ns < t <= end_ns:
+                continue
+            out.in_range += 1
+            if rec.get("simulated") is True and not include_sim:
+                out.simulated_excluded += 1
+                continue
+            acct.add(rec)
+        if on_part is not None:
+            on_part(part.path.stat().st_size)
+    report = verifier.report()
+    out.records = report.records
+    out.problems = [p.render() for p in report.problems]
+    out.problem_count = sum(report.counts.values())
+    out.totals = acct.finish()
+    out.edges = {s: (*first[s], *last[s]) for s in first}
+    return out
+
+
+# Problems a stitch can find that no worker could: across the boundary between runs.
+_STITCH_KINDS = frozenset({"gap", "chain_break", "reordered", "duplicate_seq", "duplicate_id"})
+
+
+def _stitch(scans: list[_Scan], key: bytes | None) -> list[str]:
+    """Chain the runs together: each stream's last record of one run and its first of
+    the next run it appears in go through a Verifier of their own (a gap or a chain
+    break between runs; the records themselves were checked by their runs)."""
+    problems: list[str] = []
+    before: dict[str, tuple[dict[str, Any], str]] = {}
+    for scan in scans:
+        for stream, (first, where_first, last, where_last) in scan.edges.items():
+            prev = before.get(stream)
+            if prev is not None:
+                v = Verifier(hmac_key=key, complete=False)
+                v.feed(prev[0], prev[1])
+                v.feed(first, where_first)
+                problems += [p.render() for p in v.report().problems
+                             if p.kind in _STITCH_KINDS]
+            before[stream] = (last, where_last)
+    return problems
+
+
+def _runs(parts: list[Part], sizes: list[int], workers: int) -> list[list[Part]]:
+    """Consecutive runs of whole days' parts (a cycle's records never leave their day),
+    about equal in bytes, at most `workers` of them."""
+    days: list[list[Part]] = []
+    day_sizes: list[int] = []
+    for part, size in zip(parts, sizes, strict=True):
+        if days and days[-1][0].day == part.day:
+            days[-1].append(part)
+            day_sizes[-1] += size
+        else:
+            days.append([part])
+            day_sizes.append(size)
+    n = max(1, min(workers, len(days)))
+    target = sum(day_sizes) / n
+    runs: list[list[Part]] = [[]]
+    acc = 0
+    for i, (day, size) in enumerate(zip(days, day_sizes, strict=True)):
+        behind = len(days) - i <= n - len(runs)  # as many days left as runs to fill
+        if runs[-1] and len(runs) < n and (acc >= target * len(runs) or behind):
+            runs.append([])
+        runs[-1].extend(day)
+        acc += size
+    return runs
+
+
 def read_archive(
     req: Request,
     archive_dir: Path,
     key: bytes | None = None,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> SourceData:
-    """Verify and add up the archive's records for [req.start, req.end).
+    """Verify and add up the archive's records for the period (start, end].
 
     `key`: the HMAC key the records were chained with (None: plain SHA-256).
-    `progress(done, total)` is called after each part, in bytes of the part files.
+    `progress(done, total)` is called as parts are done, in bytes of the part files.
+    `workers` > 1 verifies and adds up runs of consecutive days in that many processes
+    (each about as large as one; the runs' chains are then joined, so the verdict is the
+    one pass's, except that a record id used twice is looked for within a run only).
     Raises ArchiveRefused when the directory cannot be read, holds no part for the
     period, or the chain does not verify (unless `req.allow_unverified`).
     """
@@ -319,52 +475,49 @@ def read_archive(
     data = SourceData(source="archive", start=req.start, end=req.end,
                       simulated_included=req.include_simulated)
     data.inputs["archive"] = str(archive_dir)
-    verifier = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW,
-                        source=str(archive_dir))
-    acct = _Accountant()
-    include_sim = req.include_simulated
-    in_range = 0
-    newest = list_parts(archive_dir)[-1]
+    newest = list_parts(archive_dir)[-1].path
     sizes = [p.path.stat().st_size for p in parts]
-    total, done = sum(sizes), 0
-    loads = orjson.loads
-    for part, size in zip(parts, sizes, strict=True):
-        data.inputs[part.path.name] = _sha256(part.path)
+    total = sum(sizes)
+    runs = _runs(parts, sizes, workers)
+    kw: dict[str, Any] = {"start_ns": start_ns, "end_ns": end_ns, "key": key,
+                          "include_sim": req.include_simulated}
+    if len(runs) == 1:
+        done = [0]
+
+        def on_part(size: int) -> None:
+            done[0] += size
+            if progress is not None:
+                progress(done[0], total)
+
+        scans = [_scan(parts, newest, on_part=on_part, **kw)]
+    else:
+        scans = _parallel(runs, newest, kw, total, progress)
+    for part in parts:
         data.queries.append(f"archive part {part.path.name}")
-        for line in read_lines(archive_dir, parts=[part]):
-            if not line.complete and part == newest:
-                continue  # still being written: not part of the trail yet
-            try:
-                rec = loads(line.raw)
-            except orjson.JSONDecodeError:
-                verifier.feed(line.raw, line.where)  # reported as invalid_json
-                continue
-            verifier.feed(rec, line.where)
-            if not isinstance(rec, dict):
-                continue
-            t = rec.get("time_ns")
-            if not isinstance(t, int) or not start_ns < t <= end_ns:
-                continue
-            in_range += 1
-            if rec.get("simulated") is True and not include_sim:
-                data.simulated_excluded += 1
-                continue
-            acct.add(rec)
-        done += size
-        if progress is not None:
-            progress(done, total)
-    report = verifier.report()
-    problems = [p.render() for p in report.problems]
-    hidden = sum(report.counts.values()) - len(report.problems)
-    if hidden > 0:
-        problems.append(f"... {hidden} more not listed")
+    problems: list[str] = []
+    count = 0
+    for scan in scans:
+        data.inputs.update(scan.hashes)
+        problems += scan.problems
+        count += scan.problem_count
+    stitched = _stitch(scans, key)
+    problems += stitched
+    count += len(stitched)
+    if count > len(problems):
+        problems.append(f"... {count - len(problems)} more not listed")
     if problems and not req.allow_unverified:
         raise ArchiveRefused(archive_dir, [
             "the hash chain does not verify (pass --allow-unverified to bill from it "
             "anyway, marked unverified)", *problems])
     data.verified = not problems
     data.verification_problems = problems
-    totals = acct.finish()
+    totals = _Totals()
+    in_range = records = 0
+    for scan in scans:
+        totals.merge(scan.totals)
+        in_range += scan.in_range
+        records += scan.records
+        data.simulated_excluded += scan.simulated_excluded
     if not totals.fleet and not totals.usage:
         why = (f"{in_range} record(s) in the period, all simulated (--include-simulated "
                "bills them)" if in_range and data.simulated_excluded == in_range
@@ -376,10 +529,35 @@ def read_archive(
         "archive: allocated GPU-hours = used GPU-hours (audit records carry no "
         "allocation, only the owners of running processes)")
     data.notes.append(
-        f"archive: {report.records} record(s) verified in {len(parts)} part(s), "
+        f"archive: {records} record(s) verified in {len(parts)} part(s), "
         f"{in_range} in the period")
+    sources = totals.energy_sources
+    data.notes.append(
+        "archive: energy of " + ", ".join(
+            f"{n} GPU interval(s) from {_ENERGY_SOURCES.get(k, k)}"
+            for k, n in sorted(sources.items())) if sources else
+        "archive: no GPU interval with energy")
     if totals.mig_instance_records:
         data.notes.append(
             f"archive: {totals.mig_instance_records} GPU record(s) of MIG instances "
             "(MIG-... uuids) added no fleet time or energy (their parent GPU's record has it)")
     return data
+
+
+def _parallel(runs: list[list[Part]], newest: Path, kw: dict[str, Any], total: int,
+              progress: Progress | None) -> list[_Scan]:
+    import multiprocessing  # noqa: PLC0415 - only for workers > 1
+    from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: PLC0415
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    scans: list[_Scan | None] = [None] * len(runs)
+    done = 0
+    with ProcessPoolExecutor(max_workers=len(runs), mp_context=ctx) as pool:
+        futures = {pool.submit(_scan, run, newest, **kw): i for i, run in enumerate(runs)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            scans[i] = fut.result()
+            done += sum(p.path.stat().st_size for p in runs[i])
+            if progress is not None:
+                progress(done, total)
+    return [s for s in scans if s is not None]

@@ -71,6 +71,8 @@ def test_the_month_from_the_archive_gives_the_hand_computed_rows(month_archive: 
     assert data.verified is True
     assert data.simulated_excluded > 0
     assert len(data.days) == 30
+    # a0's counter restarts at 300 h: one interval's energy comes from after the reset
+    assert any("1 GPU interval(s) from the counter after a reset" in n for n in data.notes)
     bill = build_bill(data, load_rates(EXAMPLES / "rates.yaml"),
                       load_directory(EXAMPLES / "directory.yaml"), "proportional")
     owners = {(r.user, r.project): r for r in bill.rows if r.kind == "owner"}
