@@ -42,6 +42,14 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 ID_WINDOW = 1_000_000
 
 
+def _chain_name(rec: Mapping[str, Any], stream: str) -> str:
+    """The chain a record belongs to: seq and prev_hash run per host and stream
+    (docs/AUDIT.md), so two nodes' default `exporter` streams read back from one sink are
+    two chains, not one broken one. Named `stream@host`."""
+    host = rec.get("host")
+    return f"{stream}@{host}" if isinstance(host, str) and host else stream
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One finding: what is wrong, and exactly where."""
@@ -248,9 +256,9 @@ class Verifier:
         if expected_hash(rec, self._key) != h:
             self._problem(
                 "modified", where, "hash does not match the record's content",
-                stream=stream, seq=seq, rid=rid_s,
+                stream=_chain_name(rec, stream), seq=seq, rid=rid_s,
             )
-        self._sequence(_Entry(stream, seq, h, prev, rid_s, where))
+        self._sequence(_Entry(_chain_name(rec, stream), seq, h, prev, rid_s, where))
 
     def _sequence(self, e: _Entry) -> None:
         name, s, rid, where = e.stream, e.seq, e.id, e.where

@@ -40,6 +40,7 @@ from gpu_audit.spool.config import SpoolConfig
 from gpu_audit_app.cli import main
 from tests.audit import golden_input as gi
 from tests.audit.fakes import MemorySpool
+from tests.audit.trails import exporter_chain
 
 KEYS: dict[str, bytes | None] = {"plain": None, "hmac": gi.golden_key()}
 _V2 = Draft202012Validator(record_schema(2))
@@ -80,7 +81,7 @@ def test_v1_golden_trail_still_verifies(mode: str) -> None:
     path = _golden(1, mode)
     report = verify_jsonl(path, KEYS[mode])
     assert report.ok, report.render()
-    assert report.records == 43 and report.streams["exporter"].last_seq == 43
+    assert report.records == 43 and exporter_chain(report).last_seq == 43
     if mode == "hmac":
         assert verify_jsonl(path, None).counts["modified"] == 43
 
@@ -306,7 +307,7 @@ def test_upgrade_in_a_spool_directory_verifies(tmp_path: Path) -> None:
         writer.close()
     report = verify_spool_dir(spool_dir, None, complete=True)
     assert report.ok, report.render()
-    assert report.streams["exporter"].first_seq == 1
+    assert exporter_chain(report).first_seq == 1
 
 
 def test_audit_verify_cli_accepts_an_archive_upgraded_from_v1_to_v2(

@@ -24,6 +24,7 @@ from gpu_audit.audit.verify import verify_records, verify_spool_dir
 from gpu_audit.spool import SpoolConfig, SpoolFull, SpoolReader, SpoolWriteError, SpoolWriter
 from tests.audit.factory import HOST, T0, advance, realistic
 from tests.audit.fakes import MemorySpool
+from tests.audit.trails import exporter_chain
 
 
 class Clock:
@@ -278,7 +279,7 @@ def test_real_spool_full_cycle_restart_and_disk_full(tmp_path: Path) -> None:
     w2.close()
     report = verify_spool_dir(d, None, complete=True)
     assert report.ok, report.render()
-    assert report.streams["exporter"].last_seq == p2.stats()["last_seq"]
+    assert exporter_chain(report).last_seq == p2.stats()["last_seq"]
     assert os.listdir(d)
     with SpoolReader(d) as r:
         assert r.read(0, 1).entries[0][1].startswith(b"{")

@@ -15,7 +15,7 @@ import pytest
 from gpu_audit.audit.canonical import seal
 from gpu_audit.audit.verify import VerifyReport, verify_jsonl, verify_readback, verify_spool_dir
 from gpu_audit.spool import SpoolConfig, SpoolWriter
-from tests.audit.trails import producer_trail
+from tests.audit.trails import exporter_chain, producer_trail
 
 Trail = list[bytes]
 
@@ -90,7 +90,7 @@ def test_clean_jsonl_trail_verifies(tmp_path: Path, gz: bool) -> None:
     """An untouched export (plain or gzip) verifies with no problem."""
     report = verify_jsonl(_write_jsonl(tmp_path / "a.jsonl", TRAIL, gz), None)
     assert report.ok, report.render()
-    assert report.records == N and report.streams["exporter"].last_seq == N
+    assert report.records == N and exporter_chain(report).last_seq == N
     assert "OK" in report.render()
 
 
@@ -173,3 +173,19 @@ def test_same_sample_chained_twice_is_a_duplicate_id(tmp_path: Path) -> None:
     again = seal(rec, last["seq"] + 1, last["hash"], None)
     report = verify_jsonl(_write_jsonl(tmp_path / "a.jsonl", [*TRAIL, again]), None)
     _assert_found(report, "duplicate_id", f"line {N + 1}")
+
+
+def test_two_hosts_default_streams_are_two_chains(tmp_path: Path) -> None:
+    """Read back from one sink, two nodes' `exporter` streams interleave: each host's
+    chain verifies on its own (seq runs per host and stream), and damage in one names it."""
+    other = producer_trail(host="node-b")
+    mixed = [line for pair in zip(TRAIL, other, strict=True) for line in pair]
+    report = verify_jsonl(_write_jsonl(tmp_path / "a.jsonl", mixed, False), None)
+    assert report.ok, report.render()
+    assert sorted(report.streams) == sorted(
+        {f"exporter@{orjson.loads(TRAIL[0])['host']}", "exporter@node-b"})
+    broken = verify_jsonl(_write_jsonl(tmp_path / "b.jsonl", [*mixed[:5], *mixed[7:]], False),
+                          None)
+    assert not broken.ok
+    assert {p.stream for p in broken.problems} == {f"exporter@{orjson.loads(TRAIL[0])['host']}",
+                                                   "exporter@node-b"}
