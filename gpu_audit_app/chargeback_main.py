@@ -160,14 +160,13 @@ def register_readers() -> None:
 def chargeback_command(args: argparse.Namespace) -> int:
     register_readers()
     if args.replay:
-        from chargeback.manifest import replay  # type: ignore[import-not-found,unused-ignore]
+        from chargeback.manifest import replay
 
         try:
-            code = replay(Path(args.replay))
+            return replay(Path(args.replay))
         except (SourceError, NoDataError) as exc:
             print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
             return EXIT_FAILURE
-        return code if isinstance(code, int) else EXIT_OK
     req = request(args)
     try:
         result = run_chargeback(req, progress=sys.stderr.isatty())

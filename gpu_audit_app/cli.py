@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     from dashboards.cli_args import add_push_arguments
 
     add_push_arguments(dp)
+
+    p = sub.add_parser("launcher", help="Node-local GPU job launcher (daemon and clients).",
+                       description="A fair GPU job queue with checkpoint-first preemption, "
+                       "requeue and identity injection: `serve` runs the daemon; submit, queue, "
+                       "status, logs, cancel, hold and release talk to it over its socket.")
+    from gpu_audit_app.launcher_main import add_arguments as add_launcher_arguments
+
+    add_launcher_arguments(p)
     return parser
 
 
@@ -268,6 +276,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else:
             print(render_stats(stats))
         return EXIT_OK
+    if cmd == "launcher":
+        from gpu_audit_app.launcher_main import command as launcher_command
+
+        return launcher_command(args, parser)
     if cmd == "rules":
         if args.rules_command != "render":
             parser.parse_args(["rules", "--help"])

@@ -28,7 +28,8 @@ from shipper.config import ShipperConfig
 
 class Config(Section):
     host: str = Field(default_factory=socket.gethostname, description="Host name in records.")
-    log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+    log_level: str = Field("info", pattern="^(debug|info|warning|error)$",
+                           description="Least severe log level written to stderr.")
     exporter: ExporterConfig = ExporterConfig()
     attribution: AttributionConfig = AttributionConfig()
     audit: AuditConfig = AuditConfig()

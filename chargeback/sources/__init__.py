@@ -1,0 +1,1 @@
+"""Where chargeback reads its data: each source returns a `chargeback.model.SourceData`."""

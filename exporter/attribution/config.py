@@ -20,10 +20,23 @@ DEFAULT_ENVIRON_KEYS: tuple[str, ...] = (
 
 
 class KubeletConfig(Section):
-    enabled: bool = False
-    socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    refresh_seconds: float = Field(default=30.0, gt=0)
-    timeout_seconds: float = Field(default=5.0, gt=0)
+    enabled: bool = Field(
+        default=False,
+        description="Ask the kubelet's pod-resources API which pod holds each GPU (the "
+        "`kubelet` source answers only when this is on).",
+    )
+    socket: Path = Field(
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="The kubelet's pod-resources socket (mount it into the exporter's pod).",
+    )
+    refresh_seconds: float = Field(
+        default=30.0, gt=0,
+        description="How often the pod list is fetched; older than three periods it is "
+        "not used.",
+    )
+    timeout_seconds: float = Field(
+        default=5.0, gt=0, description="Deadline of one pod-resources call."
+    )
     resource_prefixes: tuple[str, ...] = Field(
         default=("nvidia.com/gpu", "nvidia.com/mig-"),
         description="Extended-resource names (prefixes) whose device ids are GPU UUIDs.",
@@ -48,7 +61,11 @@ class AttributionConfig(Section):
         default=DEFAULT_ENVIRON_KEYS,
         description="The only environment keys read from other processes.",
     )
-    environ_value_max_length: int = Field(default=128, ge=1, le=4096)
+    environ_value_max_length: int = Field(
+        default=128, ge=1, le=4096,
+        description="Identity values (from environ, job-mapping files and pod metadata) "
+        "are cut to this many characters.",
+    )
     environ_fields: dict[str, str] = Field(
         default_factory=dict,
         description="Extra meanings for allow-listed keys: environment key -> identity "

@@ -4,7 +4,7 @@
 field NVML offers (exporter.backends.nvml_fields), the processes on each GPU
 (exporter.backends.nvml_processes), identity and MIG instances
 (exporter.backends.nvml_identity) and XID events (exporter.backends.nvml_events). The
-binding, error classification and versioned calls come from exporter.backends.nvml_shim,
+binding, error classification and versioned calls come from gpu_audit.nvml_shim,
 the only module that imports pynvml. Failure handling is per field and per GPU:
 - a field the device does not offer (NotSupported, NoPermission, FunctionNotFound) is
   listed in `unsupported`, logged once and never asked for again on that device;
@@ -37,16 +37,6 @@ from exporter.backends.nvml_processes import (
     read_process_list,
     read_process_utilization,
 )
-from exporter.backends.nvml_shim import (
-    cuda_version_call,
-    error_kind,
-    error_name,
-    format_cuda_version,
-    is_unsupported,
-    load_binding,
-    process_list_calls,
-    text,
-)
 from exporter.config import ExporterConfig
 from gpu_audit.model.samples import (
     BackendInfo,
@@ -55,6 +45,16 @@ from gpu_audit.model.samples import (
     MigInstance,
     ProcessSample,
     ProcessType,
+)
+from gpu_audit.nvml_shim import (
+    cuda_version_call,
+    error_kind,
+    error_name,
+    format_cuda_version,
+    is_unsupported,
+    load_binding,
+    process_list_calls,
+    text,
 )
 
 log = logging.getLogger("gpu_audit.nvml")

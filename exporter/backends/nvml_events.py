@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exporter.backends.nvml_shim import error_name
 from gpu_audit.model.samples import XidEvent
+from gpu_audit.nvml_shim import error_name
 
 log = logging.getLogger("gpu_audit.nvml")
 

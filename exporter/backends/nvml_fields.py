@@ -11,7 +11,7 @@ this cycle" (for example `memory_reserved` on the v1 memory call, or NVLink keys
 board without links). Readers never return NaN, 0 or a sentinel for a missing value.
 
 Versioned functions (memory info, clock event reasons) go through the per-device
-`VersionedCall`s in `DeviceCtx` (exporter.backends.nvml_shim), which pick the version
+`VersionedCall`s in `DeviceCtx` (gpu_audit.nvml_shim), which pick the version
 once and log the choice.
 
 This module must never decide GPU health, log, or call NVML outside `FieldReader.read`.
@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.backends.nvml_shim import (
+from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
+from gpu_audit.model.samples import LabelValues
+from gpu_audit.nvml_shim import (
     VersionedCall,
     clock_reasons_call,
     is_one_of,
     memory_info_call,
 )
-from gpu_audit.model.fields import CLOCK_EVENT_REASONS, VIOLATION_POLICIES, Tier
-from gpu_audit.model.samples import LabelValues
 
 Values = dict[str, dict[LabelValues, float]]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.backends.nvml_shim import call_optional, is_unsupported, text
 from gpu_audit.model.samples import GpuInfo, MigInstance
+from gpu_audit.nvml_shim import call_optional, is_unsupported, text
 
 
 def mig_profile(name: str) -> str:

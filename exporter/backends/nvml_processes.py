@@ -2,7 +2,7 @@
 
 The process-info struct changed between drivers (v1 -> v2 -> v3) and a binding/driver
 mismatch scrambles pids and memory values, so each list call (compute, graphics, MPS
-compute) is a `VersionedCall` (exporter.backends.nvml_shim): probed once, newest
+compute) is a `VersionedCall` (gpu_audit.nvml_shim): probed once, newest
 first, the choice logged once on the "gpu_audit.nvml" logger. Utilisation comes from
 `nvmlDeviceGetProcessUtilization` with the newest driver timestamp seen on the previous
 cycle, so each cycle sees only the samples taken since the last one; NVML's NotFound
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.backends.nvml_shim import VersionedCall
 from gpu_audit.model.samples import ProcessSample, ProcessType
+from gpu_audit.nvml_shim import VersionedCall
 
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 INSTANCE_NOT_AVAILABLE = (1 << 32) - 1  # gpuInstanceId / computeInstanceId outside MIG

@@ -58,8 +58,11 @@ class AuditProducer:
         simulated: bool,
         reader: SpoolReaderPort | None = None,
         clock: Any = time.time,
+        lifecycle_events: tuple[str, str] = ("exporter_start", "exporter_stop"),
     ) -> None:
         self._config = config
+        # what start() and stop() write: the launcher's stream says launcher_start/stop
+        self._start_event, self._stop_event = lifecycle_events
         self._spool = spool
         self._reader = reader
         self._host = host
@@ -96,7 +99,7 @@ class AuditProducer:
             self._last_seq = seq
         log.info("audit stream %r resumes after seq %d", self._stream, seq)
         if self._config.enabled:
-            self._commit([self._exporter_event("exporter_start")])
+            self._commit([self._exporter_event(self._start_event)])
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Build, chain and commit the records of one cycle. Never raises for the spool."""
@@ -116,10 +119,17 @@ class AuditProducer:
         self._prev_snap = snap
         self._commit(records)
 
+    def commit_records(self, records: list[Record]) -> None:
+        """Chain and commit records built elsewhere (the launcher's job events) into this
+        producer's stream; same failure handling as a cycle's records. Never raises for
+        the spool."""
+        if self._config.enabled:
+            self._commit(records)
+
     def stop(self) -> None:
         """Write exporter_stop. The caller closes the spool."""
         if self._config.enabled and self._started:
-            self._commit([self._exporter_event("exporter_stop")])
+            self._commit([self._exporter_event(self._stop_event)])
 
     # --- state -------------------------------------------------------------------------
 

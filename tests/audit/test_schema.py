@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from gpu_audit.audit.builder import build_records, exporter_event
 from gpu_audit.audit.canonical import ZERO_HASH, seal
+from gpu_audit.audit.jobevents import JOB_EVENTS, job_event
 from gpu_audit.audit.schema import record_schema
 from gpu_audit.model.attribution import Attribution
 from gpu_audit.model.snapshot import Snapshot
@@ -38,6 +39,15 @@ def _sealed_trail() -> list[dict[str, Any]]:
         prev = s
     records.append(exporter_event("exporter_stop", timestamp=s3.timestamp + 1, host=HOST,
                                   stream="exporter", exporter_version="0.1.0", simulated=False))
+    # the launcher's lifecycle events (its own stream in production; one chain here)
+    job = {"id": "j1", "attempt": 2, "user": "alice", "uid": 1000, "project": "vision",
+           "gpus": ["GPU-1"], "exit_code": 75, "exit_class": "preempted",
+           "allocated_gpu_seconds": 12.5, "signal_to_commit_seconds": 0.2,
+           "fingerprint": {"python": "3.11.2"}}
+    for i, event in enumerate(JOB_EVENTS):
+        part = None if event.startswith("launcher_") else job
+        records.append(job_event(event, timestamp=s3.timestamp + 2 + i, host=HOST,
+                                 stream="launcher", version="0.1.0", job=part))
     h = ZERO_HASH
     out = []
     for i, r in enumerate(records, 1):
@@ -55,6 +65,17 @@ def _owner(s: Snapshot, pid: int) -> Attribution:
 
 
 TRAIL = _sealed_trail()
+
+
+def test_job_event_without_its_job_is_rejected() -> None:
+    """A job lifecycle record must say which job it is about; launcher_start must not."""
+    rec = job_event("job_started", timestamp=T0, host=HOST, stream="launcher", version="0")
+    bad = orjson.loads(seal(rec, 1, ZERO_HASH, None))
+    assert list(VALIDATOR.iter_errors(bad)), "job_started without `job` validated"
+    rec = job_event("launcher_start", timestamp=T0, host=HOST, stream="launcher", version="0",
+                    job={"id": "x"})
+    bad = orjson.loads(seal(rec, 1, ZERO_HASH, None))
+    assert list(VALIDATOR.iter_errors(bad)), "launcher_start with `job` validated"
 
 
 def test_schema_is_valid_draft_2020_12() -> None:

@@ -10,9 +10,9 @@ import pytest
 from exporter.backends.base import BackendUnavailable
 from exporter.backends.nvml import NvmlBackend
 from exporter.backends.nvml_identity import mig_profile
-from exporter.backends.nvml_shim import format_cuda_version
 from exporter.config import ExporterConfig
 from gpu_audit.model.fields import BY_KEY, CLOCK_EVENT_REASONS
+from gpu_audit.nvml_shim import format_cuda_version
 from tests.backends.fake_nvml import FakeGpu, FakeMig, FakeNvml, proc, util
 
 NOW = 1_700_000_000.0

@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 from exporter.backends.nvml import NvmlBackend
-from exporter.backends.nvml_shim import Variant, VersionedCall
 from exporter.config import ExporterConfig
+from gpu_audit.nvml_shim import Variant, VersionedCall
 from tests.backends.fake_nvml import FakeGpu, FakeNvml
 
 NOW = 1_700_000_000.0
@@ -26,9 +26,9 @@ def _backend(gpus: list[FakeGpu], missing: set[str] | None = None) -> tuple[Nvml
 
 
 def test_only_the_shim_imports_pynvml() -> None:
-    """No production module but exporter/backends/nvml_shim.py imports pynvml."""
+    """No production module but gpu_audit/nvml_shim.py imports pynvml."""
     importers = []
-    for package in ("exporter", "gpu_audit", "shipper"):
+    for package in ("exporter", "gpu_audit", "shipper", "launcher", "chargeback", "gpu_audit_app"):
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
@@ -39,7 +39,7 @@ def test_only_the_shim_imports_pynvml() -> None:
                     names = [node.module]
                 if any(n.split(".")[0] == "pynvml" for n in names):
                     importers.append(path.relative_to(ROOT).as_posix())
-    assert importers == ["exporter/backends/nvml_shim.py"]
+    assert importers == ["gpu_audit/nvml_shim.py"]
 
 
 def test_exhausted_call_is_not_asked_again(caplog: pytest.LogCaptureFixture) -> None:

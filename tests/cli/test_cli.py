@@ -148,7 +148,12 @@ def test_every_yaml_example_in_the_readme_validates(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     blocks = re.findall(r"```yaml\n(.*?)```", (root / "README.md").read_text(), re.S)
     assert len(blocks) >= 2
+    from launcher.spec import load_submission
+
     for i, block in enumerate(blocks):
         path = tmp_path / f"readme-{i}.yaml"
         path.write_text(block)
+        if block.startswith("# pipeline.yaml"):
+            assert len(load_submission(path)) == 3  # the launcher section's job pipeline
+            continue
         load_settings(path, environ={})

@@ -15,11 +15,15 @@ from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SINK_NAME_PATTERN, BuildC
 
 class ArchiveSinkConfig(Section):
     type: Literal["archive"]
-    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN)
+    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
+                      description="Sink name (cursor name).")
     directory: Path | None = Field(
         default=None, description="Archive directory; default 'archive' beside the spool dir."
     )
-    prefix: str = Field(default="gpu-audit", pattern=SINK_NAME_PATTERN)
+    prefix: str = Field(
+        default="gpu-audit", pattern=SINK_NAME_PATTERN,
+        description="Files are <prefix>-YYYY-MM-DD[.N].jsonl[.gz] (the record's UTC day).",
+    )
     max_file_bytes: int = Field(
         default=256 * 1024 * 1024, ge=4096, description="Rotate above this."
     )

@@ -41,18 +41,33 @@ class SearchSinkConfigBase(Section):
     api_key_file: Path | None = Field(default=None, description="File holding an API key.")
     tls: TlsConfig = TlsConfig()
     index_mode: Literal["daily", "data_stream"] = Field(
-        default="daily", description="daily: an index per UTC day of record time; data_stream.",
+        default="daily",
+        description="daily: an index per UTC day of record time (`index_prefix`); "
+        "data_stream: append to the data stream named by `data_stream`.",
     )
-    index_prefix: str = Field(default="gpu-audit", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    index_prefix: str = Field(
+        default="gpu-audit", pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        description="daily: records go to `<index_prefix>-<date>`.",
+    )
     date_format: str = Field(default="%Y.%m.%d", description="strftime format of the daily suffix.")
     # not matching the daily pattern `<index_prefix>-*`, so both templates can coexist
-    data_stream: str = Field(default="gpu-audit.records", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    data_stream: str = Field(
+        default="gpu-audit.records", pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        description="data_stream: the data stream records go to.",
+    )
     install_template: bool = Field(
         default=True, description="Install the index template in start()."
     )
-    template_name: str = Field(default="gpu-audit", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    number_of_shards: int = Field(default=1, ge=1)
-    number_of_replicas: int = Field(default=1, ge=0)
+    template_name: str = Field(
+        default="gpu-audit", pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        description="Name of the index template installed for the indices or data stream.",
+    )
+    number_of_shards: int = Field(
+        default=1, ge=1, description="Primary shards of each new index (in the template)."
+    )
+    number_of_replicas: int = Field(
+        default=1, ge=0, description="Replicas of each new index (in the template)."
+    )
     timeout_s: float = Field(default=30.0, gt=0, description="Per-request timeout.")
     gzip: bool = Field(default=False, description="Compress request bodies.")
 

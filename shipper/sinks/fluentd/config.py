@@ -20,9 +20,10 @@ from shipper.sinks.tls import TlsConfig
 
 class FluentdSinkConfig(Section):
     type: Literal["fluentd"]
-    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN)
-    host: str = "localhost"
-    port: int = Field(default=24224, ge=1, le=65535)
+    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
+                      description="Sink name (cursor name).")
+    host: str = Field(default="localhost", description="Fluentd / Fluent Bit forward input.")
+    port: int = Field(default=24224, ge=1, le=65535, description="Its forward port.")
     tag_prefix: str = Field(default="gpu_audit", description="Tag = <tag_prefix>.<record kind>.")
     timeout_s: float = Field(default=10.0, gt=0, description="Connect/send timeout.")
     ack_timeout_s: float = Field(
@@ -32,13 +33,15 @@ class FluentdSinkConfig(Section):
     shared_key_env: str | None = Field(
         default=None, description="Env var with the forward shared_key."
     )
-    shared_key_file: Path | None = None
+    shared_key_file: Path | None = Field(
+        default=None, description="File holding the forward shared_key."
+    )
     self_hostname: str = Field(
         default="gpu-audit", description="Our name in the shared_key handshake."
     )
     username: str | None = Field(default=None, description="Forward user auth (with password_*).")
-    password_env: str | None = None
-    password_file: Path | None = None
+    password_env: str | None = Field(default=None, description="Env var holding the password.")
+    password_file: Path | None = Field(default=None, description="File holding the password.")
 
     @model_validator(mode="after")
     def _secrets(self) -> FluentdSinkConfig:

@@ -21,12 +21,17 @@ from shipper.sinks.tls import TlsConfig
 
 
 class InfluxConfigBase(Section):
-    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN)
-    url: str = Field(default="http://localhost:8086", pattern=r"^https?://")
+    name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
+                      description="Sink name (cursor name).")
+    url: str = Field(default="http://localhost:8086", pattern=r"^https?://",
+                     description="Base URL of the server.")
     tls: TlsConfig = TlsConfig()
     gzip: bool = Field(default=False, description="Send bodies with Content-Encoding: gzip.")
-    timeout_s: float = Field(default=30.0, gt=0)
-    measurement_prefix: str = Field(default="gpu_audit", pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    timeout_s: float = Field(default=30.0, gt=0, description="Per-request timeout.")
+    measurement_prefix: str = Field(
+        default="gpu_audit", pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
+        description="Measurement = <measurement_prefix>_<record kind>.",
+    )
     identity_tags: bool = Field(
         default=True,
         description="Tag points with user/project/job (a few hundred values per cluster; "
@@ -36,11 +41,13 @@ class InfluxConfigBase(Section):
 
 class InfluxV1SinkConfig(InfluxConfigBase):
     type: Literal["influxdb_v1"]
-    database: str = Field(..., min_length=1)
-    retention_policy: str | None = None
-    username: str | None = None
-    password_env: str | None = None
-    password_file: Path | None = None
+    database: str = Field(..., min_length=1, description="Database written to (`db=`).")
+    retention_policy: str | None = Field(
+        default=None, description="Retention policy (`rp=`); default: the database's."
+    )
+    username: str | None = Field(default=None, description="User (with password_*).")
+    password_env: str | None = Field(default=None, description="Env var holding the password.")
+    password_file: Path | None = Field(default=None, description="File holding the password.")
     auth: Literal["basic", "query"] = Field(
         default="basic", description="basic: Authorization header; query: u=/p= URL parameters."
     )
@@ -63,9 +70,9 @@ class InfluxV1SinkConfig(InfluxConfigBase):
 class InfluxV2SinkConfig(InfluxConfigBase):
     type: Literal["influxdb_v2"]
     org: str = Field(default="", description="Organisation (InfluxDB 2); may be empty for v3 / VM.")
-    bucket: str = Field(..., min_length=1)
-    token_env: str | None = None
-    token_file: Path | None = None
+    bucket: str = Field(..., min_length=1, description="Bucket (or database) written to.")
+    token_env: str | None = Field(default=None, description="Env var holding the API token.")
+    token_file: Path | None = Field(default=None, description="File holding the API token.")
     flavour: Literal["influxdb", "victoriametrics"] = Field(
         default="influxdb",
         description="victoriametrics keeps no string fields, so read_back is unsupported there.",

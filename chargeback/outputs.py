@@ -1,0 +1,244 @@
+"""Write a bill to disk: `chargeback.csv`, `chargeback.json`, `report.html`, `manifest.json`.
+
+Every byte is a function of the bill, the request and what the source read: no wall
+clock, no host name, no output path, so `gpu-audit chargeback --replay MANIFEST` can
+reproduce each file byte for byte. Numbers are rounded once (chargeback.values) to `DECIMALS` places
+(CSV and JSON alike), so two runs whose floats differ in the last bit still agree.
+
+Each file is replaced atomically (gpu_audit.atomicfile): a reader never sees half a
+bill. The manifest is written last, with the sha256 of the three outputs; a crash
+before it leaves no manifest, and an export without a manifest is not a finished one.
+
+This module never computes a bill (chargeback.compute does) and never reads a source.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from chargeback.manifest import render_manifest
+from chargeback.model import Bill, Fleet, Owner, Reconciliation, Request, Row, SourceData, Usage
+from chargeback.report import render_html
+from chargeback.values import (
+    CSV_NAME,
+    HTML_NAME,
+    JOULES_PER_KWH,
+    JSON_NAME,
+    MANIFEST_NAME,
+    SECONDS_PER_HOUR,
+    fmt_number,
+    owner_sort_key,
+    parse_rfc3339,
+    rfc3339,
+    rounded,
+    sha256_bytes,
+    software_version,
+)
+from gpu_audit.atomicfile import replace_file
+
+JSON_FORMAT = "gpu-audit-chargeback/1"
+
+# The CSV's columns, in order. Stable: a new column is added at the end, none is renamed
+# or removed (docs/CHARGEBACK.md; tests/chargeback/test_outputs.py pins the header).
+ROW_NUMBER_COLUMNS = (
+    "allocated_gpu_hours",
+    "used_gpu_hours",
+    "charged_gpu_hours",
+    "busy_gpu_hours",
+    "idle_held_gpu_hours",
+    "energy_kwh",
+    "power_energy_kwh",
+    "gpu_cost",
+    "energy_cost",
+    "idle_share_cost",
+    "total_cost",
+)
+CSV_COLUMNS = (
+    "period_start",
+    "period_end",
+    "kind",
+    "department",
+    "project",
+    "user",
+    *ROW_NUMBER_COLUMNS,
+    "currency",
+    "idle_policy",
+    "source",
+)
+
+# A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
+# injection"); user and project names are whatever a job said, so they are defused.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_text(value: str) -> str:
+    return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+def render_csv(bill: Bill) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")  # RFC 4180
+    writer.writerow(CSV_COLUMNS)
+    start, end = rfc3339(bill.start), rfc3339(bill.end)
+    for row in bill.rows:
+        writer.writerow([
+            start, end, row.kind,
+            _csv_text(row.department), _csv_text(row.project), _csv_text(row.user),
+            *(fmt_number(getattr(row, name)) for name in ROW_NUMBER_COLUMNS),
+            bill.currency, bill.idle_policy, bill.source,
+        ])
+    return buf.getvalue().encode("utf-8")
+
+
+# -- JSON -------------------------------------------------------------------------------
+
+_HOURS = SECONDS_PER_HOUR
+_KWH = JOULES_PER_KWH
+
+
+def _usage_json(usage: Usage) -> dict[str, float]:
+    return {
+        "allocated_gpu_hours": rounded(usage.allocated_gpu_seconds / _HOURS),
+        "used_gpu_hours": rounded(usage.used_gpu_seconds / _HOURS),
+        "charged_gpu_hours": rounded(usage.charged_gpu_seconds / _HOURS),
+        "busy_gpu_hours": rounded(usage.busy_gpu_seconds / _HOURS),
+        "idle_held_gpu_hours": rounded(usage.idle_held_gpu_seconds / _HOURS),
+        "energy_kwh": rounded(usage.energy_joules / _KWH),
+        "power_energy_kwh": rounded(usage.power_energy_joules / _KWH),
+    }
+
+
+def _fleet_json(fleet: Fleet) -> dict[str, float]:
+    return {
+        "gpu_hours": rounded(fleet.gpu_seconds / _HOURS),
+        "down_gpu_hours": rounded(fleet.down_gpu_seconds / _HOURS),
+        "held_gpu_hours": rounded(fleet.held_gpu_seconds / _HOURS),
+        "busy_gpu_hours": rounded(fleet.busy_gpu_seconds / _HOURS),
+        "idle_held_gpu_hours": rounded(fleet.idle_held_gpu_seconds / _HOURS),
+        "energy_kwh": rounded(fleet.energy_joules / _KWH),
+        "power_energy_kwh": rounded(fleet.power_energy_joules / _KWH),
+    }
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": row.kind, "department": row.department,
+                           "project": row.project, "user": row.user}
+    out.update({name: rounded(getattr(row, name)) for name in ROW_NUMBER_COLUMNS})
+    return out
+
+
+def bill_to_json(bill: Bill) -> dict[str, Any]:
+    """The bill as plain JSON values: hours and kWh throughout (days included)."""
+    rec = bill.reconciliation
+    days: dict[str, Any] = {}
+    for day in sorted(bill.days):
+        owners, fleet = bill.days[day]
+        days[day] = {
+            "fleet": _fleet_json(fleet),
+            "owners": [
+                {"user": owner[0], "project": owner[1], **_usage_json(owners[owner])}
+                for owner in sorted(owners, key=owner_sort_key)
+            ],
+        }
+    return {
+        "format": JSON_FORMAT,
+        "software": software_version(),
+        "period": {"start": rfc3339(bill.start), "end": rfc3339(bill.end)},
+        "source": bill.source,
+        "currency": bill.currency,
+        "idle_policy": bill.idle_policy,
+        "idle_policy_note": bill.idle_policy_note,
+        "rows": [_row_json(row) for row in bill.rows],
+        "reconciliation": {
+            **{f.name: rounded(getattr(rec, f.name)) for f in fields(rec)
+               if f.name != "other_sources"},
+            "other_sources": {name: rounded(value)
+                              for name, value in sorted(rec.other_sources.items())},
+        },
+        "days": days,
+        "unmapped": sorted(bill.unmapped),
+        "simulated_excluded": bill.simulated_excluded,
+        "simulated_included": bill.simulated_included,
+        "verified": bill.verified,
+        "verification_problems": list(bill.verification_problems),
+        "notes": list(bill.notes),
+    }
+
+
+def render_json(bill: Bill) -> bytes:
+    return orjson.dumps(bill_to_json(bill),
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
+
+
+def bill_from_json(obj: dict[str, Any]) -> Bill:
+    """The inverse of `bill_to_json` (to the rounding it applied)."""
+    if obj.get("format") != JSON_FORMAT:
+        raise ValueError(f"not a {JSON_FORMAT} document: format={obj.get('format')!r}")
+    rows = [Row(**row) for row in obj["rows"]]
+    rec = Reconciliation(**obj["reconciliation"])
+    days: dict[str, tuple[dict[Owner, Usage], Fleet]] = {}
+    for day, value in obj["days"].items():
+        owners: dict[Owner, Usage] = {}
+        for entry in value["owners"]:
+            owners[(entry["user"], entry["project"])] = Usage(
+                allocated_gpu_seconds=entry["allocated_gpu_hours"] * _HOURS,
+                used_gpu_seconds=entry["used_gpu_hours"] * _HOURS,
+                charged_gpu_seconds=entry["charged_gpu_hours"] * _HOURS,
+                busy_gpu_seconds=entry["busy_gpu_hours"] * _HOURS,
+                idle_held_gpu_seconds=entry["idle_held_gpu_hours"] * _HOURS,
+                energy_joules=entry["energy_kwh"] * _KWH,
+                power_energy_joules=entry["power_energy_kwh"] * _KWH,
+            )
+        f = value["fleet"]
+        days[day] = (owners, Fleet(
+            gpu_seconds=f["gpu_hours"] * _HOURS,
+            down_gpu_seconds=f["down_gpu_hours"] * _HOURS,
+            held_gpu_seconds=f["held_gpu_hours"] * _HOURS,
+            busy_gpu_seconds=f["busy_gpu_hours"] * _HOURS,
+            idle_held_gpu_seconds=f["idle_held_gpu_hours"] * _HOURS,
+            energy_joules=f["energy_kwh"] * _KWH,
+            power_energy_joules=f["power_energy_kwh"] * _KWH,
+        ))
+    return Bill(
+        start=parse_rfc3339(obj["period"]["start"]), end=parse_rfc3339(obj["period"]["end"]),
+        source=obj["source"], currency=obj["currency"], idle_policy=obj["idle_policy"],
+        idle_policy_note=obj["idle_policy_note"], rows=rows, reconciliation=rec, days=days,
+        unmapped=list(obj["unmapped"]), simulated_excluded=obj["simulated_excluded"],
+        simulated_included=obj["simulated_included"], verified=obj["verified"],
+        verification_problems=list(obj["verification_problems"]), notes=list(obj["notes"]),
+    )
+
+
+# -- writing ----------------------------------------------------------------------------
+
+def render_outputs(bill: Bill, req: Request, data: SourceData) -> dict[str, bytes]:
+    """Every output file's bytes, by name (the manifest excluded: it hashes these)."""
+    return {
+        CSV_NAME: render_csv(bill),
+        JSON_NAME: render_json(bill),
+        HTML_NAME: render_html(bill, req, data),
+    }
+
+
+def write_outputs(bill: Bill, req: Request, data: SourceData, out_dir: Path) -> dict[str, str]:
+    """Write the CSV, JSON and HTML report, then the audit manifest beside them.
+
+    Returns file name -> sha256 of the three outputs (what the manifest records and
+    `--replay` compares). `out_dir` is created if missing.
+    """
+    rendered = render_outputs(bill, req, data)  # every byte first: a bad value writes nothing
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # An earlier export's manifest would vouch for files about to change.
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    hashes: dict[str, str] = {}
+    for name, data_bytes in rendered.items():
+        replace_file(out_dir / name, data_bytes)
+        hashes[name] = sha256_bytes(data_bytes)
+    replace_file(out_dir / MANIFEST_NAME, render_manifest(req, data, hashes))
+    return hashes

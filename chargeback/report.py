@@ -1,0 +1,387 @@
+"""The HTML report a lab head reads in a minute: one self-contained page per bill.
+
+Top of the page: the trail warning when the bill comes from an unverified audit trail,
+then the key figures (cost, fleet GPU-hours, waste, idle, energy). Then cost by
+department, top users and projects, fleet time and energy by day, the reconciliation
+(and how other sources disagree), unmapped users and projects, simulated records left
+out, and the full bill. Charts are inline SVG (chargeback.charts); there is no script,
+no external asset and no fetched font, and a print stylesheet keeps it readable on A4.
+
+Every value that came from outside (user, project, department, source names, notes) is
+HTML-escaped: names in the audit trail are whatever a job said they were. The page holds
+no wall-clock time and no output path, only the period and the software version, so a
+replay renders it byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from html import escape
+
+from chargeback.charts import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    SKY,
+    VERMILLION,
+    Series,
+    hbars,
+    stacked_days,
+)
+from chargeback.model import Bill, Request, Row, SourceData
+from chargeback.values import (
+    JOULES_PER_KWH,
+    MANIFEST_NAME,
+    SECONDS_PER_HOUR,
+    rfc3339,
+    software_version,
+)
+
+TOP = 10
+# |fleet - (owners + unattributed + idle)| above this share of the fleet is flagged.
+RECONCILE_TOLERANCE = 0.001
+
+_CSS = """
+:root { --ink: #1b1b1b; --muted: #555; --rule: #d7d7d7; --warn: #8a1c00; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, sans-serif; color: var(--ink); margin: 0 auto;
+       max-width: 940px; padding: 20px; }
+h1 { font-size: 22px; margin: 0 0 2px; }
+h2 { font-size: 16px; margin: 22px 0 6px; border-bottom: 1px solid var(--rule);
+     padding-bottom: 3px; }
+.sub { color: var(--muted); margin: 0 0 12px; }
+.banner { border: 2px solid var(--warn); color: var(--warn); background: #fff3ef;
+          padding: 8px 12px; margin: 10px 0; font-weight: 600; }
+.banner ul { margin: 4px 0 0; font-weight: 400; }
+.note { border-left: 3px solid var(--rule); padding: 2px 10px; color: var(--muted); }
+.tiles { display: grid; grid-template-columns: repeat(3, 1fr); gap: 8px; margin: 12px 0; }
+.tile { border: 1px solid var(--rule); padding: 8px 10px; }
+.tile .v { font-size: 20px; font-weight: 650; }
+.tile .k { color: var(--muted); font-size: 12px; }
+table { border-collapse: collapse; width: 100%; font-size: 12.5px; margin: 4px 0 8px; }
+th, td { padding: 3px 6px; border-bottom: 1px solid var(--rule); text-align: left; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.flag td { color: var(--warn); font-weight: 600; }
+.cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+svg.chart { max-width: 100%; height: auto; display: block; }
+.dept { color: var(--muted); font-size: 11px; }
+.full table { font-size: 11.5px; }
+.full th, .full td { padding: 3px 4px; }
+footer { margin-top: 24px; color: var(--muted); font-size: 12px; }
+@page { size: A4; margin: 12mm; }
+@media print {
+  body { max-width: none; padding: 0; font-size: 11px; }
+  * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
+  section, .tiles, table, svg { break-inside: avoid; }
+  h2 { break-after: avoid; }
+  .full { break-before: page; }
+}
+"""
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _h(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f} %" if whole > 0 else "n/a"
+
+
+class _Money:
+    def __init__(self, currency: str) -> None:
+        self.currency = currency
+
+    def __call__(self, value: float) -> str:
+        return f"{value:,.2f} {self.currency}".strip()
+
+
+def _table(head: Iterable[tuple[str, bool]], rows: Iterable[Iterable[str]],
+           flags: Iterable[bool] = ()) -> str:
+    """A table; head is (title, numeric); cells are already-escaped HTML."""
+    head = list(head)
+    flag_list = list(flags)
+    out = ["<table><thead><tr>"]
+    out += [f'<th class="n">{t}</th>' if n else f"<th>{t}</th>" for t, n in head]
+    out.append("</tr></thead><tbody>")
+    for i, cells in enumerate(rows):
+        cls = ' class="flag"' if i < len(flag_list) and flag_list[i] else ""
+        out.append(f"<tr{cls}>")
+        out += [f'<td class="n">{c}</td>' if n else f"<td>{c}</td>"
+                for c, (_, n) in zip(cells, head, strict=True)]
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _label(row: Row) -> str:
+    if row.kind == "idle":
+        return "(idle fleet)"
+    if row.kind == "unattributed":
+        return "(unattributed)"
+    return row.department
+
+
+def _group(rows: Iterable[Row], key: str) -> list[tuple[str, Row]]:
+    """Owner rows summed by department, user or project; largest total cost first."""
+    sums: dict[str, Row] = {}
+    for row in rows:
+        if row.kind != "owner":
+            continue
+        name = getattr(row, key) or "(unknown)"
+        acc = sums.setdefault(name, Row(kind="owner", department="", project="", user=""))
+        for field in ("allocated_gpu_hours", "used_gpu_hours", "charged_gpu_hours",
+                      "busy_gpu_hours", "idle_held_gpu_hours", "energy_kwh",
+                      "power_energy_kwh", "gpu_cost", "energy_cost", "idle_share_cost",
+                      "total_cost"):
+            setattr(acc, field, getattr(acc, field) + getattr(row, field))
+    return sorted(sums.items(), key=lambda kv: (-kv[1].total_cost, kv[0]))
+
+
+def _departments_of(rows: Iterable[Row], key: str) -> dict[str, list[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        if row.kind == "owner":
+            out[getattr(row, key) or "(unknown)"].add(row.department)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _dept_hint(departments: list[str], key: str) -> str:
+    if key == "department" or not departments:
+        return ""
+    return f' <span class="dept">{_e(", ".join(departments))}</span>'
+
+
+def _trail(bill: Bill) -> str:
+    if bill.verified is False:
+        problems = "".join(f"<li>{_e(p)}</li>" for p in bill.verification_problems)
+        return ('<div class="banner" id="unverified">Unverified audit trail: the hash '
+                "chain did not verify and this bill was made with --allow-unverified. "
+                f"Do not invoice from it before the trail is explained.<ul>{problems}</ul>"
+                "</div>")
+    if bill.verified:
+        return '<p class="note">Audit trail: hash chain verified while reading.</p>'
+    return (f'<p class="note">Source {_e(bill.source)} has no hash chain: figures are '
+            "as the source reports them.</p>")
+
+
+def _tiles(bill: Bill, money: _Money) -> str:
+    rec = bill.reconciliation
+    rows = bill.rows
+    total = sum(r.total_cost for r in rows)
+    held = sum(r.used_gpu_hours for r in rows if r.kind != "idle")
+    waste = sum(r.idle_held_gpu_hours for r in rows if r.kind != "idle")
+    tiles = [
+        (money(total), "total cost"),
+        (f"{_h(rec.fleet_gpu_hours)} h", f"fleet GPU-hours up ({_h(rec.down_gpu_hours)} h down)"),
+        (_pct(rec.owners_gpu_hours, rec.fleet_gpu_hours), "of fleet time charged to owners"),
+        (f"{_h(waste)} h", f"waste: held but idle ({_pct(waste, held)} of held time)"),
+        (f"{_h(rec.idle_gpu_hours)} h", f"idle fleet, held by no one "
+                                       f"({_pct(rec.idle_gpu_hours, rec.fleet_gpu_hours)})"),
+        (f"{rec.fleet_energy_kwh:,.1f} kWh",
+         f"energy (integrated power: {rec.power_energy_kwh:,.1f} kWh)"),
+    ]
+    cells = "".join(f'<div class="tile"><div class="v">{_e(v)}</div>'
+                    f'<div class="k">{_e(k)}</div></div>' for v, k in tiles)
+    return f'<div class="tiles">{cells}</div>'
+
+
+def _departments(bill: Bill, money: _Money) -> str:
+    groups = _group(bill.rows, "department")
+    items = [(name, row.total_cost, money(row.total_cost)) for name, row in groups]
+    items += [(_label(r), r.total_cost, money(r.total_cost)) for r in bill.rows
+              if r.kind != "owner" and r.total_cost > 0]
+    items.sort(key=lambda item: (-item[1], item[0]))
+    table = _table(
+        [("Department", False), ("GPU-hours charged", True), ("Used", True),
+         ("Waste (held idle)", True), ("kWh", True), ("GPU cost", True),
+         ("Energy cost", True), ("Idle share", True), ("Total", True)],
+        ([_e(name), _h(r.charged_gpu_hours), _h(r.used_gpu_hours),
+          _h(r.idle_held_gpu_hours), _h(r.energy_kwh), _e(money(r.gpu_cost)),
+          _e(money(r.energy_cost)), _e(money(r.idle_share_cost)), _e(money(r.total_cost))]
+         for name, r in groups),
+    )
+    policy = f"Idle fleet cost policy: <b>{_e(bill.idle_policy)}</b>"
+    policy += f" ({_e(bill.idle_policy_note)})." if bill.idle_policy_note else "."
+    return ('<section id="departments"><h2>Cost by department</h2>'
+            f"{hbars('Cost by department', items, color=BLUE)}{table}"
+            f'<p class="note">{policy}</p></section>')
+
+
+def _top(bill: Bill, money: _Money, key: str, title: str, color: str) -> str:
+    groups = _group(bill.rows, key)[:TOP]
+    depts = _departments_of(bill.rows, key)
+    items = [(name, r.total_cost, money(r.total_cost)) for name, r in groups]
+    table = _table(
+        [(key.capitalize(), False), ("GPU-h", True), ("Busy", True), ("Cost", True)],
+        ([_e(name) + _dept_hint(depts.get(name, []), key), _h(r.charged_gpu_hours),
+          _pct(r.busy_gpu_hours, r.used_gpu_hours), _e(money(r.total_cost))]
+         for name, r in groups),
+    )
+    return (f'<section id="top-{key}s"><h2>{_e(title)}</h2>'
+            f"{hbars(title, items, color=color, width=440)}{table}</section>")
+
+
+def _waste(bill: Bill) -> str:
+    groups = [(n, r) for n, r in _group(bill.rows, "user") if r.idle_held_gpu_hours > 0]
+    groups.sort(key=lambda kv: (-kv[1].idle_held_gpu_hours, kv[0]))
+    items = [(name, r.idle_held_gpu_hours,
+              f"{_h(r.idle_held_gpu_hours)} h ({_pct(r.idle_held_gpu_hours, r.used_gpu_hours)})")
+             for name, r in groups[:TOP]]
+    return ('<section id="waste"><h2>Biggest waste: GPUs held while under 5 % busy</h2>'
+            f"{hbars('Idle-held GPU-hours by user', items, color=VERMILLION)}</section>")
+
+
+def _by_day(bill: Bill) -> str:
+    days = sorted(bill.days)
+    held_busy: list[float] = []
+    held_idle: list[float] = []
+    idle: list[float] = []
+    down: list[float] = []
+    energy: list[float] = []
+    for day in days:
+        fleet = bill.days[day][1]
+        held_idle.append(fleet.idle_held_gpu_seconds / SECONDS_PER_HOUR)
+        held_busy.append(max(fleet.held_gpu_seconds - fleet.idle_held_gpu_seconds, 0.0)
+                         / SECONDS_PER_HOUR)
+        idle.append(max(fleet.gpu_seconds - fleet.held_gpu_seconds, 0.0) / SECONDS_PER_HOUR)
+        down.append(fleet.down_gpu_seconds / SECONDS_PER_HOUR)
+        energy.append(fleet.energy_joules / JOULES_PER_KWH)
+    time_chart = stacked_days(
+        "Fleet GPU-hours by day",
+        days,
+        [Series("held, working", GREEN), Series("held, idle (waste)", VERMILLION),
+         Series("not held (idle)", ORANGE), Series("down", GREY)],
+        [held_busy, held_idle, idle, down],
+        "GPU-h",
+    )
+    energy_chart = stacked_days("Energy by day", days, [Series("energy", SKY)], [energy],
+                                "kWh", height=180)
+    return ('<section id="by-day"><h2>Fleet time by day: working, waste, idle, down</h2>'
+            f"{time_chart}<h2>Energy by day</h2>{energy_chart}</section>")
+
+
+def _reconciliation(bill: Bill) -> str:
+    rec = bill.reconciliation
+    off = abs(rec.difference_gpu_hours) > RECONCILE_TOLERANCE * max(rec.fleet_gpu_hours, 1e-9)
+    rows = [
+        ("Fleet GPU-hours (GPUs up)", rec.fleet_gpu_hours, False),
+        ("Charged to owners", rec.owners_gpu_hours, False),
+        ("Unattributed processes", rec.unattributed_gpu_hours, False),
+        ("Idle (held by no one)", rec.idle_gpu_hours, False),
+        ("Difference: fleet \u2212 (owners + unattributed + idle)",
+         rec.difference_gpu_hours, off),
+        ("Down (not in the fleet's time)", rec.down_gpu_hours, False),
+    ]
+    hours = _table([("GPU time", False), ("GPU-hours", True), ("Share of fleet", True)],
+                   ([_e(k), f"{v:,.3f}", _pct(v, rec.fleet_gpu_hours)] for k, v, _ in rows),
+                   [flag for _, _, flag in rows])
+    energy_rows = [
+        ("Energy counter, fleet", rec.fleet_energy_kwh),
+        ("Energy in the rows", rec.rows_energy_kwh),
+        ("Integrated power draw (cross-check)", rec.power_energy_kwh),
+        ("Counter \u2212 power", rec.energy_difference_kwh),
+    ]
+    energy = _table([("Energy", False), ("kWh", True), ("Share of counter", True)],
+                    ([_e(k), f"{v:,.3f}", _pct(v, rec.fleet_energy_kwh)]
+                     for k, v in energy_rows))
+    others = ""
+    if rec.other_sources:
+        diffs = [(name, value, value - rec.fleet_gpu_hours)
+                 for name, value in sorted(rec.other_sources.items())]
+        others = ("<h2>Other sources for the same period</h2>" + _table(
+            [("Source", False), ("Fleet GPU-hours", True), ("Differs by", True),
+             ("Relative", True)],
+            [[_e(bill.source) + " (this bill)", f"{rec.fleet_gpu_hours:,.3f}", "", ""]]
+            + [[_e(name), f"{value:,.3f}", f"{d:+,.3f}",
+                f"{100 * d / rec.fleet_gpu_hours:+.2f} %" if rec.fleet_gpu_hours else "n/a"]
+               for name, value, d in diffs],
+            [False] + [abs(d) > RECONCILE_TOLERANCE * max(rec.fleet_gpu_hours, 1e-9)
+                       for _, _, d in diffs],
+        ))
+    verdict = ("does not add up: see the flagged line" if off
+               else "adds up (within 0.1 % of the fleet)")
+    return ('<section id="reconciliation"><h2>Reconciliation</h2>'
+            f'<p>Rows + unattributed + idle against the fleet: <b>{verdict}</b>.</p>'
+            f'<div class="cols"><div>{hours}</div><div>{energy}</div></div>{others}</section>')
+
+
+def _coverage(bill: Bill) -> str:
+    parts = ['<section id="coverage"><h2>Coverage</h2>']
+    if bill.unmapped:
+        names = ", ".join(f"<code>{_e(n)}</code>" for n in sorted(bill.unmapped))
+        parts.append(f'<p id="unmapped">{len(bill.unmapped)} user(s)/project(s) not in '
+                     f'the directory, billed to department "unmapped": {names}</p>')
+    else:
+        parts.append('<p id="unmapped">Every user and project is in the directory.</p>')
+    if bill.simulated_included:
+        parts.append('<p id="simulated">Simulated records are <b>included</b> '
+                     "(--include-simulated): this is not a bill for real hardware.</p>")
+    else:
+        parts.append(f'<p id="simulated">{bill.simulated_excluded:,} simulated '
+                     "record(s)/series left out.</p>")
+    parts += [f'<p class="note">{_e(n)}</p>' for n in bill.notes]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _full(bill: Bill, money: _Money) -> str:
+    table = _table(
+        [("Department", False), ("Project", False), ("User", False),
+         ("Allocated h", True), ("Used h", True), ("Charged h", True), ("Busy h", True),
+         ("Waste h", True), ("kWh", True), ("Idle share", True), ("Total", True)],
+        ([_e(_label(r)), _e(r.project), _e(r.user), _h(r.allocated_gpu_hours),
+          _h(r.used_gpu_hours), _h(r.charged_gpu_hours), _h(r.busy_gpu_hours),
+          _h(r.idle_held_gpu_hours), _h(r.energy_kwh), _e(money(r.idle_share_cost)),
+          _e(money(r.total_cost))] for r in bill.rows),
+    )
+    return ('<section class="full" id="bill"><h2>The bill, every row</h2>'
+            f"{table}<p class=\"note\">Exact figures: chargeback.csv and "
+            "chargeback.json beside this report.</p></section>")
+
+
+def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
+    """The report's bytes (UTF-8). `req` and `data` add provenance only."""
+    money = _Money(bill.currency)
+    start, end = rfc3339(bill.start), rfc3339(bill.end)
+    title = f"GPU chargeback {start[:10]} to {end[:10]}"
+    flags = []
+    if req.include_simulated:
+        flags.append("--include-simulated")
+    if req.allow_unverified:
+        flags.append("--allow-unverified")
+    provenance = (f"Made by {_e(software_version())} from source <b>{_e(bill.source)}</b> "
+                  f"({len(data.queries)} queries, {len(data.inputs)} inputs"
+                  f"{', ' + _e(' '.join(flags)) if flags else ''}). {MANIFEST_NAME} beside "
+                  "this report lists every query, input, rates and directory file with "
+                  "their sha256; <code>gpu-audit chargeback --replay "
+                  f"{MANIFEST_NAME}</code> reproduces this bill byte for byte.")
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="sub">{_e(start)} to {_e(end)} (UTC, end exclusive) \u00b7 source '
+        f"{_e(bill.source)} \u00b7 idle policy {_e(bill.idle_policy)} \u00b7 "
+        f"{_e(bill.currency or 'no currency')}</p>",
+        _trail(bill),
+        _tiles(bill, money),
+        _departments(bill, money),
+        '<div class="cols">',
+        _top(bill, money, "user", "Top users by cost", BLUE),
+        _top(bill, money, "project", "Top projects by cost", GREEN),
+        "</div>",
+        _waste(bill),
+        _by_day(bill),
+        _reconciliation(bill),
+        _coverage(bill),
+        _full(bill, money),
+        f"<footer>{provenance}</footer>",
+    ]
+    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><meta name=\"viewport\" "
+            "content=\"width=device-width, initial-scale=1\">"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return page.encode("utf-8")

@@ -1,0 +1,472 @@
+"""Chargeback from Elasticsearch / OpenSearch: aggregations over the records the search
+sink indexed (one document per audit record, `_id` = record id), never a scroll of the
+records themselves.
+
+Three composite aggregations, each paged with `after_key`, and one count; every request
+body is recorded in `SourceData.queries` as canonical JSON (sorted keys), prefixed with
+the index searched:
+
+- usage: `process` records of attributed processes, by (user, project, GPU name, UTC
+  day; as in the archive source, a record at T counts for (start, end] and for the day
+  of T - 1 ms): sums of `gpu_seconds` (used), `busy_gpu_seconds`, `energy_joules`, and the
+  `gpu_seconds` of records whose own utilisation (`values.utilization_ratio`) is < 5 %
+  (idle-held);
+- unattributed: `unattributed` records by (GPU name, day), in two filters: `free` (no
+  process at all on the GPU: idle fleet time and energy) and `unknown` (held by unowned
+  processes, or the unowned share of energy beside owners): the unattributed owner;
+- fleet: `gpu` records by (GPU name, day): up `gpu_seconds` and `energy_joules`, down
+  `elapsed_seconds`, and integrated power (`values.power_usage_watts x
+  elapsed_seconds`, a script sum) for the cross-check. MIG instance records
+  (`gpu.uuid` `MIG-...`) are left out: their parent's record has the energy;
+- simulated: how many records in the period are `simulated: true` (left out of the
+  three above unless `include_simulated`).
+
+What aggregations cannot give exactly, and what is done instead (in `notes`):
+- used: the sum over process records, so an owner with several processes on one GPU
+  counts each (the archive counts the GPU once);
+- charged: per (GPU name, day), the owners' used time scaled to the time held by owners
+  (up time - free - held only by unknown processes), so charged + unattributed + idle
+  adds up to the fleet exactly; a GPU shared by several owners is split in proportion
+  to their used time over that day, not per interval as the archive does;
+- idle-held: by the process's own utilisation, not the GPU's;
+- the owners' power cross-check: their energy share of the fleet's integrated power;
+- allocated = used (records carry no allocation).
+There is no hash-chain check here (a search index holds no order); `verified` is None.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
+from gpu_audit.tls import TlsConfig
+
+IDLE_UTILIZATION = 0.05
+PAGE_SIZE = 1000
+UNKNOWN_MODEL = "unknown"
+POWER_SCRIPT = (
+    "doc['values.power_usage_watts'].size() == 0 || doc['elapsed_seconds'].size() == 0"
+    " ? 0.0 : doc['values.power_usage_watts'].value * doc['elapsed_seconds'].value"
+)
+
+
+class SearchUnavailable(Exception):
+    """The search backend could not be asked, or answered with an error."""
+
+
+class SearchClient(Protocol):
+    """What this source needs of a client: one `_search` call."""
+
+    def search(self, index: str, body: dict[str, Any]) -> Mapping[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    """Where the records are: what the configuration's search sink says (read by the
+    app layer, gpu_audit_app/chargeback_config.py, since sink configuration is the
+    shipper's). Secrets arrive already read, never as names."""
+
+    kind: str  # "elasticsearch" | "opensearch"
+    hosts: tuple[str, ...]
+    index: str  # "<index_prefix>-*" (daily) or the data stream's name
+    cloud_id: str | None = None
+    username: str | None = None
+    password: str | None = None
+    api_key: str | None = None
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    timeout_s: float = 30.0
+
+    def describe(self) -> str:
+        where = f"cloud_id {self.cloud_id}" if self.cloud_id else ", ".join(self.hosts)
+        return f"{self.kind} {where} index {self.index}"
+
+
+# --- request bodies ------------------------------------------------------------------
+
+
+def _filters(req: Request, kind: str) -> list[dict[str, Any]]:
+    start_ns = _ns(req.start)
+    end_ns = _ns(req.end)
+    out: list[dict[str, Any]] = [
+        {"range": {"time_ns": {"gt": start_ns, "lte": end_ns}}},
+        {"term": {"kind": kind}},
+    ]
+    return out
+
+
+def _not_simulated(req: Request) -> list[dict[str, Any]]:
+    return [] if req.include_simulated else [{"term": {"simulated": True}}]
+
+
+def _day_source() -> dict[str, Any]:
+    # a record at T accounts for (T - elapsed, T]: one at midnight sharp closes the day
+    # before, so days start 1 ms after midnight (records are cycles, never that close)
+    return {"day": {"date_histogram": {"field": "time", "calendar_interval": "1d",
+                                       "time_zone": "UTC", "offset": "+1ms",
+                                       "format": "yyyy-MM-dd"}}}
+
+
+def _terms(name: str, field: str) -> dict[str, Any]:
+    return {name: {"terms": {"field": field, "missing_bucket": True}}}
+
+
+def _sum(field: str) -> dict[str, Any]:
+    return {"sum": {"field": field}}
+
+
+def usage_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per (user, project, GPU name, day): the attributed processes' accounted sums."""
+    composite: dict[str, Any] = {
+        "size": PAGE_SIZE,
+        "sources": [_terms("user", "attribution.user"), _terms("project", "attribution.project"),
+                    _terms("model", "gpu.name"), _day_source()],
+    }
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": [*_filters(req, "process"), {"term": {"attributed": True}}],
+                           "must_not": _not_simulated(req)}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            "used": _sum("gpu_seconds"),
+            "busy": _sum("busy_gpu_seconds"),
+            "energy": _sum("energy_joules"),
+            "idle": {"filter": {"range": {"values.utilization_ratio": {"lt": IDLE_UTILIZATION}}},
+                     "aggs": {"seconds": _sum("gpu_seconds")}},
+        }}},
+    }
+
+
+def unattributed_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per (GPU name, day): free GPU time and energy; time and energy of unknown owners."""
+    composite: dict[str, Any] = {"size": PAGE_SIZE,
+                                 "sources": [_terms("model", "gpu.name"), _day_source()]}
+    if after is not None:
+        composite["after"] = dict(after)
+    free = {"bool": {"filter": [{"term": {"values.processes": 0}},
+                                {"range": {"gpu_seconds": {"gt": 0}}}]}}
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": _filters(req, "unattributed"),
+                           "must_not": _not_simulated(req)}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            "free": {"filter": free, "aggs": {"seconds": _sum("gpu_seconds"),
+                                              "energy": _sum("energy_joules")}},
+            "unknown": {"filter": {"bool": {"must_not": [free]}},
+                        "aggs": {"seconds": _sum("gpu_seconds"),
+                                 "energy": _sum("energy_joules")}},
+        }}},
+    }
+
+
+def fleet_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per (GPU name, day): up time and energy, down time, integrated power."""
+    composite: dict[str, Any] = {"size": PAGE_SIZE,
+                                 "sources": [_terms("model", "gpu.name"), _day_source()]}
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": _filters(req, "gpu"),
+                           "must_not": [*_not_simulated(req),
+                                        {"prefix": {"gpu.uuid": "MIG-"}}]}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            "up": {"filter": {"term": {"gpu.up": True}},
+                   "aggs": {"seconds": _sum("gpu_seconds"), "energy": _sum("energy_joules"),
+                            "power": {"sum": {"script": {"source": POWER_SCRIPT,
+                                                         "lang": "painless"}}}}},
+            "down": {"filter": {"term": {"gpu.up": False}},
+                     "aggs": {"seconds": _sum("elapsed_seconds")}},
+        }}},
+    }
+
+
+def simulated_body(req: Request) -> dict[str, Any]:
+    """How many records in the period are simulated."""
+    return {
+        "size": 0,
+        "track_total_hits": True,
+        "query": {"bool": {"filter": [
+            {"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
+            {"term": {"simulated": True}}]}},
+    }
+
+
+# --- reading the answers ---------------------------------------------------------------
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _ns(t: dt.datetime) -> int:
+    t = t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+    return (t - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+
+
+def canonical(body: Mapping[str, Any]) -> str:
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _value(agg: Any, *path: str) -> float:
+    for p in path:
+        agg = agg.get(p) if isinstance(agg, Mapping) else None
+    v = agg.get("value") if isinstance(agg, Mapping) else None
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+def _day(key: Any) -> str:
+    """A day bucket key: "yyyy-MM-dd" (the format asked for) or epoch milliseconds."""
+    if isinstance(key, str):
+        return key[:10]
+    if isinstance(key, int | float):
+        return dt.datetime.fromtimestamp(key / 1000, tz=dt.UTC).date().isoformat()
+    raise SearchUnavailable(f"unexpected day bucket key {key!r}")
+
+
+class _Pager:
+    """Runs a composite query page by page, recording every body."""
+
+    def __init__(self, client: SearchClient, settings: SearchSettings, data: SourceData,
+                 progress: Callable[[int], None] | None) -> None:
+        self.client, self.settings, self.data, self.progress = client, settings, data, progress
+
+    def ask(self, body: dict[str, Any]) -> Mapping[str, Any]:
+        self.data.queries.append(f"POST {self.settings.index}/_search {canonical(body)}")
+        try:
+            resp = self.client.search(self.settings.index, body)
+        except SearchUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every client failure becomes one clear error
+            raise SearchUnavailable(
+                f"{self.settings.describe()}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(resp, Mapping):
+            raise SearchUnavailable(f"{self.settings.describe()}: answer is not a JSON object")
+        shards = resp.get("_shards")
+        if isinstance(shards, Mapping) and shards.get("failed"):
+            raise SearchUnavailable(
+                f"{self.settings.describe()}: {shards.get('failed')} shard(s) failed: "
+                f"{orjson.dumps(shards.get('failures', [])[:3]).decode()}")
+        if self.progress is not None:
+            self.progress(1)
+        return resp
+
+    def buckets(
+        self, make: Callable[[Request, Mapping[str, Any] | None], dict[str, Any]], req: Request
+    ) -> Iterator[Mapping[str, Any]]:
+        after: Mapping[str, Any] | None = None
+        while True:
+            resp = self.ask(make(req, after))
+            rows = resp.get("aggregations", {}).get("rows", {})
+            page = rows.get("buckets", [])
+            yield from page
+            after = rows.get("after_key")
+            if not page or after is None:
+                return
+
+
+def _add(store: dict[Any, Any], key: Any, item: Any) -> None:
+    if key in store:
+        store[key].add(item)
+    else:
+        store[key] = item
+
+
+def read_search(
+    req: Request,
+    settings: SearchSettings,
+    client: SearchClient | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SourceData:
+    """Aggregate the period's records in the search backend into a SourceData.
+
+    `client`: for tests (an in-process server is reached through the real client built
+    from `settings` when None). `progress(1)` is called after each request.
+    Raises SearchUnavailable (naming the backend) when it cannot be reached or fails,
+    and when the period holds no usage at all.
+    """
+    own = client is None
+    client = client if client is not None else connect(settings)
+    data = SourceData(source=settings.kind, start=req.start, end=req.end,
+                      simulated_included=req.include_simulated)
+    data.inputs[settings.kind] = settings.describe()
+    pager = _Pager(client, settings, data, progress)
+    try:
+        # per (model, day): owners' used, free, unknown-held
+        used_md: dict[tuple[str, str], float] = {}
+        owner_rows: list[tuple[Owner, str, str, Usage]] = []
+        for b in pager.buckets(usage_body, req):
+            k = b["key"]
+            owner: Owner = (k.get("user"), k.get("project"))
+            model = k.get("model") or UNKNOWN_MODEL
+            day = _day(k.get("day"))
+            used = _value(b, "used")
+            u = Usage(allocated_gpu_seconds=used, used_gpu_seconds=used,
+                      busy_gpu_seconds=_value(b, "busy"),
+                      idle_held_gpu_seconds=_value(b, "idle", "seconds"),
+                      energy_joules=_value(b, "energy"))
+            owner_rows.append((owner, model, day, u))
+            used_md[model, day] = used_md.get((model, day), 0.0) + used
+        free_md: dict[tuple[str, str], tuple[float, float]] = {}
+        unknown: list[tuple[str, str, Usage]] = []
+        for b in pager.buckets(unattributed_body, req):
+            k = b["key"]
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            free_md[model, day] = (_value(b, "free", "seconds"), _value(b, "free", "energy"))
+            secs = _value(b, "unknown", "seconds")
+            unknown.append((model, day, Usage(
+                allocated_gpu_seconds=secs, used_gpu_seconds=secs, charged_gpu_seconds=secs,
+                energy_joules=_value(b, "unknown", "energy"))))
+        fleet_md: dict[tuple[str, str], Fleet] = {}
+        for b in pager.buckets(fleet_body, req):
+            k = b["key"]
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            f = Fleet(gpu_seconds=_value(b, "up", "seconds"),
+                      down_gpu_seconds=_value(b, "down", "seconds"),
+                      energy_joules=_value(b, "up", "energy"),
+                      power_energy_joules=_value(b, "up", "power"))
+            _add(fleet_md, (model, day), f)
+        sim = pager.ask(simulated_body(req)).get("hits", {}).get("total", {})
+        simulated = int(sim.get("value", 0)) if isinstance(sim, Mapping) else int(sim or 0)
+    finally:
+        if own:
+            client.close()
+    if not req.include_simulated:
+        data.simulated_excluded = simulated
+    if not owner_rows and not fleet_md and not unknown:
+        why = (f"{simulated} simulated record(s) only (--include-simulated bills them)"
+               if simulated and not req.include_simulated else "no usage record")
+        raise SearchUnavailable(
+            f"{settings.describe()}: no usage for {req.start.isoformat()} .. "
+            f"{req.end.isoformat()}: {why}")
+    unknown_md = {(m, d): u.used_gpu_seconds for m, d, u in unknown}
+    for (model, day), f in fleet_md.items():
+        free_s = free_md.get((model, day), (0.0, 0.0))[0]
+        f.held_gpu_seconds = max(0.0, f.gpu_seconds - free_s)
+    for owner, model, day, u in owner_rows:
+        fm = fleet_md.get((model, day))
+        total_used = used_md[model, day]
+        u.charged_gpu_seconds = u.used_gpu_seconds
+        if fm is not None:
+            if total_used > 0:
+                by_owners = max(0.0, fm.held_gpu_seconds - unknown_md.get((model, day), 0.0))
+                u.charged_gpu_seconds = u.used_gpu_seconds * by_owners / total_used
+            if fm.energy_joules > 0:
+                u.power_energy_joules = fm.power_energy_joules * u.energy_joules / fm.energy_joules
+            fm.busy_gpu_seconds += u.busy_gpu_seconds
+            fm.idle_held_gpu_seconds += u.idle_held_gpu_seconds
+        _record(data, owner, model, day, u)
+    for model, day, u in unknown:
+        fm = fleet_md.get((model, day))
+        if fm is not None and fm.energy_joules > 0:
+            u.power_energy_joules = fm.power_energy_joules * u.energy_joules / fm.energy_joules
+        if u.used_gpu_seconds or u.energy_joules:
+            _record(data, UNATTRIBUTED, model, day, u)
+    for (model, day), f in sorted(fleet_md.items()):
+        _add(data.fleet, model, _copy_fleet(f))
+        entry = data.days.setdefault(day, ({}, Fleet()))
+        entry[1].add(f)
+    data.notes.extend([
+        f"{settings.kind}: used = sum of process records (an owner's processes on one GPU "
+        "each count); charged = used scaled per GPU model and day to the time held by "
+        "owners; idle-held by the process's own utilisation; allocated = used",
+        f"{settings.kind}: no hash-chain verification (an index keeps no order); verify "
+        "the archive or `gpu-audit audit verify` the sink's read-back",
+    ])
+    return data
+
+
+def _copy_fleet(f: Fleet) -> Fleet:
+    c = Fleet()
+    c.add(f)
+    return c
+
+
+def _record(data: SourceData, owner: Owner, model: str, day: str, u: Usage) -> None:
+    total = data.usage.get((owner, model))
+    if total is None:
+        total = data.usage[owner, model] = Usage()
+    total.add(u)
+    owners = data.days.setdefault(day, ({}, Fleet()))[0]
+    if owner in owners:
+        owners[owner].add(u)
+    else:
+        d = Usage()
+        d.add(u)
+        owners[owner] = d
+
+
+# --- the real clients ----------------------------------------------------------------
+
+
+class _ElasticClient:
+    def __init__(self, s: SearchSettings) -> None:
+        import elasticsearch  # noqa: PLC0415 - the optional extra, only when used
+
+        from gpu_audit.tls import elastic_transport_kwargs  # noqa: PLC0415
+
+        kw: dict[str, Any] = {"request_timeout": s.timeout_s, "max_retries": 0}
+        if s.cloud_id:
+            kw["cloud_id"] = s.cloud_id
+        else:
+            kw["hosts"] = list(s.hosts)
+        if s.username is not None and s.password is not None:
+            kw["basic_auth"] = (s.username, s.password)
+        if s.api_key is not None:
+            kw["api_key"] = s.api_key
+        kw.update(elastic_transport_kwargs(s.tls, ["https://"] if s.cloud_id else s.hosts,
+                                           f"{s.kind}: tls"))
+        self._es = elasticsearch.Elasticsearch(**kw)
+
+    def search(self, index: str, body: dict[str, Any]) -> Mapping[str, Any]:
+        resp = self._es.search(index=index, ignore_unavailable=True, allow_no_indices=True,
+                               **body)
+        out: Mapping[str, Any] = resp.body
+        return out
+
+    def close(self) -> None:
+        self._es.close()
+
+
+class _OpenSearchClient:
+    def __init__(self, s: SearchSettings) -> None:
+        import opensearchpy  # noqa: PLC0415 - the optional extra, only when used
+
+        from gpu_audit.tls import ssl_context, uses_tls  # noqa: PLC0415
+
+        kw: dict[str, Any] = {"hosts": list(s.hosts), "timeout": s.timeout_s,
+                              "max_retries": 0}
+        if s.username is not None and s.password is not None:
+            kw["http_auth"] = (s.username, s.password)
+        if uses_tls(s.tls, s.hosts):
+            kw["use_ssl"] = True
+            kw["ssl_context"] = ssl_context(s.tls, f"{s.kind}: tls")
+        self._os = opensearchpy.OpenSearch(**kw)
+
+    def search(self, index: str, body: dict[str, Any]) -> Mapping[str, Any]:
+        out: Mapping[str, Any] = self._os.search(
+            index=index, body=body,
+            params={"ignore_unavailable": "true", "allow_no_indices": "true"})
+        return out
+
+    def close(self) -> None:
+        self._os.close()
+
+
+def connect(settings: SearchSettings) -> SearchClient:
+    """The official client for the backend kind (its library is an optional extra)."""
+    try:
+        if settings.kind == "elasticsearch":
+            return _ElasticClient(settings)
+        if settings.kind == "opensearch":
+            return _OpenSearchClient(settings)
+    except ImportError as exc:
+        raise SearchUnavailable(
+            f"{settings.kind}: its client library is not installed ({exc.name}); "
+            f"pip install 'gpu-audit[{settings.kind}]'") from None
+    raise SearchUnavailable(f"unknown search backend {settings.kind!r}")

@@ -1,0 +1,74 @@
+"""Where chargeback reads its audit records, from the same configuration file as
+`gpu-audit run` (`--config FILE`): the archive sink's directory and the audit HMAC key,
+or a search sink's connection. Sink configuration is the shipper's, and chargeback may
+not import shipper, so the app layer reads it here and hands chargeback plain values.
+
+Raises ConfigError naming every problem (no such sink, two candidates and no name, a
+secret that cannot be read).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+from chargeback.sources.search import SearchSettings
+from gpu_audit.audit.canonical import load_hmac_key
+from gpu_audit.credentials import resolve_secret
+from gpu_audit.errors import ConfigError
+from gpu_audit_app.config import Config, load_config
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig, SearchSinkConfigBase
+from shipper.sinks.opensearch.config import OpenSearchSinkConfig
+
+T = TypeVar("T")
+
+
+def _pick(cfg: Config, kind: type[T], what: str, name: str | None, path: Path | None) -> T:
+    found = [s for s in cfg.shipper.sinks if isinstance(s, kind)]
+    if name is not None:
+        found = [s for s in found if getattr(s, "name", "") == name]
+    where = str(path) if path else "(default configuration)"
+    if not found:
+        raise ConfigError(where, [f"shipper.sinks: no {what} sink"
+                                  + (f" named {name!r}" if name else "")])
+    if len(found) > 1:
+        names = ", ".join(repr(getattr(s, "name", "")) for s in found)
+        raise ConfigError(where, [f"shipper.sinks: {len(found)} {what} sinks ({names}); "
+                                  "name the one to bill from"])
+    return found[0]
+
+
+def archive_source(path: Path | None, name: str | None = None) -> tuple[Path, bytes | None]:
+    """(the archive directory, the audit HMAC key or None) of the configuration."""
+    cfg = load_config(path)
+    sink = _pick(cfg, ArchiveSinkConfig, "archive", name, path)
+    key_file = cfg.audit.hmac_key_file
+    try:
+        key = load_hmac_key(key_file) if key_file is not None else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(path), [f"audit.hmac_key_file: {exc}"]) from None
+    return sink.directory_for(cfg.spool.directory), key
+
+
+def search_settings(path: Path | None, kind: str, name: str | None = None) -> SearchSettings:
+    """The connection to the configuration's Elasticsearch or OpenSearch sink."""
+    cfg = load_config(path)
+    model: type[SearchSinkConfigBase] = (
+        ElasticsearchSinkConfig if kind == "elasticsearch" else OpenSearchSinkConfig)
+    sink = _pick(cfg, model, kind, name, path)
+    what = f"sink {sink.name or sink.type}"
+    password = resolve_secret(f"{what}: password", sink.password_env, sink.password_file)
+    api_key = resolve_secret(f"{what}: api_key", sink.api_key_env, sink.api_key_file)
+    index = sink.data_stream if sink.index_mode == "data_stream" else f"{sink.index_prefix}-*"
+    return SearchSettings(
+        kind=kind,
+        hosts=tuple(sink.hosts),
+        index=index,
+        cloud_id=getattr(sink, "cloud_id", None),
+        username=sink.username,
+        password=password.get_secret_value() if password is not None else None,
+        api_key=api_key.get_secret_value() if api_key is not None else None,
+        tls=sink.tls,
+        timeout_s=sink.timeout_s,
+    )

@@ -1,0 +1,329 @@
+"""`gpu-audit launcher ...`: the daemon (`serve`) and its clients.
+
+serve wires the launcher's parts (store, scheduler, engine, GPU state, executor,
+job-mapping writer, audit spool, telemetry endpoint) from one YAML file; the client
+commands talk to the daemon's unix socket (launcher.protocol) and never name the caller:
+the daemon asks the kernel.
+
+Exit codes: 0 done; 1 the daemon refused (not found, denied) or could not be reached;
+2 bad arguments, configuration or job spec (every problem listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from launcher.config import LauncherCoreConfig
+from launcher.protocol import DEFAULT_SOCKET, ProtocolError, call
+
+
+class LauncherConfig(BaseModel):
+    """The daemon's settings (`gpu-audit launcher serve --config FILE`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: Path = Field(Path("/var/lib/gpu-audit/launcher"),
+                            description="SQLite state, job logs, lock.")
+    socket: Path = Field(DEFAULT_SOCKET, description="The unix socket clients connect to.")
+    socket_mode: int = Field(0o666, ge=0, le=0o777,
+                             description="Socket permissions (0666: every local user).")
+    socket_group: str | None = Field(None, description="Group owning the socket (with "
+                                     "socket_mode 0660: only its members may submit).")
+    admin_group: str | None = Field(None, description="Members may act on every job.")
+    tick_seconds: float = Field(1.0, gt=0, le=60)
+    gpus: str = Field("nvml", description="GPU state: nvml, sim:N, or exporter:URL "
+                      "(the node exporter's base URL).")
+    jobmap_dir: Path | None = Field(Path("/run/gpu-audit/jobs"),
+                                    description="Job-mapping files for the exporter.")
+    spool_dir: Path | None = Field(None, description="Audit spool of the launcher's "
+                                   "lifecycle records (stream `launcher`); unset: "
+                                   "<state_dir>/spool.")
+    metrics_listen: str | None = Field(None, description="HOST:PORT of the launcher's "
+                                       "Prometheus endpoint (job telemetry); unset: none.")
+    allow_root_jobs: bool = Field(False, description="Let root submit jobs that run as "
+                                  "root (off: refused).")
+    log_level: str = "info"
+    core: LauncherCoreConfig = Field(default_factory=LauncherCoreConfig)
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any]) -> LauncherConfig:
+    from gpu_audit.yamlload import load_file
+
+    base = load_file(LauncherConfig, path) if path is not None else LauncherConfig()
+    data = base.model_dump()
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return LauncherConfig.model_validate(data)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    lsub = p.add_subparsers(dest="launcher_command", metavar="ACTION")
+    s = lsub.add_parser("serve", help="Run the launcher daemon.",
+                        description="Run the node-local job launcher: a fair priority queue "
+                        "with checkpoint-first preemption, on a unix socket.")
+    s.add_argument("--config", type=Path, metavar="FILE")
+    s.add_argument("--state-dir", type=Path, metavar="DIR")
+    s.add_argument("--socket", type=Path, metavar="PATH")
+    s.add_argument("--gpus", metavar="SOURCE", help="nvml, sim:N or exporter:URL")
+    s.add_argument("--metrics-listen", metavar="HOST:PORT")
+
+    def client(name: str, help_text: str) -> argparse.ArgumentParser:
+        c = lsub.add_parser(name, help=help_text, description=help_text)
+        c.add_argument("--socket", type=Path, metavar="PATH",
+                       default=Path(os.environ.get("GPU_AUDIT_LAUNCHER_SOCKET",
+                                                   str(DEFAULT_SOCKET))))
+        c.add_argument("--json", action="store_true", help="Print the daemon's JSON answer.")
+        return c
+
+    c = client("submit", "Submit a job or a pipeline (YAML).")
+    c.add_argument("file", type=Path, metavar="FILE")
+    client("queue", "Waiting and running jobs, each waiting job's priority by term.")
+    c = client("status", "Your jobs, or one job in detail.")
+    c.add_argument("id", nargs="?")
+    c = client("logs", "A job's output (your own jobs; admins: all).")
+    c.add_argument("id")
+    c.add_argument("--follow", "-f", action="store_true", help="Keep printing until it ends.")
+    c.add_argument("--stderr", action="store_true", help="stderr instead of stdout.")
+    c.add_argument("--attempt", type=int)
+    for name, text in (("cancel", "Cancel a job (running: its process group is killed)."),
+                       ("hold", "Keep a waiting job from starting."),
+                       ("release", "Let a held job start again.")):
+        c = client(name, text)
+        c.add_argument("id")
+
+
+def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    cmd = args.launcher_command
+    if cmd is None:
+        parser.parse_args(["launcher", "--help"])
+        return EXIT_USAGE
+    if cmd == "serve":
+        return _serve(args)
+    try:
+        return _client(cmd, args)
+    except ProtocolError as exc:
+        print(f"gpu-audit launcher {cmd}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+# --- serve ---------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gpu_audit.errors import LockHeld
+    from gpu_audit.logredact import setup_logging
+    from launcher.server import run_daemon
+
+    config = load_config(args.config, {
+        "state_dir": args.state_dir, "socket": args.socket, "gpus": args.gpus,
+        "metrics_listen": args.metrics_listen,
+    })
+    setup_logging(config.log_level)
+    _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_daemon(lambda: _build(config), state_dir=config.state_dir,
+                          socket_path=config.socket, socket_mode=config.socket_mode,
+                          socket_group=config.socket_group, admin_group=config.admin_group,
+                          tick_seconds=config.tick_seconds)
+    except LockHeld as exc:
+        print(f"gpu-audit launcher serve: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _gpu_source(text: str) -> Any:
+    from launcher.gpustate import ExporterStatusSource, NvmlSource, SimGpuSource
+
+    kind, _, arg = text.partition(":")
+    if kind == "sim":
+        if not arg.isdigit() or not 0 < int(arg) <= 64:
+            raise ConfigError("launcher", [f"gpus: {text!r}: sim:N needs 1 <= N <= 64"])
+        return SimGpuSource(int(arg))
+    if kind == "exporter" and arg:
+        return ExporterStatusSource(arg)
+    if kind == "nvml" and not arg:
+        return NvmlSource()
+    raise ConfigError("launcher", [f"gpus: {text!r}: one of nvml, sim:N, exporter:URL"])
+
+
+def _build(config: LauncherConfig) -> Any:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from launcher.audit import LauncherAudit
+    from launcher.engine import Engine
+    from launcher.executor import ProcessExecutor, SimGpuBinding, SimGpuView
+    from launcher.gpustate import SimGpuSource
+    from launcher.jobmap import JobMapWriter
+    from launcher.scheduler import Scheduler
+    from launcher.service import Service
+    from launcher.store import Store
+    from launcher.telemetry import Telemetry
+
+    gpus = _gpu_source(config.gpus)
+    sim = isinstance(gpus, SimGpuSource)
+    executor: ProcessExecutor
+    if sim:
+        executor = SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs)
+        gpus = SimGpuView(gpus, executor)
+    else:
+        executor = ProcessExecutor(config.state_dir, allow_root_jobs=config.allow_root_jobs)
+    store = Store(config.state_dir / "launcher.db")
+    engine = Engine(store, Scheduler(config.core.policy), gpus, executor, time.time,
+                    config.core)
+    telemetry = Telemetry()
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(telemetry)
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    audit = LauncherAudit(config.spool_dir or config.state_dir / "spool", simulated=sim)
+    jobmap = JobMapWriter(config.jobmap_dir) if config.jobmap_dir is not None else None
+    return Service(engine, store, executor, jobmap=jobmap, audit=audit, telemetry=telemetry)
+
+
+# --- clients -------------------------------------------------------------------------
+
+
+def _refused(cmd: str, resp: Mapping[str, Any]) -> int:
+    print(f"gpu-audit launcher {cmd}: {resp.get('message', resp.get('error'))}",
+          file=sys.stderr)
+    for p in resp.get("problems", []) or []:
+        print(f"  - {p}", file=sys.stderr)
+    return EXIT_USAGE if resp.get("error") in ("invalid", "bad_request") else EXIT_FAILURE
+
+
+def _client(cmd: str, args: argparse.Namespace) -> int:
+    sock: Path = args.socket
+    if cmd == "submit":
+        try:
+            text = args.file.read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"gpu-audit launcher submit: cannot read {args.file}: {exc.strerror}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        resp = call(sock, {"op": "submit", "spec": text, "path": str(args.file),
+                           "cwd": os.getcwd()})
+    elif cmd == "queue":
+        resp = call(sock, {"op": "queue"})
+    elif cmd == "status":
+        resp = call(sock, {"op": "status", "id": args.id})
+    elif cmd == "logs":
+        return _logs(sock, args)
+    else:
+        resp = call(sock, {"op": cmd, "id": args.id})
+    if not resp.get("ok"):
+        return _refused(cmd, resp)
+    if args.json:
+        print(json.dumps(resp, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(_render(cmd, resp))
+    return EXIT_OK
+
+
+def _logs(sock: Path, args: argparse.Namespace) -> int:
+    offset = 0
+    while True:
+        req: dict[str, Any] = {"op": "logs", "id": args.id, "offset": offset,
+                               "stream": "err" if args.stderr else "out"}
+        if args.attempt is not None:
+            req["attempt"] = args.attempt
+        resp = call(sock, req)
+        if not resp.get("ok"):
+            return _refused("logs", resp)
+        data = resp.get("data", "")
+        if data:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        offset = int(resp.get("offset", offset))
+        if not args.follow or (resp.get("done") and not data):
+            return EXIT_OK
+        if not data:
+            time.sleep(0.5)
+
+
+def _fmt_time(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _render(cmd: str, resp: Mapping[str, Any]) -> str:
+    if cmd == "submit":
+        pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
+                                                         strict=True))
+        return f"submitted {len(resp['ids'])} job(s): {pairs}"
+    if cmd == "queue":
+        return _render_queue(resp["jobs"])
+    if cmd == "status":
+        if "job" in resp:
+            return _render_job(resp["job"])
+        return _render_table(resp["jobs"])
+    return f"job {resp['id']}: {resp.get('state')}"
+
+
+def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    head = f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}  GPUS"
+    rows = [head]
+    for j in jobs:
+        gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
+        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
+                    f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  {gpus}")
+    return "\n".join(rows)
+
+
+_TERMS = ("urgency", "tier", "age", "fairshare_user", "fairshare_project")
+
+
+def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
+    head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
+            + " ".join(f"{t.upper():>12}" for t in _TERMS))
+    rows = [head]
+    for j in jobs:
+        p = j.get("priority") or {}
+        total = p.get("total", p.get("priority"))
+        cells = " ".join(
+            f"{p[t]:>12.1f}" if isinstance(p.get(t), int | float) else f"{'-':>12}"
+            for t in _TERMS)
+        tot = f"{total:>9.1f}" if isinstance(total, int | float) else f"{'-':>9}"
+        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
+                    f"{j['state']:<10} {tot} {cells}")
+    return "\n".join(rows)
+
+
+def _render_job(j: Mapping[str, Any]) -> str:
+    lines = [f"job {j['id']} {j['name']}: {j['state']} (attempt {j['attempt']})",
+             f"  user {j['user']}, project {j['project']}",
+             f"  gpus {', '.join(j.get('gpus') or []) or '-'}",
+             f"  submitted {_fmt_time(j.get('submitted_at'))}, started "
+             f"{_fmt_time(j.get('started_at'))}, finished {_fmt_time(j.get('finished_at'))}"]
+    if j.get("exit_code") is not None:
+        lines.append(f"  exit code {j['exit_code']}")
+    if j.get("reason"):
+        lines.append(f"  reason: {j['reason']}")
+    if j.get("last_checkpoint_step") is not None:
+        lines.append(f"  last checkpoint: step {j['last_checkpoint_step']}")
+    lines.append(f"  GPU-seconds allocated {j.get('allocated_gpu_seconds', 0):.1f}, lost "
+                 f"{j.get('lost_gpu_seconds', 0):.1f}")
+    events = list(j.get("events", []))
+    telemetry = [e for e in events if e["kind"] == "telemetry"]
+    if telemetry:
+        last = telemetry[-1]
+        lines.append(f"  telemetry: {len(telemetry)} reports, last step {last.get('step')} "
+                     f"loss {last.get('loss')}")
+    for e in events:
+        if e["kind"] == "telemetry":
+            continue
+        extra = {k: v for k, v in e.items() if k not in ("time", "kind")}
+        lines.append(f"  {_fmt_time(e['time'])} {e['kind']} "
+                     f"{json.dumps(extra, sort_keys=True) if extra else ''}".rstrip())
+    return "\n".join(lines)
+
+
+__all__ = ["ConfigError", "LauncherConfig", "add_arguments", "command", "load_config"]

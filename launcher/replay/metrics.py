@@ -1,0 +1,218 @@
+"""Metrics of one replay, computed from the executor's ground truth (what the simulated
+GPUs really did), never from the engine's own bookkeeping.
+
+- utilisation: busy GPU-seconds / available GPU-seconds, where a GPU's busy ratio at any
+  moment is min(1, sum of the utilisation of the processes on it); over the trace's
+  window (the week) and over the whole replay (until the last job ended);
+- idle-held GPU-hours: time a GPU was held by a process of ours (a job or a leak) while
+  under IDLE_UTIL busy;
+- queue wait: first start - arrival, per urgency class (mean, p95); a job that never
+  started counts as waiting until the replay ended;
+- lost GPU-seconds: work thrown away (since the newest commit) by preemption and by
+  failures; delivered GPU-hours: GPU-seconds the jobs' runs held;
+- fairness: each user's share of delivered GPU-seconds in the window against a max-min
+  fair share of them given what each user asked for, and Jain's index over the ratios.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from launcher.replay.executor import Interval, JobTruth
+from launcher.replay.trace import URGENCIES, Trace
+
+IDLE_UTIL = 0.05
+HOUR = 3600.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class WaitStats:
+    jobs: int
+    mean_s: float
+    p95_s: float
+    never_started: int
+
+
+@dataclass
+class ReplayMetrics:
+    policy: str
+    gpus: int
+    window_s: float
+    end_s: float
+    utilisation_window: float
+    utilisation_overall: float
+    idle_held_gpu_hours: float
+    busy_gpu_hours: float
+    delivered_gpu_hours: float
+    lost_preemption_gpu_hours: float
+    lost_failure_gpu_hours: float
+    preemptions: int
+    jobs: int
+    jobs_finished: int
+    jobs_failed: int
+    jobs_unfinished: int
+    makespan_s: float
+    wait: dict[str, WaitStats]
+    fairness_jain: float
+    user_share: dict[str, dict[str, float]]
+    utilisation_hourly: list[float] = field(default_factory=list)
+    ticks: int = 0
+
+    @property
+    def preemption_loss_ratio(self) -> float:
+        if self.delivered_gpu_hours <= 0:
+            return 0.0
+        return self.lost_preemption_gpu_hours / self.delivered_gpu_hours
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["preemption_loss_ratio"] = self.preemption_loss_ratio
+        return out
+
+
+def _gpu_profile(intervals: Iterable[Interval], end: float) -> list[tuple[float, float, int]]:
+    """Step function of one GPU: (time, busy ratio from here, processes held from here)."""
+    deltas: dict[float, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for iv in intervals:
+        t1 = min(iv.t1, end)
+        if t1 <= iv.t0:
+            continue
+        deltas[iv.t0][0] += iv.util
+        deltas[iv.t0][1] += 1
+        deltas[t1][0] -= iv.util
+        deltas[t1][1] -= 1
+    util, held = 0.0, 0
+    steps = []
+    for t in sorted(deltas):
+        util += deltas[t][0]
+        held += int(deltas[t][1])
+        steps.append((t, min(1.0, max(0.0, util)), held))
+    return steps
+
+
+def _integrate(steps: list[tuple[float, float, int]], lo: float, hi: float
+               ) -> tuple[float, float]:
+    """(busy GPU-seconds, idle-held GPU-seconds) of one GPU within [lo, hi)."""
+    busy = idle = 0.0
+    for i, (t, util, held) in enumerate(steps):
+        t_next = steps[i + 1][0] if i + 1 < len(steps) else hi
+        a, b = max(t, lo), min(t_next, hi)
+        if b <= a:
+            continue
+        busy += util * (b - a)
+        if held > 0 and util < IDLE_UTIL:
+            idle += b - a
+    return busy, idle
+
+
+def max_min_fair(demand: dict[str, float], total: float) -> dict[str, float]:
+    """Water-filling: each user gets min(demand, level), the level set so shares sum to
+    `total` (or to the whole demand where that is less)."""
+    shares = {u: 0.0 for u in demand}
+    left = dict(demand)
+    budget = total
+    while left and budget > 1e-9:
+        level = budget / len(left)
+        small = {u: d for u, d in left.items() if d <= level}
+        if not small:
+            for u in left:
+                shares[u] += level
+            break
+        for u, d in small.items():
+            shares[u] += d
+            budget -= d
+            del left[u]
+    return shares
+
+
+def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
+            intervals: Sequence[Interval], started: dict[str, float | None],
+            end: float, ticks: int = 0) -> ReplayMetrics:
+    """Metrics of one replay. `started` maps each trace job's name to its first start
+    (None: never started); `end` is when the replay stopped."""
+    header = trace.header
+    window = header.window_seconds
+    by_gpu: dict[str, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        by_gpu[iv.gpu].append(iv)
+    busy_w = busy_all = idle = 0.0
+    hours = max(1, math.ceil(max(end, window) / HOUR))
+    hourly = [0.0] * hours
+    for ivs in by_gpu.values():
+        steps = _gpu_profile(ivs, end)
+        b, _ = _integrate(steps, 0.0, window)
+        busy_w += b
+        b_all, i_all = _integrate(steps, 0.0, end)
+        busy_all += b_all
+        idle += i_all
+        for h in range(hours):
+            hourly[h] += _integrate(steps, h * HOUR, (h + 1) * HOUR)[0]
+    hourly = [round(x / (HOUR * header.gpus), 4) for x in hourly]
+
+    finished = sum(1 for t in truth.values() if t.finished_at is not None)
+    gave_up = sum(1 for t in truth.values() if t.finished_at is None and _gave_up(t))
+    last_exit = max((t.exits[-1][0] for t in truth.values() if t.exits), default=0.0)
+
+    waits: dict[str, list[float]] = {u: [] for u in URGENCIES}
+    never: dict[str, int] = dict.fromkeys(URGENCIES, 0)
+    for job in trace.jobs:
+        first = started.get(job.name)
+        if first is None:
+            never[job.urgency] += 1
+            waits[job.urgency].append(max(0.0, end - job.arrival))
+        else:
+            waits[job.urgency].append(first - job.arrival)
+    wait = {u: WaitStats(len(v), sum(v) / len(v) if v else math.nan, percentile(v, 95),
+                         never[u]) for u, v in waits.items() if v}
+
+    demand: dict[str, float] = defaultdict(float)
+    for job in trace.jobs:
+        if job.arrival < window:
+            demand[job.user] += job.gpu_share * job.runtime
+    got: dict[str, float] = defaultdict(float)
+    for iv in intervals:
+        if iv.leak:
+            continue
+        user = truth[iv.job_id].trace.user
+        share = truth[iv.job_id].trace.gpu_fraction or 1.0
+        got[user] += share * max(0.0, min(iv.t1, window) - max(iv.t0, 0.0))
+    fair = max_min_fair(dict(demand), sum(got.values()))
+    ratios = [got[u] / fair[u] for u in demand if fair[u] > 0]
+    jain = (sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))) if ratios else 1.0
+    total_got = sum(got.values()) or 1.0
+    user_share = {u: {"share": round(got[u] / total_got, 4),
+                      "fair_share": round(fair[u] / total_got, 4),
+                      "ratio": round(got[u] / fair[u], 3) if fair[u] > 0 else 1.0}
+                  for u in sorted(demand)}
+
+    return ReplayMetrics(
+        policy=policy, gpus=header.gpus, window_s=window, end_s=end,
+        utilisation_window=busy_w / (header.gpus * window),
+        utilisation_overall=busy_all / (header.gpus * max(end, 1e-9)),
+        idle_held_gpu_hours=idle / HOUR, busy_gpu_hours=busy_all / HOUR,
+        delivered_gpu_hours=sum(t.held for t in truth.values()) / HOUR,
+        lost_preemption_gpu_hours=sum(t.lost_preempt for t in truth.values()) / HOUR,
+        lost_failure_gpu_hours=sum(t.lost_failure for t in truth.values()) / HOUR,
+        preemptions=sum(t.preemptions for t in truth.values()),
+        jobs=len(trace.jobs), jobs_finished=finished, jobs_failed=gave_up,
+        jobs_unfinished=len(trace.jobs) - finished - gave_up, makespan_s=last_exit,
+        wait=wait, fairness_jain=jain, user_share=user_share, utilisation_hourly=hourly,
+        ticks=ticks)
+
+
+def _gave_up(t: JobTruth) -> bool:
+    """The job failed more often than its retries allow (the engine will not rerun it)."""
+    return t.failures > t.trace.max_retries

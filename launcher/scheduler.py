@@ -1,0 +1,386 @@
+"""One scheduling decision: which waiting jobs start on which GPUs, and which running jobs
+are preempted for whom. Pure: no clock, no I/O; the engine supplies the state.
+
+Policies (config `policy.name`), all through this one placement code so replay compares
+them fairly:
+- `priority` (default): jobs in priority order (launcher.policy), each placed if it fits
+  (backfilling behind a job that does not); a job that has waited `preempt_wait_seconds`
+  and still does not fit may preempt lower-priority running jobs, choosing the victim
+  set that loses the least un-checkpointed GPU-time; jobs that checkpoint are chosen
+  before jobs that cannot (a job with no checkpoint_dir loses its whole run).
+  Idle reclaim (`idle_reclaim`): a running job whose measured utilisation has stayed
+  under `idle_util_threshold` for `idle_reclaim_seconds` while work waits gives way
+  without losing anything: a one-GPU job that cannot checkpoint (a notebook) is
+  re-admitted as a share of its GPU sized by its measured memory, so fractional jobs
+  pack beside it; a job that checkpoints becomes the preferred victim of any waiting
+  job of higher OR EQUAL priority (no priority gap needed), reason "idle_reclaim".
+- `fifo-exclusive`: submission order, whole GPUs only (a fraction takes a whole GPU),
+  strictly in order (the first job that does not fit blocks the rest), no preemption.
+- `first-fit`: submission order, every job that fits starts (fractions packed by
+  measured free memory), no preemption.
+
+Placement trusts measurement: a GPU is free for a whole-GPU job only when no job of ours
+holds it AND its measured used memory is at most `idle_memory_bytes`; a fractional job
+is admitted when the GPU's total minus max(measured used, memory booked by our
+fractional jobs there) covers its need and the fractions there sum to at most 1.
+GPUs down, with a recent XID, throttling or hotter than `max_temperature_c` get nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.config import PolicyConfig
+from launcher.gpustate import GpuInfo
+from launcher.policy import FairShareLedger, PriorityBreakdown, priority
+from launcher.store import JobRecord
+
+
+@dataclass
+class Decision:
+    """What to do now. `memory` is the GPU memory each started job was admitted with
+    (per GPU); `victim_cost` the un-checkpointed GPU-seconds each victim loses;
+    `unusable` the GPUs that got nothing and why."""
+
+    starts: list[tuple[int, list[str]]] = field(default_factory=list)
+    preemptions: list[tuple[int, int]] = field(default_factory=list)
+    breakdowns: dict[int, PriorityBreakdown] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    memory: dict[int, int] = field(default_factory=dict)
+    victim_cost: dict[int, float] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
+    # why each victim is preempted: "priority" or "idle_reclaim"
+    preempt_reasons: dict[int, str] = field(default_factory=dict)
+    # idle reclaim by sharing: (job id, fraction of its GPU, memory booked), and how long
+    # each reclaimed job had been measured idle
+    shares: list[tuple[int, float, int]] = field(default_factory=list)
+    idle_seconds: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Slot:
+    """One GPU as the placement sees it during one decision."""
+
+    uuid: str
+    index: int
+    total: int
+    used: int
+    temperature: float
+    exclusive: bool = False  # a whole-GPU job of ours holds it
+    fraction: float = 0.0  # sum of our fractional jobs' shares on it
+    booked: int = 0  # memory our fractional jobs there were admitted with
+    idle: bool = False  # measured under the idle threshold while a job of ours holds it
+
+    def clone(self) -> _Slot:
+        return _Slot(self.uuid, self.index, self.total, self.used, self.temperature,
+                     self.exclusive, self.fraction, self.booked, self.idle)
+
+
+class Scheduler:
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        # set for the duration of one decide(): jobs re-admitted as a share of their GPU
+        # (job id -> fraction) and since when each running job has been measured idle
+        self._shared: dict[int, float] = {}
+        self._idle: dict[int, float] = {}
+        self._now = 0.0
+
+    # -------------------------------------------------------------------------- health
+
+    def unusable_reason(self, g: GpuInfo) -> str | None:
+        c = self.config
+        if not g.up:
+            return "down"
+        if c.skip_recent_xid and g.recent_xid:
+            return "recent XID"
+        if c.skip_throttling and g.throttling:
+            return "throttling"
+        if g.temperature_c is not None and g.temperature_c > c.max_temperature_c:
+            return f"too hot ({g.temperature_c:.0f} C > {c.max_temperature_c:.0f} C)"
+        return None
+
+    # ----------------------------------------------------------------------- placement
+
+    def need_bytes(self, job: JobRecord, total: int) -> int:
+        """Memory a job needs on each of its GPUs (of a GPU with `total` bytes)."""
+        spec = job.spec
+        if spec.gpu_memory_bytes is not None:
+            return spec.gpu_memory_bytes
+        if spec.gpu_fraction is not None and not self._whole_only:
+            return int(spec.gpu_fraction * total)
+        return total
+
+    @property
+    def _whole_only(self) -> bool:
+        return self.config.name == "fifo-exclusive"
+
+    def _fits_exclusive(self, s: _Slot) -> bool:
+        return (not s.exclusive and s.fraction == 0.0 and s.booked == 0
+                and s.used <= self.config.idle_memory_bytes)
+
+    def _place(self, job: JobRecord, slots: dict[str, _Slot]) -> tuple[list[str], int] | None:
+        """GPUs for `job` on `slots` (mutated to book them), with the memory admitted."""
+        spec = job.spec
+        if spec.gpus == 0:
+            return [], 0
+        if spec.gpu_fraction is None or self._whole_only:
+            free = [s for s in slots.values() if self._fits_exclusive(s)
+                    and (spec.gpu_memory_bytes is None or spec.gpu_memory_bytes <= s.total)]
+            if len(free) < spec.gpus:
+                return None
+            free.sort(key=lambda s: (s.temperature, s.index))
+            chosen = free[:spec.gpus]
+            for s in chosen:
+                s.exclusive = True
+            return [s.uuid for s in chosen], min(self.need_bytes(job, s.total) for s in chosen)
+        fits = []
+        for s in slots.values():
+            if s.exclusive:
+                continue
+            need = self.need_bytes(job, s.total)
+            room = s.total - max(s.used, s.booked)
+            if need <= room and s.fraction + spec.gpu_fraction <= 1.0 + 1e-9:
+                fits.append((room - need, s, need))
+        if not fits:
+            return None
+        if self.config.name == "first-fit":
+            fits.sort(key=lambda f: f[1].index)
+        else:  # best fit: pack onto the fullest GPU that still fits, cooler first on ties;
+            # with idle reclaim, a GPU an idle job holds comes first (its time turns busy)
+            fits.sort(key=lambda f: (not f[1].idle, f[0], f[1].temperature, f[1].index))
+        _, slot, need = fits[0]
+        slot.idle = False
+        slot.fraction += spec.gpu_fraction
+        slot.booked += need
+        slot.used += need  # it will use it: later jobs in this decision must see that
+        return [slot.uuid], need
+
+    def _holds_whole(self, job: JobRecord) -> bool:
+        """A running job that owns its GPUs (not a fraction, not re-admitted as a share)."""
+        return (job.spec.gpu_fraction is None or self._whole_only) \
+            and job.id not in self._shared
+
+    def _share(self, job: JobRecord) -> float:
+        return self._shared.get(job.id, job.spec.gpu_fraction or 0.0)
+
+    def _release(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
+        """`slots` as they would be once `job` (running) has exited."""
+        for uuid in job.gpus:
+            s = slots.get(uuid)
+            if s is None:
+                continue
+            if self._holds_whole(job):
+                s.exclusive = False
+                s.used = 0
+            else:
+                mem = job.memory_bytes or 0
+                s.fraction = max(0.0, s.fraction - self._share(job))
+                s.booked = max(0, s.booked - mem)
+                s.used = max(0, s.used - mem)
+
+    def _slots(self, gpus: Sequence[GpuInfo], running: Sequence[JobRecord],
+               blocked: Collection[str], decision: Decision) -> dict[str, _Slot]:
+        slots: dict[str, _Slot] = {}
+        for g in gpus:
+            reason = "awaiting release" if g.uuid in blocked else self.unusable_reason(g)
+            if reason is not None:
+                decision.unusable[g.uuid] = reason
+                continue
+            slots[g.uuid] = _Slot(g.uuid, g.index, g.memory_total_bytes, g.memory_used_bytes,
+                                  g.temperature_c if g.temperature_c is not None else 0.0,
+                                  idle=bool(self._idle) and g.utilization is not None
+                                  and g.utilization < self.config.idle_util_threshold
+                                  and bool(g.processes))
+        for job in running:
+            for uuid in job.gpus:
+                s = slots.get(uuid)
+                if s is None:
+                    continue
+                if self._holds_whole(job):
+                    s.exclusive = True
+                else:
+                    s.fraction += self._share(job)
+                    s.booked += job.memory_bytes or 0
+        return slots
+
+    # ------------------------------------------------------------------------ decision
+
+    def decide(self, now: float,  # noqa: PLR0917 - the contract engine and replay share
+               queued: Sequence[JobRecord], running: Sequence[JobRecord],
+               gpus: Sequence[GpuInfo], ledger: FairShareLedger,
+               blocked: Collection[str] = (), *,
+               idle: Mapping[int, float] | None = None,
+               shared: Mapping[int, float] | None = None) -> Decision:
+        """Decide at `now`. `queued`: jobs eligible to start (dependencies met, backoff
+        over, not held); `running`: jobs holding GPUs (running or preempting); `blocked`:
+        GPU uuids the engine keeps out (release barrier, leak); `idle`: running job id ->
+        since when its measured utilisation has stayed under `idle_util_threshold`;
+        `shared`: whole-GPU jobs an earlier idle reclaim re-admitted as a share (job id ->
+        fraction; their record's memory_bytes is the memory booked)."""
+        c = self.config
+        d = Decision()
+        self._shared = dict(shared or {})
+        self._idle = dict(idle or {}) if c.name == "priority" and c.idle_reclaim else {}
+        self._now = now
+        slots = self._slots(gpus, running, blocked, d)
+        if self._idle and queued:
+            self._share_idle(running, slots, d)
+        if c.name == "priority":
+            for job in queued:
+                d.breakdowns[job.id] = priority(c, job, now, ledger)
+            order = sorted(queued, key=lambda j: (-d.breakdowns[j.id].total,
+                                                  j.submitted_at, j.id))
+        else:
+            order = sorted(queued, key=lambda j: (j.submitted_at, j.id))
+        d.order = [j.id for j in order]
+        preemptible = self._preemptible(now, running, ledger, d) \
+            if c.name == "priority" and c.preemption else []
+        # jobs whose victims are still leaving, or left so recently that their GPUs may
+        # still be passing the release barrier: they wait, they do not preempt again
+        pending = {j.preempt_for for j in running
+                   if j.state == "preempting" and j.preempt_for is not None}
+        pending |= {j.preempt_for for j in queued if j.preempt_for is not None
+                    and j.finished_at is not None
+                    and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
+        # victims that left for a job still waiting here: they do not take the GPUs back
+        # before it (an idle-reclaim victim may outrank its waiter by age alone)
+        waiting = {j.id for j in queued}
+        yielded = {j.id for j in queued if j.preempt_for in waiting
+                   and j.finished_at is not None
+                   and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
+        no_victims: set[tuple[int, float | None, int | None]] = set()
+        for job in order:
+            if job.id in yielded:
+                continue
+            placed = self._place(job, slots)
+            if placed is not None:
+                d.starts.append((job.id, placed[0]))
+                d.memory[job.id] = placed[1]
+                continue
+            if c.name == "fifo-exclusive":
+                break  # strict order: the head of the queue blocks everyone behind it
+            if job.id in pending:
+                self._reserve(job, slots)  # keep what is free for it until victims leave
+                continue
+            shape = (job.spec.gpus, job.spec.gpu_fraction, job.spec.gpu_memory_bytes)
+            if preemptible and now - job.queued_at >= c.preempt_wait_seconds \
+                    and shape not in no_victims:
+                victims = self._victims(job, slots, preemptible, d)
+                if not victims:
+                    # jobs come in priority order: a later job of the same shape has only
+                    # fewer candidates, so it would find none either
+                    no_victims.add(shape)
+                if victims:
+                    for v in victims:
+                        d.preemptions.append((v.id, job.id))
+                        d.victim_cost[v.id] = v.uncheckpointed_gpu_seconds(now)
+                        if self._idle and v.spec.checkpoint_dir and self._reclaimable(v):
+                            d.preempt_reasons[v.id] = "idle_reclaim"
+                            d.idle_seconds[v.id] = self.idle_for(v)
+                        else:
+                            d.preempt_reasons[v.id] = "priority"
+                        preemptible.remove(v)
+                        self._release(v, slots)
+                    self._reserve(job, slots)
+        return d
+
+    # ---------------------------------------------------------------------- idle reclaim
+
+    def idle_for(self, job: JobRecord) -> float:
+        """Seconds `job` has been measured idle (0: busy, or not measured yet)."""
+        since = self._idle.get(job.id)
+        return 0.0 if since is None else max(0.0, self._now - since)
+
+    def _reclaimable(self, job: JobRecord) -> bool:
+        return (job.state == "running" and job.id in self._idle
+                and self.idle_for(job) >= self.config.idle_reclaim_seconds)
+
+    def _share_idle(self, running: Sequence[JobRecord], slots: dict[str, _Slot],
+                    d: Decision) -> None:
+        """Re-admit idle one-GPU jobs that cannot checkpoint as a share of their GPU sized
+        by their measured memory: the job keeps its process, its memory and its GPU; the
+        rest of the GPU's memory is offered to fractional jobs. (A job that checkpoints
+        is preempted instead, see _victims: it loses nothing either.)"""
+        for job in running:
+            if (not self._reclaimable(job) or not self._holds_whole(job)
+                    or job.spec.gpus != 1 or job.spec.checkpoint_dir or len(job.gpus) != 1):
+                continue
+            s = slots.get(job.gpus[0])
+            if s is None or s.fraction > 0 or s.booked > 0:
+                continue
+            booked = max(job.spec.gpu_memory_bytes or 0, s.used)
+            fraction = math.ceil(100.0 * booked / s.total) / 100.0
+            if fraction > self.config.idle_share_max_fraction:
+                continue
+            s.exclusive = False
+            s.fraction = fraction
+            s.booked = booked
+            self._shared[job.id] = fraction
+            d.shares.append((job.id, fraction, booked))
+            d.idle_seconds[job.id] = self.idle_for(job)
+
+    # ------------------------------------------------------------------------ preemption
+
+    def _preemptible(self, now: float, running: Sequence[JobRecord], ledger: FairShareLedger,
+                     d: Decision) -> list[JobRecord]:
+        """Running jobs that may be preempted, cheapest first: jobs that checkpoint (they
+        commit on the signal) by least un-checkpointed GPU-time, then jobs without a
+        checkpoint_dir (a preemption throws their whole run away)."""
+        c = self.config
+        out = []
+        for j in running:
+            if j.state != "running" or j.started_at is None:
+                continue
+            if now - j.started_at < c.preempt_min_runtime_seconds:
+                continue
+            d.breakdowns[j.id] = priority(c, j, now, ledger)
+            out.append(j)
+        out.sort(key=lambda j: (not j.spec.checkpoint_dir,
+                                j.uncheckpointed_gpu_seconds(now), -j.id))
+        return out
+
+    def _victims(self, job: JobRecord, slots: dict[str, _Slot],
+                 preemptible: list[JobRecord], d: Decision) -> list[JobRecord]:
+        """The cheapest victim set that lets `job` fit: the single victim with the least
+        un-checkpointed GPU-time that frees enough; else the fewest cheapest in order.
+        Idle reclaim: a job that checkpoints and has been measured idle long enough is a
+        candidate for any waiter of higher or equal priority (its own age term left out),
+        and comes first."""
+        mine = d.breakdowns[job.id].total
+        gap = self.config.preempt_min_priority_gap
+        # (the idle job's age term does not count: it is running, not waiting)
+        idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
+                and self._reclaimable(v)
+                and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
+        busy = [v for v in preemptible if v not in idle
+                and d.breakdowns[v.id].total + gap <= mine]
+        candidates = idle + busy
+        if not candidates:
+            return []
+        for v in candidates:  # already cheapest first
+            trial = {u: s.clone() for u, s in slots.items()}
+            self._release(v, trial)
+            if self._place(job, trial) is not None:
+                return [v]
+        chosen: list[JobRecord] = []
+        trial = {u: s.clone() for u, s in slots.items()}
+        for v in candidates:
+            chosen.append(v)
+            self._release(v, trial)
+            probe = {u: s.clone() for u, s in trial.items()}
+            if self._place(job, probe) is not None:
+                return chosen
+        return []
+
+    def _reserve(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
+        """Book for `job` what is free now (up to its need), so lower-priority jobs in
+        this decision do not take the GPUs its victims are freeing for it."""
+        if job.spec.gpu_fraction is None or self._whole_only:
+            free = [s for s in slots.values() if self._fits_exclusive(s)]
+            free.sort(key=lambda s: (s.temperature, s.index))
+            for s in free[:job.spec.gpus]:
+                s.exclusive = True
+        else:
+            self._place(job, slots)

@@ -1,0 +1,357 @@
+"""What the daemon does with a request, and what it does around each engine tick.
+
+`Service.handle(caller, request)` answers one protocol request for a caller the kernel
+identified (launcher.peer): submit (the YAML text is validated here, every problem
+listed), queue (each waiting job's priority broken into its terms), status, logs (own
+jobs only unless admin), cancel / hold / release (the engine checks who may).
+`Service.tick()` runs the engine and then reports what changed since the last tick:
+lifecycle audit records (job_queued, job_started / job_resumed, job_preempted,
+job_checkpoint_committed, job_finished), job-mapping files for the exporter, and
+telemetry from the jobs' events files.
+
+This module must never trust an identity from a request, and never hand a caller the
+contents of a log or a job it may not see.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpu_audit.errors import ConfigError
+from launcher import protocol
+from launcher.audit import LauncherAudit
+from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
+from launcher.executor import ProcessExecutor
+from launcher.jobmap import JobMapWriter
+from launcher.peer import Caller
+from launcher.spec import load_submission
+from launcher.store import ACTIVE, TERMINAL, Event, JobRecord, Store
+from launcher.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+_LOG_CHUNK = 256 * 1024
+
+
+class Service:
+    """The engine, its store and executor, and the side outputs the daemon maintains."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        executor: ProcessExecutor,
+        *,
+        jobmap: JobMapWriter | None,
+        audit: LauncherAudit | None,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.executor = executor
+        self.jobmap = jobmap
+        self.audit = audit
+        self.telemetry = telemetry
+        self._clock = clock
+        self._events_seen = 0
+        self._mapped: dict[int, set[int]] = {}  # job -> pids its mapping file lists
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover after a restart: adopt attempts whose process group still runs, take the
+        outcome of those that ended while no daemon ran from their exit-status file, and
+        requeue the ones that vanished without one (killed with the node, say). Never
+        starts an attempt twice: an adopted job stays running, a requeued one runs again
+        only through the scheduler, with the next attempt number."""
+        self._events_seen = self.store.last_event_seq()
+        now = self._clock()
+        for job in self.store.jobs(ACTIVE):
+            if self.executor.adopt(job.id, job.attempt):
+                self.telemetry.job_started(job.id, job.name, job.user, job.project,
+                                           job.attempt)
+                self._mapped[job.id] = set()
+                continue
+            done = self.executor.finished_while_away(job.id, job.attempt)
+            if done is not None:
+                self.executor.inject_exit(done)
+                continue
+            with self.store.transaction():
+                self.store.update(job.id, state="requeued", queued_at=now, backoff_until=now,
+                                  finished_at=now, preempt_signal_at=None,
+                                  reason="its process was gone when the launcher restarted")
+                self.store.add_event(Event(now, job.id, "requeued", {
+                    "reason": "lost_on_restart", "attempt": job.attempt}))
+            log.warning("job %d attempt %d was gone after the restart: requeued", job.id,
+                        job.attempt)
+        self._after_tick()
+
+    def close(self) -> None:
+        if self.audit is not None:
+            self.audit.close()
+        self.store.close()
+
+    def tick(self) -> None:
+        self.engine.tick()
+        self._after_tick()
+
+    # --- after each tick -----------------------------------------------------------------
+
+    def _after_tick(self) -> None:
+        for line in self.executor.drain_events():
+            self.telemetry.job_event(line.job_id, line.doc)
+        while True:
+            batch = self.store.events_after(self._events_seen)
+            for seq, ev in batch:
+                self._events_seen = seq
+                self._on_event(ev)
+            if not batch:
+                break
+        self.telemetry.set_states(self.store.state_counts())
+        self._refresh_jobmap()
+
+    def _refresh_jobmap(self) -> None:
+        if self.jobmap is None:
+            return
+        for job_id in list(self._mapped):
+            pids = self.executor.pids(job_id)
+            if job_id in self.executor.running() and pids != self._mapped[job_id]:
+                job = self.store.get(job_id)
+                if job is not None:
+                    self._mapped[job_id] = pids
+                    self.jobmap.started(str(job.id), user=job.user, project=job.project,
+                                        gpus=job.gpus, pids=sorted(pids),
+                                        start_time=job.started_at or self._clock(),
+                                        attempt=job.attempt)
+        self.jobmap.sweep()
+
+    def _on_event(self, ev: Event) -> None:
+        if ev.job_id is None:
+            return
+        job = self.store.get(ev.job_id)
+        if job is None:
+            return
+        d = ev.data
+        if ev.kind == "queued":
+            self._emit("job_queued", job, {"state": "queued"}, ev.time)
+        elif ev.kind in ("started", "resumed"):
+            self._emit(f"job_{ev.kind}", job, {
+                "attempt": d.get("attempt"), "gpus": d.get("gpus"),
+                "fingerprint": self.executor.fingerprint(job.id) or None,
+                "checkpoint_step": d.get("checkpoint_step"), "state": "running"}, ev.time)
+            self.telemetry.job_started(job.id, job.name, job.user, job.project,
+                                       int(d.get("attempt") or job.attempt))
+            self.telemetry.decision("start")
+            if self.jobmap is not None:
+                self._mapped[job.id] = set()
+        elif ev.kind == "preempt_signal":
+            self.telemetry.decision("preempt")
+        elif ev.kind == "checkpoint_committed":
+            self._emit("job_checkpoint_committed", job, {
+                "checkpoint_step": d.get("step"), "checkpoint_time": ev.time,
+                "checkpoint_path": d.get("path")}, ev.time)
+        elif ev.kind == "preempted":
+            self._attempt_ended(job)
+            outcome = "checkpointed" if d.get("clean") else "killed"
+            self.telemetry.preemption(outcome, d.get("signal_to_commit_seconds"),
+                                      d.get("commit_to_exit_seconds"),
+                                      float(d.get("lost_gpu_seconds") or 0.0))
+            self._emit("job_preempted", job, {
+                "attempt": d.get("attempt"), "exit_code": d.get("code"),
+                "exit_class": "preempted", "reason": d.get("reason"),
+                "signal_to_commit_seconds": d.get("signal_to_commit_seconds"),
+                "commit_to_exit_seconds": d.get("commit_to_exit_seconds"),
+                "lost_gpu_seconds": d.get("lost_gpu_seconds"),
+                "allocated_gpu_seconds": d.get("allocated_gpu_seconds"),
+                "checkpoint_step": d.get("checkpoint_step"), "state": "requeued"}, ev.time)
+        elif ev.kind in ("succeeded", "failed", "cancelled", "timed_out", "requeued"):
+            self._attempt_ended(job)
+            if "code" not in d and ev.kind == "requeued":
+                return  # requeued after a restart: no attempt outcome to report
+            self.telemetry.lost(float(d.get("lost_gpu_seconds") or 0.0))
+            exit_class = ev.kind if ev.kind != "requeued" else "failed"
+            if d.get("kind") == "oom":
+                exit_class = "oom"
+            self._emit("job_finished", job, {
+                "attempt": d.get("attempt"), "exit_code": d.get("code"),
+                "exit_class": exit_class, "reason": d.get("reason") or None,
+                "allocated_gpu_seconds": d.get("allocated_gpu_seconds"),
+                "lost_gpu_seconds": d.get("lost_gpu_seconds"), "state": ev.kind}, ev.time)
+
+    def _attempt_ended(self, job: JobRecord) -> None:
+        self.telemetry.job_ended(job.id)
+        if self.jobmap is not None and self._mapped.pop(job.id, None) is not None:
+            self.jobmap.ended(str(job.id))
+
+    def _emit(self, event: str, job: JobRecord, extra: Mapping[str, Any], at: float) -> None:
+        if self.audit is None:
+            return
+        part: dict[str, Any] = {
+            "id": str(job.id), "attempt": job.attempt, "user": job.user, "uid": job.uid,
+            "project": job.project, "department": job.spec.department,
+            "gpus": list(job.gpus) or None, "gpu_fraction": job.spec.gpu_fraction,
+        }
+        part.update({k: v for k, v in extra.items() if v is not None})
+        if not isinstance(part.get("exit_code"), int):
+            part.pop("exit_code", None)
+        for key in ("signal_to_commit_seconds", "commit_to_exit_seconds", "lost_gpu_seconds",
+                    "allocated_gpu_seconds"):
+            if key in part:
+                part[key] = max(0.0, float(part[key]))
+        if not isinstance(part.get("checkpoint_step"), int) or part["checkpoint_step"] < 0:
+            part.pop("checkpoint_step", None)
+        self.audit.emit(event, part, at=at)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def handle(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op not in protocol.OPS:
+            return protocol.error("bad_request", f"unknown op {op!r}; one of "
+                                                 f"{', '.join(sorted(protocol.OPS))}")
+        if op == "ping":
+            return {"ok": True, "uid": caller.uid, "user": caller.user, "admin": caller.admin}
+        if op == "submit":
+            return self._submit(caller, req)
+        if op == "queue":
+            return self._queue(caller)
+        if op == "status":
+            return self._status(caller, req)
+        if op == "logs":
+            return self._logs(caller, req)
+        return self._control(caller, str(op), req)
+
+    def _job_id(self, req: Mapping[str, Any]) -> int | None:
+        raw = req.get("id")
+        if isinstance(raw, bool):
+            return None
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, str) and raw.isdigit():
+            return int(raw)
+        return None
+
+    def _submit(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
+        text, source = req.get("spec"), req.get("path") or "<submission>"
+        if not isinstance(text, str):
+            return protocol.error("bad_request", "submit needs `spec`: the YAML text")
+        try:
+            specs = load_submission(text, source=str(source))
+        except ConfigError as exc:
+            return protocol.error("invalid", f"{source}: the submission is invalid",
+                                  list(exc.problems))
+        problems = [f"{s.name}: user: {s.user!r} is not you ({caller.user}); a job always "
+                    "runs as the user who submits it"
+                    for s in specs if s.user is not None and s.user != caller.user]
+        if caller.uid == 0 and not self.executor.allow_root_jobs:
+            problems.append("root may not submit jobs (they would run as root); submit as "
+                            "the user the job should run as")
+        if problems:
+            return protocol.error("invalid", f"{source}: the submission is invalid", problems)
+        cwd = req.get("cwd")
+        if isinstance(cwd, str) and cwd:
+            specs = [s if s.cwd and Path(s.cwd).is_absolute() else
+                     s.model_copy(update={"cwd": str(Path(cwd) / (s.cwd or "."))})
+                     for s in specs]
+        try:
+            ids = self.engine.submit(specs, uid=caller.uid, user=caller.user)
+        except PermissionDenied as exc:
+            return protocol.error("denied", str(exc))
+        except LauncherError as exc:
+            return protocol.error("invalid", str(exc))
+        self._after_tick()
+        return {"ok": True, "ids": list(ids), "names": [s.name for s in specs]}
+
+    def _queue(self, caller: Caller) -> dict[str, Any]:
+        del caller  # the queue is public on the node, like squeue
+        rows = []
+        for job in self.store.jobs(ACTIVE):
+            rows.append(_summary(job))
+        for job, breakdown in self.engine.queue_view(self._clock()):
+            row = _summary(job)
+            row["priority"] = breakdown.as_dict()
+            rows.append(row)
+        return {"ok": True, "jobs": rows}
+
+    def _status(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
+        if req.get("id") is None:
+            jobs = [j for j in self.store.jobs()
+                    if caller.admin or j.uid == caller.uid]
+            return {"ok": True, "jobs": [_summary(j) for j in jobs]}
+        job_id = self._job_id(req)
+        job = self.store.get(job_id) if job_id is not None else None
+        if job is None:
+            return protocol.error("not_found", f"no job {req.get('id')}")
+        out = _summary(job)
+        if not caller.may_act_on(job.uid):
+            return {"ok": True, "job": out}  # like the queue: no spec, env or events
+        out.update({
+            "spec": job.spec.model_dump(mode="json"),
+            "events": [{"time": e.time, "kind": e.kind, **e.data}
+                       for e in self.store.events(job.id)],
+            "decisions": [{"time": t, "action": a, "breakdown": b}
+                          for t, _, a, b in self.store.decisions(job.id)],
+        })
+        return {"ok": True, "job": out}
+
+    def _logs(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
+        job_id = self._job_id(req)
+        job = self.store.get(job_id) if job_id is not None else None
+        if job is None:
+            return protocol.error("not_found", f"no job {req.get('id')}")
+        if not caller.may_act_on(job.uid):
+            return protocol.error("denied", f"job {job.id} belongs to {job.user}; you may "
+                                            "read the logs of your own jobs only")
+        attempt = req.get("attempt")
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            attempt = max(1, job.attempt)
+        stream = "err" if req.get("stream") == "err" else "out"
+        out_path, err_path = self.executor.log_paths(job.id, attempt)
+        path = err_path if stream == "err" else out_path
+        offset = req.get("offset", 0)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            offset = 0
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(_LOG_CHUNK)
+        except FileNotFoundError:
+            data = b""
+        return {"ok": True, "data": data.decode("utf-8", "replace"),
+                "offset": offset + len(data), "attempt": attempt, "state": job.state,
+                "done": job.state in TERMINAL and len(data) < _LOG_CHUNK}
+
+    def _control(self, caller: Caller, op: str, req: Mapping[str, Any]) -> dict[str, Any]:
+        job_id = self._job_id(req)
+        if job_id is None or self.store.get(job_id) is None:
+            return protocol.error("not_found", f"no job {req.get('id')}")
+        action = {"cancel": self.engine.cancel, "hold": self.engine.hold,
+                  "release": self.engine.release}[op]
+        try:
+            action(job_id, caller.uid, caller.admin)
+        except PermissionDenied as exc:
+            return protocol.error("denied", str(exc))
+        except UnknownJob as exc:
+            return protocol.error("not_found", str(exc))
+        except BadState as exc:
+            return protocol.error("bad_request", str(exc))
+        self._after_tick()
+        job = self.store.get(job_id)
+        return {"ok": True, "id": job_id, "state": job.state if job else None}
+
+
+def _summary(job: JobRecord) -> dict[str, Any]:
+    return {
+        "id": job.id, "name": job.name, "user": job.user, "project": job.project,
+        "state": job.state, "attempt": job.attempt, "gpus": job.gpus,
+        "submitted_at": job.submitted_at, "started_at": job.started_at,
+        "finished_at": job.finished_at, "exit_code": job.exit_code, "reason": job.reason,
+        "last_checkpoint_step": job.last_checkpoint_step,
+        "allocated_gpu_seconds": job.allocated_gpu_seconds,
+        "lost_gpu_seconds": job.lost_gpu_seconds,
+    }

@@ -1,0 +1,263 @@
+"""Job specifications: one job, or a pipeline of jobs with dependencies, in YAML.
+
+A submission is either one job (a mapping with `name`, `command`, ...) or a pipeline:
+
+    project: vision
+    jobs:
+      - {name: prepare, command: python prep.py, gpus: 0}
+      - {name: train, command: [python, train.py], gpus: 1, after: [prepare]}
+
+In a pipeline, top-level keys other than `jobs` are defaults for every job (a job's own
+value wins). `load_submission` returns the jobs in submission order or raises ConfigError
+naming every problem found: unknown keys, bad values, duplicate names, unknown `after`
+names and dependency cycles, each with its line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpu_audit.errors import ConfigError
+from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, validation_problems
+
+URGENCY_LEVELS: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+URGENCY_NAMES: dict[int, str] = {v: k for k, v in URGENCY_LEVELS.items()}
+MAX_URGENCY = 10
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_bytes(value: object) -> int:
+    """A size as bytes: an integer, or a string such as "20GiB", "512 MiB", "1.5GB"."""
+    if isinstance(value, bool):
+        raise ValueError("a size must be a number of bytes or a string such as 20GiB")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match and match.group(2).lower() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    raise ValueError(f"{value!r} is not a size (use bytes or e.g. 20GiB, 512MiB, 1.5GB)")
+
+
+def urgency_value(value: object) -> int:
+    """An urgency as an integer: low=0, normal=1, high=2, urgent=3, or 0..MAX_URGENCY."""
+    if isinstance(value, str) and value.strip().lower() in URGENCY_LEVELS:
+        return URGENCY_LEVELS[value.strip().lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_URGENCY:
+        return value
+    raise ValueError(f"urgency must be one of {', '.join(URGENCY_LEVELS)} or an integer "
+                     f"0..{MAX_URGENCY}, not {value!r}")
+
+
+def urgency_name(value: int) -> str:
+    return URGENCY_NAMES.get(value, str(value))
+
+
+class JobSpec(BaseModel):
+    """One job as submitted. `gpus` whole GPUs, or a `gpu_fraction` of one GPU (then
+    `gpus` must be 1 or absent); `gpu_memory_bytes` is the memory it needs on each GPU
+    (default: the whole GPU for whole-GPU jobs, the fraction of it for fractional ones)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    command: list[str] | str
+    cwd: str | None = None
+    gpus: int = Field(default=1, ge=0, le=64)
+    gpu_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
+    gpu_memory_bytes: int | None = Field(default=None, gt=0)
+    urgency: int = 1
+    user: str | None = None
+    project: str = "default"
+    department: str | None = None
+    checkpoint_dir: str | None = None
+    max_runtime_seconds: float | None = Field(default=None, gt=0)
+    max_retries: int = Field(default=0, ge=0, le=100)
+    after: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    preempt_signal: str = "SIGUSR1"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("a job name is 1-64 letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str):
+            try:
+                words = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the command line: {exc}") from None
+            if not words:
+                raise ValueError("the command is empty")
+        elif not v or not v[0]:
+            raise ValueError("the command is empty")
+        return v
+
+    @field_validator("gpu_memory_bytes", mode="before")
+    @classmethod
+    def _memory(cls, v: object) -> object:
+        return None if v is None else parse_bytes(v)
+
+    @field_validator("urgency", mode="before")
+    @classmethod
+    def _urgency(cls, v: object) -> int:
+        return urgency_value(v)
+
+    @field_validator("preempt_signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        name = v.upper() if v.upper().startswith("SIG") else "SIG" + v.upper()
+        if name in ("SIGKILL", "SIGSTOP") or not hasattr(signal.Signals, name):
+            raise ValueError(f"{v!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
+        return name
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {', '.join(sorted(bad))}")
+        return v
+
+    @model_validator(mode="after")
+    def _fraction(self) -> JobSpec:
+        if self.gpu_fraction is not None and self.gpus != 1:
+            raise ValueError("gpu_fraction is a share of ONE GPU: leave gpus at 1")
+        if self.name in self.after:
+            raise ValueError(f"job {self.name!r} cannot run after itself")
+        return self
+
+    @property
+    def argv(self) -> list[str]:
+        """The command as an argument vector (a string is split like a shell would)."""
+        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+
+    @property
+    def gpu_share(self) -> float:
+        """GPUs this job occupies: its fraction, or its whole-GPU count."""
+        return self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+
+    @property
+    def exclusive(self) -> bool:
+        """True for whole-GPU jobs (they own their GPUs), False for fractional ones."""
+        return self.gpu_fraction is None
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.preempt_signal])
+
+
+def _source_and_text(text_or_path: str | Path, source: str | None) -> tuple[str, str]:
+    if isinstance(text_or_path, Path):
+        return source or str(text_or_path), read_text(text_or_path)
+    if "\n" not in text_or_path and text_or_path.strip() and os.path.isfile(text_or_path):
+        return source or text_or_path, read_text(Path(text_or_path))
+    return source or "<submission>", text_or_path
+
+
+def load_submission(text_or_path: str | Path, source: str | None = None) -> list[JobSpec]:
+    """Parse and validate a submission (one job or a `jobs:` pipeline); ConfigError lists
+    every problem. A Path (or a string naming an existing file) is read; other strings are
+    the YAML text itself."""
+    source, text = _source_and_text(text_or_path, source)
+    doc = parse_yaml(text, source)  # refuses alias bombs, cycles, duplicate keys, tags
+    problems: list[tuple[Loc, str]] = [(loc, msg) for loc, _, msg in doc.problems]
+    data = doc.data
+    raw_jobs: list[tuple[Loc, Any]] = []
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["a submission is a mapping: one job, or `jobs:` with a list"])
+    if "jobs" in data:
+        defaults = {k: v for k, v in data.items() if k != "jobs"}
+        jobs = data["jobs"]
+        if not isinstance(jobs, list) or not jobs:
+            problems.append((("jobs",), "must be a non-empty list of jobs"))
+            jobs = []
+        for i, job in enumerate(jobs):
+            if not isinstance(job, dict):
+                problems.append((("jobs", i), "each job is a mapping (name, command, ...)"))
+                continue
+            raw_jobs.append((("jobs", i), {**defaults, **job}))
+    else:
+        raw_jobs.append(((), data))
+
+    specs: list[tuple[Loc, JobSpec]] = []
+    names: dict[str, Loc] = {}
+    for loc, raw in raw_jobs:
+        name = raw.get("name")
+        if isinstance(name, str):
+            if name in names:
+                problems.append(((*loc, "name"), f"job name {name!r} is used twice in this "
+                                 f"submission (first at {dotted(names[name])})"))
+            else:
+                names[name] = loc
+        try:
+            specs.append((loc, JobSpec.model_validate(raw)))
+        except ValidationError as exc:
+            for sub, msg in validation_problems(exc, raw):
+                problems.append(((*loc, *sub), msg))
+        after = raw.get("after", [])
+        if isinstance(after, list):
+            for j, dep in enumerate(after):
+                if isinstance(dep, str) and dep not in {
+                        r.get("name") for _, r in raw_jobs if isinstance(r.get("name"), str)}:
+                    problems.append(((*loc, "after", j), f"no job named {dep!r} in this "
+                                     "submission"))
+    problems.extend(_cycles({s.name: (loc, s.after) for loc, s in specs}))
+    if problems:
+        def render(loc: Loc, msg: str) -> str:
+            line = line_for(loc, doc.marks)
+            return f"{'line ' + str(line) + ': ' if line else ''}{dotted(loc)}: {msg}"
+        raise ConfigError(source, [render(loc, msg) for loc, msg in problems])
+    return [s for _, s in specs]
+
+
+def _cycles(graph: Mapping[str, tuple[Loc, list[str]]]) -> list[tuple[Loc, str]]:
+    """One problem per dependency cycle (found by depth-first search, each reported once)."""
+    out: list[tuple[Loc, str]] = []
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    for start in graph:
+        if state.get(start):
+            continue
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = [start]
+        state[start] = 1
+        while stack:
+            node, i = stack[-1]
+            deps = [d for d in graph[node][1] if d in graph]
+            if i < len(deps):
+                stack[-1] = (node, i + 1)
+                dep = deps[i]
+                if state.get(dep) == 1:
+                    cycle = [*path[path.index(dep):], dep]
+                    out.append(((*graph[dep][0], "after"),
+                                "dependency cycle: " + " -> ".join(cycle)))
+                elif not state.get(dep):
+                    state[dep] = 1
+                    path.append(dep)
+                    stack.append((dep, 0))
+            else:
+                state[node] = 2
+                path.pop()
+                stack.pop()
+    return out

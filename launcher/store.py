@@ -1,0 +1,404 @@
+"""The launcher's durable state in SQLite: jobs, their events, scheduling decisions and
+the fair-share ledger.
+
+WAL journal, synchronous=FULL, and every change that belongs together in one
+transaction (`with store.transaction():`), so a daemon killed at any point reopens with
+each submission either wholly present or absent and no job twice. `Store(":memory:")`
+serves replay.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from launcher.spec import JobSpec
+
+JobState = Literal["queued", "held", "running", "preempting", "requeued", "succeeded",
+                   "failed", "cancelled", "timed_out"]
+WAITING: frozenset[str] = frozenset({"queued", "requeued"})
+ACTIVE: frozenset[str] = frozenset({"running", "preempting"})
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    submission INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    after_ids TEXT NOT NULL DEFAULT '[]',
+    gpus TEXT NOT NULL DEFAULT '[]',
+    memory_bytes INTEGER,
+    submitted_at REAL NOT NULL,
+    queued_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    backoff_until REAL NOT NULL DEFAULT 0,
+    last_checkpoint_time REAL,
+    last_checkpoint_step INTEGER,
+    measured_gpu_seconds REAL NOT NULL DEFAULT 0,
+    allocated_gpu_seconds REAL NOT NULL DEFAULT 0,
+    lost_gpu_seconds REAL NOT NULL DEFAULT 0,
+    preempt_signal_at REAL,
+    preempt_reason TEXT,
+    preempt_for INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    exit_code INTEGER,
+    reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS decisions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    job_id INTEGER NOT NULL,
+    action TEXT NOT NULL,
+    breakdown TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS barriers (
+    uuid TEXT NOT NULL,
+    job_id INTEGER NOT NULL,
+    since REAL NOT NULL,
+    leak_reported INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (uuid, job_id)
+);
+CREATE TABLE IF NOT EXISTS fairshare (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value REAL NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+"""
+
+# columns a caller may set through update(); anything else is a programming error
+_MUTABLE = frozenset({
+    "state", "attempt", "failures", "gpus", "memory_bytes", "queued_at", "started_at",
+    "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
+    "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds", "preempt_signal_at",
+    "preempt_reason", "preempt_for", "cancel_requested", "exit_code", "reason"})
+
+
+@dataclass
+class JobRecord:
+    """One job as stored. `gpus` are the uuids of its current (or last) placement."""
+
+    id: int
+    submission: int
+    spec: JobSpec
+    uid: int
+    user: str
+    state: str
+    attempt: int = 0
+    failures: int = 0
+    after_ids: list[int] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    memory_bytes: int | None = None
+    submitted_at: float = 0.0
+    queued_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    backoff_until: float = 0.0
+    last_checkpoint_time: float | None = None
+    last_checkpoint_step: int | None = None
+    measured_gpu_seconds: float = 0.0
+    allocated_gpu_seconds: float = 0.0
+    lost_gpu_seconds: float = 0.0
+    preempt_signal_at: float | None = None
+    preempt_reason: str | None = None
+    preempt_for: int | None = None
+    cancel_requested: bool = False
+    exit_code: int | None = None
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def project(self) -> str:
+        return self.spec.project
+
+    def uncheckpointed_gpu_seconds(self, now: float) -> float:
+        """GPU-seconds of work since the newest committed checkpoint of this attempt (or
+        since the start): what a preemption now would lose."""
+        if self.started_at is None or self.state not in ACTIVE:
+            return 0.0
+        since = self.started_at
+        if self.last_checkpoint_time is not None and self.last_checkpoint_time > since:
+            since = self.last_checkpoint_time
+        return max(0.0, now - since) * self.spec.gpu_share
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to a job (job_id None: to the node, e.g. a GPU leak)."""
+
+    time: float
+    job_id: int | None
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# every column but the spec, which is immutable and parsed once per job (Store._specs)
+_COLUMNS = ("id", "submission", "uid", "user", "state", "attempt", "failures",
+            "after_ids", "gpus", "memory_bytes", "submitted_at", "queued_at", "started_at",
+            "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
+            "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds",
+            "preempt_signal_at", "preempt_reason", "preempt_for", "cancel_requested",
+            "exit_code", "reason")
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"  # noqa: S608 - constant column names
+
+
+def _record(row: Sequence[Any], specs: dict[int, JobSpec]) -> JobRecord:
+    d = dict(zip(_COLUMNS, row, strict=True))
+    d["spec"] = specs[d["id"]]
+    d["after_ids"] = [] if d["after_ids"] == "[]" else json.loads(d["after_ids"])
+    d["gpus"] = [] if d["gpus"] == "[]" else json.loads(d["gpus"])
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return JobRecord(**d)
+
+
+class Store:
+    """SQLite state. One connection, serialised by a lock (the daemon's threads share it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._specs: dict[int, JobSpec] = {}
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=30.0)
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        with self.transaction():
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path}: launcher state schema {row[0]}, this version "
+                                   f"reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All changes inside commit together or not at all; nests (inner is a no-op)."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._db.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._db.execute("COMMIT")
+
+    # ----------------------------------------------------------------------------- jobs
+
+    def add_jobs(self, specs: Sequence[JobSpec], uid: int, user: str, now: float,
+                 state: str = "queued") -> list[int]:
+        """Store one submission atomically; `after` names resolve to the new jobs' ids."""
+        with self.transaction():
+            row = self._db.execute("SELECT COALESCE(MAX(submission), 0) + 1 FROM jobs").fetchone()
+            submission = int(row[0])
+            ids: dict[str, int] = {}
+            for spec in specs:
+                cur = self._db.execute(
+                    "INSERT INTO jobs (submission, name, spec, uid, user, state, after_ids, "
+                    "submitted_at, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (submission, spec.name, spec.model_dump_json(), uid, user, state,
+                     "[]", now, now))
+                assert cur.lastrowid is not None
+                ids[spec.name] = cur.lastrowid
+            for spec in specs:
+                if spec.after:
+                    self._db.execute("UPDATE jobs SET after_ids=? WHERE id=?",
+                                     (json.dumps([ids[n] for n in spec.after]), ids[spec.name]))
+            return [ids[s.name] for s in specs]
+
+    def get(self, job_id: int) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute(_SELECT + " WHERE id=?", (job_id,)).fetchone()
+        return self._records([row])[0] if row else None
+
+    def _records(self, rows: Sequence[Sequence[Any]]) -> list[JobRecord]:
+        missing = [r[0] for r in rows if r[0] not in self._specs]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            with self._lock:
+                found = self._db.execute(
+                    f"SELECT id, spec FROM jobs WHERE id IN ({marks})", chunk  # noqa: S608
+                ).fetchall()
+            for job_id, text in found:  # specs never change once stored: parse each once
+                self._specs[job_id] = JobSpec.model_validate_json(text)
+        return [_record(r, self._specs) for r in rows]
+
+    def jobs(self, states: Iterable[str] | None = None,
+             with_dependencies: bool = False) -> list[JobRecord]:
+        """Jobs in id order, optionally only those in `states` (and only those with
+        dependencies)."""
+        where, args = [], []
+        if states is not None:
+            wanted = sorted(set(states))
+            where.append(f"state IN ({','.join('?' * len(wanted))})")
+            args.extend(wanted)
+        if with_dependencies:
+            where.append("after_ids != '[]'")
+        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return self._records(rows)
+
+    def states(self, ids: Iterable[int]) -> dict[int, str]:
+        wanted = list(set(ids))
+        if not wanted:
+            return {}
+        with self._lock:
+            marks = ",".join("?" * len(wanted))
+            rows = self._db.execute(f"SELECT id, state FROM jobs WHERE id IN ({marks})",  # noqa: S608
+                                    wanted).fetchall()
+        return {int(i): str(s) for i, s in rows}
+
+    def update(self, job_id: int, **values: Any) -> None:
+        """Set columns of one job (names as in JobRecord)."""
+        bad = set(values) - _MUTABLE
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        cols, args = [], []
+        for k, v in values.items():
+            cols.append(f"{k}=?")
+            args.append(json.dumps(v) if k == "gpus" else int(v) if isinstance(v, bool) else v)
+        with self.transaction():
+            # column names checked against _MUTABLE above; values are parameters
+            self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE id=?",  # noqa: S608
+                             (*args, job_id))
+
+    # ----------------------------------------------------------------- events, decisions
+
+    def add_event(self, event: Event) -> None:
+        with self.transaction():
+            self._db.execute("INSERT INTO events (job_id, time, kind, data) VALUES (?, ?, ?, ?)",
+                             (event.job_id, event.time, event.kind,
+                              json.dumps(event.data, sort_keys=True)))
+
+    def events(self, job_id: int | None = None, kind: str | None = None) -> list[Event]:
+        sql = "SELECT time, job_id, kind, data FROM events"
+        args: list[object] = []
+        where = []
+        if job_id is not None:
+            where.append("job_id=?")
+            args.append(job_id)
+        if kind is not None:
+            where.append("kind=?")
+            args.append(kind)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+        return [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
+
+    def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
+        """Events stored after sequence number `seq` (0: from the start), with their
+        sequence numbers, oldest first: a follower (audit, telemetry) keeps the last seq
+        it handled instead of re-reading every event each tick."""
+        with self._lock:
+            rows = self._db.execute("SELECT seq, time, job_id, kind, data FROM events "
+                                    "WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (seq, limit)).fetchall()
+        return [(int(q), Event(t, j, k, json.loads(d))) for q, t, j, k, d in rows]
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        return int(row[0])
+
+    def state_counts(self) -> dict[str, int]:
+        """Number of jobs in each state."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
+    def add_decision(self, now: float, job_id: int, action: str,
+                     breakdown: dict[str, Any]) -> None:
+        with self.transaction():
+            self._db.execute("INSERT INTO decisions (time, job_id, action, breakdown) "
+                             "VALUES (?, ?, ?, ?)",
+                             (now, job_id, action, json.dumps(breakdown, sort_keys=True)))
+
+    def decisions(self, job_id: int | None = None) -> list[tuple[float, int, str, dict[str, Any]]]:
+        sql = "SELECT time, job_id, action, breakdown FROM decisions"
+        args: tuple[int, ...] = ()
+        if job_id is not None:
+            sql, args = sql + " WHERE job_id=?", (job_id,)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+        return [(t, j, a, json.loads(b)) for t, j, a, b in rows]
+
+    # ------------------------------------------------------------------------ fair share
+
+    def save_fairshare(self, rows: Iterable[tuple[str, str, float, float]]) -> None:
+        """(kind, name, decayed value, as of time) rows of the fair-share ledger."""
+        with self.transaction():
+            self._db.executemany("INSERT INTO fairshare VALUES (?, ?, ?, ?) ON CONFLICT(kind, "
+                                 "name) DO UPDATE SET value=excluded.value, at=excluded.at",
+                                 list(rows))
+
+    def load_fairshare(self) -> list[tuple[str, str, float, float]]:
+        with self._lock:
+            rows = self._db.execute("SELECT kind, name, value, at FROM fairshare").fetchall()
+        return [(str(k), str(n), float(v), float(a)) for k, n, v, a in rows]
+
+    # ------------------------------------------------------------------ release barrier
+
+    def set_barrier(self, uuid: str, job_id: int, since: float, leak_reported: bool) -> None:
+        """A GPU `job_id` left, not yet confirmed free of its processes."""
+        with self.transaction():
+            self._db.execute("INSERT INTO barriers VALUES (?, ?, ?, ?) ON CONFLICT(uuid, job_id)"
+                             " DO UPDATE SET leak_reported=excluded.leak_reported",
+                             (uuid, job_id, since, int(leak_reported)))
+
+    def clear_barrier(self, uuid: str, job_id: int) -> None:
+        with self.transaction():
+            self._db.execute("DELETE FROM barriers WHERE uuid=? AND job_id=?", (uuid, job_id))
+
+    def barriers(self) -> list[tuple[str, int, float, bool]]:
+        with self._lock:
+            rows = self._db.execute("SELECT uuid, job_id, since, leak_reported FROM barriers "
+                                    "ORDER BY since").fetchall()
+        return [(str(u), int(j), float(t), bool(r)) for u, j, t, r in rows]

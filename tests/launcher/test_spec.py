@@ -1,0 +1,133 @@
+"""Job specs: one job or a pipeline; every problem listed with its line; hostile YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_audit.errors import ConfigError
+from launcher.spec import JobSpec, load_submission, parse_bytes
+
+
+def test_one_job_with_sizes_urgency_and_defaults() -> None:
+    (job,) = load_submission("""
+name: train
+command: python train.py --lr 3e-4
+gpu_memory_bytes: 20GiB
+urgency: high
+preempt_signal: usr2
+""")
+    assert job.argv == ["python", "train.py", "--lr", "3e-4"]
+    assert job.gpu_memory_bytes == 20 * 2**30 and job.urgency == 2
+    assert job.gpus == 1 and job.exclusive and job.project == "default"
+    assert job.preempt_signal == "SIGUSR2" and job.max_retries == 0
+
+
+def test_pipeline_takes_top_level_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "pipe.yaml"
+    path.write_text("""
+user: alice
+project: vision
+urgency: low
+jobs:
+  - {name: prepare, command: [python, prep.py], gpus: 0}
+  - {name: train, command: python train.py, after: [prepare], urgency: urgent}
+  - {name: evaluate, command: python eval.py, gpu_fraction: 0.25, after: [train]}
+""")
+    jobs = load_submission(path)
+    assert [j.name for j in jobs] == ["prepare", "train", "evaluate"]
+    assert {j.project for j in jobs} == {"vision"} and jobs[0].urgency == 0
+    assert jobs[1].urgency == 3 and jobs[2].gpu_share == 0.25 and not jobs[2].exclusive
+    assert load_submission(str(path)) == jobs  # a string naming a file is read too
+
+
+def test_every_problem_is_listed_with_its_line() -> None:
+    text = """jobs:
+  - name: prepare
+    command: python prep.py
+    gpus: -1
+    colour: blue
+  - name: train
+    command: ""
+    urgency: whenever
+    gpu_memory_bytes: lots
+    after: [prepare, nosuch]
+  - name: eval
+    command: x
+    gpu_fraction: 1.5
+    after: [report]
+  - name: report
+    command: x
+    after: [eval]
+    preempt_signal: SIGKILL
+  - name: train
+    command: y
+"""
+    with pytest.raises(ConfigError) as info:
+        load_submission(text, source="pipe.yaml")
+    problems = "\n".join(info.value.problems)
+    for expected in (
+        "line 4: jobs.0.gpus: Input should be greater than or equal to 0",
+        "line 5: jobs.0.colour: unknown key",
+        "line 7: jobs.1.command: the command is empty",
+        "line 8: jobs.1.urgency: urgency must be one of low, normal, high, urgent",
+        "line 9: jobs.1.gpu_memory_bytes: 'lots' is not a size",
+        "line 10: jobs.1.after.1: no job named 'nosuch' in this submission",
+        "line 13: jobs.2.gpu_fraction: Input should be less than 1",
+        "line 18: jobs.3.preempt_signal: 'SIGKILL' is not a signal a job can catch",
+        "line 19: jobs.4.name: job name 'train' is used twice in this submission (first at jobs.1)",
+    ):
+        assert expected in problems, expected
+    assert info.value.render().startswith("pipe.yaml: ")
+
+
+def test_dependency_cycles_are_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_submission("""jobs:
+  - {name: a, command: x, after: [c]}
+  - {name: b, command: x, after: [a]}
+  - {name: c, command: x, after: [b]}
+  - {name: d, command: x}
+""")
+    (problem,) = info.value.problems
+    assert "dependency cycle: " in problem
+    assert set(problem.split(": ")[-1].split(" -> ")) == {"a", "b", "c"}
+
+
+def test_fraction_needs_one_gpu_and_self_dependency() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_submission("{name: a, command: x, gpus: 2, gpu_fraction: 0.5, after: [a]}")
+    text = "\n".join(info.value.problems)
+    assert "gpu_fraction is a share of ONE GPU" in text
+
+
+# each level ten aliases of the one before: 10^6 values from a few hundred bytes
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcde", "bcdef", strict=True))
+
+
+@pytest.mark.parametrize("text", [
+    "!!python/object/apply:os.system ['true']",
+    "name: !!python/name:os.system x\ncommand: x",
+    ALIAS_BOMB,
+    "name: a\nname: b\ncommand: x",
+    "- just a list",
+])
+def test_hostile_or_malformed_yaml_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        load_submission(text)
+
+
+def test_sizes() -> None:
+    assert parse_bytes("512 MiB") == 512 * 2**20
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes(1024) == 1024
+    for bad in ("20 parsecs", True, "-1GiB"):
+        with pytest.raises(ValueError, match="size"):
+            parse_bytes(bad)
+
+
+def test_spec_round_trips_through_json() -> None:
+    (job,) = load_submission("{name: a, command: [x, y], env: {A: '1'}, gpu_memory_bytes: 1GiB}")
+    assert JobSpec.model_validate_json(job.model_dump_json()) == job

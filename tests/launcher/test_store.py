@@ -1,0 +1,114 @@
+"""The SQLite store: round trips, atomic submissions, and a writer killed mid-write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.spec import load_submission
+from launcher.store import Event, Store
+
+PIPE = load_submission("""jobs:
+  - {name: a, command: x}
+  - {name: b, command: x, after: [a]}
+  - {name: c, command: x, after: [a, b]}
+""")
+
+
+def test_round_trip_and_dependency_ids(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    ids = store.add_jobs(PIPE, uid=1000, user="alice", now=10.0)
+    store.update(ids[0], state="running", gpus=["GPU-1"], cancel_requested=True)
+    store.add_event(Event(11.0, ids[0], "started", {"gpus": ["GPU-1"]}))
+    store.add_decision(11.0, ids[0], "start", {"total": 1000.0})
+    store.save_fairshare([("user", "alice", 5.0, 11.0)])
+    store.close()
+    again = Store(tmp_path / "s.db")
+    a, b, c = (again.get(i) for i in ids)
+    assert a is not None and b is not None and c is not None
+    assert a.state == "running" and a.gpus == ["GPU-1"] and a.cancel_requested
+    assert b.after_ids == [ids[0]] and c.after_ids == [ids[0], ids[1]]
+    assert again.events(ids[0]) == [Event(11.0, ids[0], "started", {"gpus": ["GPU-1"]})]
+    assert again.decisions(ids[0]) == [(11.0, ids[0], "start", {"total": 1000.0})]
+    assert again.load_fairshare() == [("user", "alice", 5.0, 11.0)]
+    assert [j.id for j in again.jobs(("queued",))] == ids[1:]
+
+
+def test_a_failed_transaction_leaves_nothing() -> None:
+    store = Store(":memory:")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add_jobs(PIPE, uid=1, user="u", now=1.0)
+        raise RuntimeError("crash in the middle")
+    assert store.jobs() == []
+    with pytest.raises(ValueError, match="not updatable"):
+        store.update(1, spec="{}")
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from launcher.spec import load_submission
+    from launcher.store import Event, Store
+    specs = load_submission(sys.argv[2])
+    store = Store(sys.argv[1])
+    n = 0
+    while True:
+        with store.transaction():
+            ids = store.add_jobs(specs, uid=1, user="u", now=float(n))
+            for i in ids:
+                store.add_event(Event(float(n), i, "queued", {}))
+            store.update(ids[0], state="running", attempt=1)
+        n += 1
+        print(n, flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_writer_killed_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    text = "jobs:\n" + "".join(f"  - {{name: j{k}, command: x}}\n" for k in range(20))
+    for round_ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db), text],
+                                stdout=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parents[2])
+        assert proc.stdout is not None
+        acknowledged = 0
+        deadline = time.monotonic() + 30
+        while acknowledged < 15 + 10 * round_ and time.monotonic() < deadline:
+            acknowledged = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL)  # mid-loop: likely inside a transaction
+        proc.wait(timeout=10)
+        store = Store(db)
+        jobs = store.jobs()
+        by_submission: dict[int, list[int]] = {}
+        for j in jobs:
+            by_submission.setdefault(j.submission, []).append(j.id)
+        assert all(len(v) == 20 for v in by_submission.values())  # whole or absent
+        assert len({j.id for j in jobs}) == len(jobs)
+        assert sorted(by_submission) == list(range(1, len(by_submission) + 1))
+        events = store.events(kind="queued")
+        assert sorted(e.job_id for e in events) == sorted(j.id for j in jobs)  # type: ignore[misc]
+        assert all(store.get(v[0]).state == "running"  # type: ignore[union-attr]
+                   for v in by_submission.values())
+        store.close()
+    assert len(by_submission) >= acknowledged
+
+
+def test_events_after_a_sequence_number_and_state_counts() -> None:
+    store = Store(":memory:")
+    ids = store.add_jobs(PIPE, uid=1, user="u", now=1.0)
+    for k in range(5):
+        store.add_event(Event(float(k), ids[0], f"e{k}", {"k": k}))
+    first = store.events_after(0, limit=2)
+    assert [e.kind for _, e in first] == ["e0", "e1"]
+    rest = store.events_after(first[-1][0])
+    assert [e.kind for _, e in rest] == ["e2", "e3", "e4"]
+    assert store.last_event_seq() == rest[-1][0] and store.events_after(rest[-1][0]) == []
+    store.update(ids[0], state="running")
+    assert store.state_counts() == {"queued": 2, "running": 1}
