@@ -272,3 +272,20 @@ def test_cli_month_hands_the_bill_to_write_outputs(prom: Backfilled, tmp_path: P
     text = capsys.readouterr().out
     assert "5 owner rows" in text and "simulated left out: 8" in text
     assert f"wrote {out / 'bill.csv'}" in text
+
+
+def test_progress_bar_on_a_terminal_only(prom: Backfilled, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from chargeback.sources import prometheus as source
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert source._Progress(True, 3).enabled
+    assert not source._Progress(False, 3).enabled
+    start = datetime(2026, 11, 3, tzinfo=UTC)
+    req = _request(prom.url, tmp_path, start=start, end=datetime(2026, 11, 5, tzinfo=UTC))
+    with_bar = read_prometheus(req, progress=True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert not source._Progress(True, 3).enabled
+    assert read_prometheus(req).usage == with_bar.usage
