@@ -183,8 +183,9 @@ class Bill:
 class Request:
     """One chargeback run, as the CLI took it: what the manifest records and replays.
 
-    Paths are as given (the manifest also records each file's sha256, and replay
-    refuses a rates or directory file whose hash changed).
+    Paths are as given. The manifest records each file's sha256 and embeds the rates
+    and directory files' content; replay bills from those stored copies and reports a
+    rates or directory file that changed or is gone since (it does not refuse).
     """
 
     start: datetime  # inclusive, UTC
