@@ -23,12 +23,15 @@ from chargeback.model import (
     Owner,
     Reconciliation,
     Row,
+    RowDifference,
+    SourceComparison,
     SourceData,
     Usage,
 )
 from chargeback.rates import Rates
 
 IDLE_POLICIES = ("none", "proportional", "even")
+MAX_ROWS = 10  # rows listed per compared source
 _H = 3600.0
 _KWH = 3.6e6
 
@@ -151,3 +154,32 @@ def _share_idle(rows: list[Row], idle_row: Row, policy: str) -> str:
         r.idle_share_cost = cost * w / total
     idle_row.idle_share_cost = -cost
     return note
+
+
+def _key(r: Row) -> str:
+    return f"{r.kind}/{r.department}/{r.project}/{r.user}"
+
+
+def compare_bills(bill: Bill, other: Bill) -> SourceComparison:
+    """How `other` (another source's bill of the same period, same rates, directory and
+    policy) differs from `bill`: its reconciliation figures and the `MAX_ROWS` rows that
+    differ most (absolute total-cost difference, then charged GPU-hours, then key)."""
+    mine = {_key(r): r for r in bill.rows}
+    theirs = {_key(r): r for r in other.rows}
+    zero = Row("", "", "", "")
+    diffs = []
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key, zero), theirs.get(key, zero)
+        diffs.append(RowDifference(
+            key=key, charged_gpu_hours=a.charged_gpu_hours,
+            other_charged_gpu_hours=b.charged_gpu_hours, energy_kwh=a.energy_kwh,
+            other_energy_kwh=b.energy_kwh, total_cost=a.total_cost,
+            other_total_cost=b.total_cost))
+    diffs.sort(key=lambda d: (-abs(d.other_total_cost - d.total_cost),
+                              -abs(d.other_charged_gpu_hours - d.charged_gpu_hours), d.key))
+    r = other.reconciliation
+    return SourceComparison(
+        fleet_gpu_hours=r.fleet_gpu_hours, owners_gpu_hours=r.owners_gpu_hours,
+        unattributed_gpu_hours=r.unattributed_gpu_hours, idle_gpu_hours=r.idle_gpu_hours,
+        fleet_energy_kwh=r.fleet_energy_kwh, rows_energy_kwh=r.rows_energy_kwh,
+        largest_differences=diffs[:MAX_ROWS])

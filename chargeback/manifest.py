@@ -51,7 +51,11 @@ def _request_json(req: Request) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(req):
         value = getattr(req, f.name)
-        out[f.name] = rfc3339(value) if f.name in _TIME_FIELDS else value
+        if f.name in _TIME_FIELDS:
+            value = rfc3339(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
     return out
 
 
@@ -76,6 +80,20 @@ def _file_entry(path: str | None, what: str, *, embed: bool) -> dict[str, Any] |
     return entry
 
 
+def _source_json(data: SourceData) -> dict[str, Any]:
+    return {
+        "name": data.source,
+        "period": {"start": rfc3339(data.start), "end": rfc3339(data.end)},
+        "queries": list(data.queries),
+        "inputs": dict(sorted(data.inputs.items())),
+        "verified": data.verified,
+        "verification_problems": list(data.verification_problems),
+        "simulated_excluded": data.simulated_excluded,
+        "simulated_included": data.simulated_included,
+        "notes": list(data.notes),
+    }
+
+
 def build_manifest(req: Request, data: SourceData, outputs: dict[str, str]) -> dict[str, Any]:
     files: dict[str, Any] = {}
     for name in EMBEDDED_FILES:
@@ -87,17 +105,10 @@ def build_manifest(req: Request, data: SourceData, outputs: dict[str, str]) -> d
         "software": software_version(),
         "request": _request_json(req),
         "files": files,
-        "source": {
-            "name": data.source,
-            "period": {"start": rfc3339(data.start), "end": rfc3339(data.end)},
-            "queries": list(data.queries),
-            "inputs": dict(sorted(data.inputs.items())),
-            "verified": data.verified,
-            "verification_problems": list(data.verification_problems),
-            "simulated_excluded": data.simulated_excluded,
-            "simulated_included": data.simulated_included,
-            "notes": list(data.notes),
-        },
+        "source": _source_json(data),
+        # --compare-with: each other source's queries and inputs, as for the source
+        "compared_sources": {name: _source_json(d)
+                             for name, d in sorted(data.compared.items())},
         "outputs": dict(sorted(outputs.items())),
     }
 
@@ -136,7 +147,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
     request = doc["request"]
     problems += [f"request.{key}: unknown option" for key in sorted(set(request) - names)]
     problems += [f"request.{key}: missing" for key in sorted(names - set(request))
-                 if key not in ("include_simulated", "allow_unverified")]
+                 if key not in ("include_simulated", "allow_unverified", "compare_with")]
     for key in _TIME_FIELDS:
         if isinstance(request.get(key), str):
             try:
@@ -175,6 +186,7 @@ def _replay_request(doc: dict[str, Any], workdir: Path, out: Path,
     request = dict(doc["request"])
     for key in _TIME_FIELDS:
         request[key] = parse_rfc3339(request[key])
+    request["compare_with"] = tuple(request.get("compare_with", ()))
     for name in EMBEDDED_FILES:
         entry = doc["files"].get(name)
         if entry is None:
@@ -245,6 +257,11 @@ def compare_sources(doc: dict[str, Any], data: SourceData) -> list[str]:
         if was != now:
             lines.append(f"input {key}: {now!r} now, {was!r} in the manifest")
     lines += _diff_lines("queries", list(source.get("queries", [])), list(data.queries))
+    compared = doc.get("compared_sources", {})
+    for name, other in sorted(data.compared.items()):
+        was = compared.get(name, {})
+        lines += _diff_lines(f"--compare-with {name} queries", list(was.get("queries", [])),
+                             list(other.queries))
     return lines
 
 

@@ -114,6 +114,9 @@ class SourceData:
     verified: bool | None = None
     verification_problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # --compare-with: what each other source read for the same period (source -> data);
+    # the manifest records their queries and inputs beside this source's
+    compared: dict[str, SourceData] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -158,6 +161,37 @@ class Reconciliation:
     energy_difference_kwh: float  # counter - power (fleet)
     # other sources' figures for the same period when compared: source -> fleet GPU-hours
     other_sources: dict[str, float] = field(default_factory=dict)
+    # --compare-with: source -> how that source's bill of the same period differs
+    comparisons: dict[str, SourceComparison] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RowDifference:
+    """One row of the bill against the same row of another source's bill (a row only
+    one of them has counts as 0 in the other). `key`: "kind/department/project/user"."""
+
+    key: str
+    charged_gpu_hours: float  # this bill's
+    other_charged_gpu_hours: float
+    energy_kwh: float
+    other_energy_kwh: float
+    total_cost: float
+    other_total_cost: float
+
+
+@dataclass(slots=True)
+class SourceComparison:
+    """Another source's bill of the same period (same rates, directory, policy): its
+    reconciliation figures, and the rows that differ most from this bill's (by the
+    absolute difference in total cost, then charged GPU-hours; at most `MAX_ROWS`)."""
+
+    fleet_gpu_hours: float
+    owners_gpu_hours: float
+    unattributed_gpu_hours: float
+    idle_gpu_hours: float
+    fleet_energy_kwh: float
+    rows_energy_kwh: float
+    largest_differences: list[RowDifference] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -199,3 +233,6 @@ class Request:
     out: str  # output directory
     include_simulated: bool = False
     allow_unverified: bool = False
+    # --compare-with: other sources read for the same period, whose bills are compared
+    # with this one (reconciliation.comparisons); none of them may be `source`
+    compare_with: tuple[str, ...] = ()

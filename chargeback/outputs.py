@@ -23,7 +23,18 @@ from typing import Any
 import orjson
 
 from chargeback.manifest import render_manifest
-from chargeback.model import Bill, Fleet, Owner, Reconciliation, Request, Row, SourceData, Usage
+from chargeback.model import (
+    Bill,
+    Fleet,
+    Owner,
+    Reconciliation,
+    Request,
+    Row,
+    RowDifference,
+    SourceComparison,
+    SourceData,
+    Usage,
+)
 from chargeback.report import render_html
 from chargeback.values import (
     CSV_NAME,
@@ -157,9 +168,11 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         "rows": [_row_json(row) for row in bill.rows],
         "reconciliation": {
             **{f.name: rounded(getattr(rec, f.name)) for f in fields(rec)
-               if f.name != "other_sources"},
+               if f.name not in ("other_sources", "comparisons")},
             "other_sources": {name: rounded(value)
                               for name, value in sorted(rec.other_sources.items())},
+            "comparisons": {name: _comparison_json(c)
+                            for name, c in sorted(rec.comparisons.items())},
         },
         "days": days,
         "unmapped": sorted(bill.unmapped),
@@ -176,12 +189,26 @@ def render_json(bill: Bill) -> bytes:
                         option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
 
+def _comparison_json(c: SourceComparison) -> dict[str, Any]:
+    out: dict[str, Any] = {f.name: rounded(getattr(c, f.name)) for f in fields(c)
+                           if f.name != "largest_differences"}
+    out["largest_differences"] = [
+        {f.name: (getattr(d, f.name) if f.name == "key" else rounded(getattr(d, f.name)))
+         for f in fields(d)} for d in c.largest_differences]
+    return out
+
+
 def bill_from_json(obj: dict[str, Any]) -> Bill:
     """The inverse of `bill_to_json` (to the rounding it applied)."""
     if obj.get("format") != JSON_FORMAT:
         raise ValueError(f"not a {JSON_FORMAT} document: format={obj.get('format')!r}")
     rows = [Row(**row) for row in obj["rows"]]
-    rec = Reconciliation(**obj["reconciliation"])
+    recj = dict(obj["reconciliation"])
+    comparisons = {
+        name: SourceComparison(**{**c, "largest_differences": [
+            RowDifference(**d) for d in c["largest_differences"]]})
+        for name, c in recj.pop("comparisons", {}).items()}
+    rec = Reconciliation(**recj, comparisons=comparisons)
     days: dict[str, tuple[dict[Owner, Usage], Fleet]] = {}
     for day, value in obj["days"].items():
         owners: dict[Owner, Usage] = {}

@@ -290,25 +290,56 @@ def _reconciliation(bill: Bill) -> str:
     energy = _table([("Energy", False), ("kWh", True), ("Share of counter", True)],
                     ([_e(k), f"{v:,.3f}", _pct(v, rec.fleet_energy_kwh)]
                      for k, v in energy_rows))
-    others = ""
-    if rec.other_sources:
-        diffs = [(name, value, value - rec.fleet_gpu_hours)
-                 for name, value in sorted(rec.other_sources.items())]
-        others = ("<h2>Other sources for the same period</h2>" + _table(
-            [("Source", False), ("Fleet GPU-hours", True), ("Differs by", True),
-             ("Relative", True)],
-            [[_e(bill.source) + " (this bill)", f"{rec.fleet_gpu_hours:,.3f}", "", ""]]
-            + [[_e(name), f"{value:,.3f}", f"{d:+,.3f}",
-                f"{100 * d / rec.fleet_gpu_hours:+.2f} %" if rec.fleet_gpu_hours else "n/a"]
-               for name, value, d in diffs],
-            [False] + [abs(d) > RECONCILE_TOLERANCE * max(rec.fleet_gpu_hours, 1e-9)
-                       for _, _, d in diffs],
-        ))
+    others = _other_sources(bill)
     verdict = ("does not add up: see the flagged line" if off
                else "adds up (within 0.1 % of the fleet)")
     return ('<section id="reconciliation"><h2>Reconciliation</h2>'
             f'<p>Rows + unattributed + idle against the fleet: <b>{verdict}</b>.</p>'
             f'<div class="cols"><div>{hours}</div><div>{energy}</div></div>{others}</section>')
+
+
+def _other_sources(bill: Bill) -> str:
+    """Each other source's figures for the same period (--compare-with, or only its fleet
+    GPU-hours when that is all the bill has), the difference flagged beyond 0.1 %, and
+    the rows that differ most."""
+    rec = bill.reconciliation
+    if not rec.other_sources and not rec.comparisons:
+        return ""
+
+    def flag(d: float, base: float) -> bool:
+        return abs(d) > RECONCILE_TOLERANCE * max(abs(base), 1e-9)
+
+    def rel(d: float, base: float) -> str:
+        return f"{100 * d / base:+.2f} %" if base else "n/a"
+
+    out = ["<h2>Other sources for the same period</h2>"]
+    for name, value in sorted(rec.other_sources.items()):
+        c = rec.comparisons.get(name)
+        figures = [("Fleet GPU-hours", rec.fleet_gpu_hours, value)]
+        if c is not None:
+            figures += [("Charged to owners", rec.owners_gpu_hours, c.owners_gpu_hours),
+                        ("Unattributed", rec.unattributed_gpu_hours, c.unattributed_gpu_hours),
+                        ("Idle", rec.idle_gpu_hours, c.idle_gpu_hours),
+                        ("Energy, fleet (kWh)", rec.fleet_energy_kwh, c.fleet_energy_kwh),
+                        ("Energy in the rows (kWh)", rec.rows_energy_kwh, c.rows_energy_kwh)]
+        out.append(f"<h3>{_e(name)} against {_e(bill.source)} (this bill)</h3>" + _table(
+            [("Figure", False), (_e(bill.source), True), (_e(name), True),
+             ("Differs by", True), ("Relative", True)],
+            [[_e(k), f"{a:,.3f}", f"{b:,.3f}", f"{b - a:+,.3f}", rel(b - a, a)]
+             for k, a, b in figures],
+            [flag(b - a, a) for _, a, b in figures]))
+        if c is not None and c.largest_differences:
+            out.append(f"<p>Rows that differ most ({_e(name)} \u2212 {_e(bill.source)}):"
+                       "</p>" + _table(
+                [("Row", False), ("Charged GPU-h", True), ("Energy kWh", True),
+                 ("Total cost", True)],
+                [[_e(d.key.strip("/")), f"{d.other_charged_gpu_hours - d.charged_gpu_hours:+,.3f}",
+                  f"{d.other_energy_kwh - d.energy_kwh:+,.3f}",
+                  f"{d.other_total_cost - d.total_cost:+,.2f}"]
+                 for d in c.largest_differences],
+                [flag(d.other_total_cost - d.total_cost, d.total_cost)
+                 for d in c.largest_differences]))
+    return "".join(out)
 
 
 def _coverage(bill: Bill) -> str:

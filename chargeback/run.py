@@ -4,17 +4,19 @@
 source the request names (Prometheus built in; the archive and search readers are
 registered by the app layer, which reads their settings from the gpu-audit
 configuration), refuses a period with no data (an empty bill would look valid),
-builds the bill and hands it to `chargeback.outputs.write_outputs`, which writes the
-CSV, JSON, HTML and the manifest into `req.out` and returns each file's sha256.
+builds the bill (and, for each `--compare-with` source, that source's bill of the same
+period, compared with it: `Reconciliation.comparisons`) and hands it to
+`chargeback.outputs.write_outputs`, which writes the CSV, JSON, HTML and the manifest
+into `req.out` and returns each file's sha256.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from chargeback.compute import IDLE_POLICIES, build_bill
+from chargeback.compute import IDLE_POLICIES, build_bill, compare_bills
 from chargeback.directory import load_directory
 from chargeback.model import Bill, Request, SourceData
 from chargeback.rates import load_rates
@@ -46,8 +48,16 @@ def check_request(req: Request) -> None:
         problems.append(f"--idle-policy {req.idle_policy!r}: one of {', '.join(IDLE_POLICIES)}")
     if req.rates is None:
         problems.append("--rates FILE is needed (an example: chargeback/examples/rates.yaml)")
-    if req.source == "prometheus" and not req.prometheus_url:
-        problems.append("--prometheus-url URL is needed with --source prometheus")
+    if "prometheus" in (req.source, *req.compare_with) and not req.prometheus_url:
+        problems.append("--prometheus-url URL is needed with --source prometheus "
+                        "(or --compare-with prometheus)")
+    for other in req.compare_with:
+        if other not in SOURCES:
+            problems.append(f"--compare-with {other!r}: one of {', '.join(SOURCES)}")
+        elif other == req.source:
+            problems.append(f"--compare-with {other}: that is the bill's own source")
+    if len(set(req.compare_with)) != len(req.compare_with):
+        problems.append("--compare-with names a source twice")
     if problems:
         raise ConfigError("arguments", problems)
 
@@ -102,6 +112,17 @@ def run_chargeback(req: Request, progress: bool = False) -> Result:
         raise NoDataError(f"no data for {req.start.isoformat()} .. {req.end.isoformat()} "
                           f"from {req.source} ({where}): no bill written")
     bill = build_bill(data, rates, directory, req.idle_policy)
+    for other in req.compare_with:
+        # the same period, rates, directory and policy from another source
+        odata = read_source(replace(req, source=other, compare_with=()), progress)
+        if not has_data(odata):
+            raise NoDataError(f"no data for {req.start.isoformat()} .. "
+                              f"{req.end.isoformat()} from {other} (--compare-with): "
+                              "no bill written")
+        data.compared[other] = odata
+        obill = build_bill(odata, rates, directory, req.idle_policy)
+        bill.reconciliation.comparisons[other] = compare_bills(bill, obill)
+        bill.reconciliation.other_sources[other] = obill.reconciliation.fleet_gpu_hours
     from chargeback.outputs import write_outputs  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
     out = Path(req.out)

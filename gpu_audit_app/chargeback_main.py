@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
     p.add_argument("--source", default="prometheus",
                    choices=("prometheus", "archive", "elasticsearch", "opensearch"))
+    p.add_argument("--compare-with", metavar="SOURCE[,SOURCE]", default="",
+                   help="Also read these sources for the same period and report how their "
+                   "bills differ (e.g. --source prometheus --compare-with archive).")
     p.add_argument("--prometheus-url", metavar="URL",
                    help="Prometheus-compatible query API (Prometheus, VictoriaMetrics, ...).")
     p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
@@ -91,7 +94,9 @@ def request(args: argparse.Namespace) -> Request:
                    prometheus_url=args.prometheus_url, rates=args.rates,
                    directory=args.directory, idle_policy=args.idle_policy, out=args.out,
                    include_simulated=args.include_simulated,
-                   allow_unverified=args.allow_unverified)
+                   allow_unverified=args.allow_unverified,
+                   compare_with=tuple(s.strip() for s in args.compare_with.split(",")
+                                      if s.strip()))
 
 
 def _bar(enabled: bool, what: str) -> Any:
@@ -181,6 +186,10 @@ def chargeback_command(args: argparse.Namespace) -> int:
           f"{r.idle_gpu_hours:.2f} (difference {r.difference_gpu_hours:+.3f})")
     print(f"energy {r.fleet_energy_kwh:.2f} kWh (integrated power {r.power_energy_kwh:.2f}, "
           f"difference {r.energy_difference_kwh:+.3f})")
+    for name, c in sorted(r.comparisons.items()):
+        print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
+              f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
+              f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
     if result.bill.simulated_excluded:
         print(f"simulated left out: {result.bill.simulated_excluded}")
     for name in sorted(result.outputs):

@@ -30,9 +30,12 @@ T - 1 ns: a record at midnight sharp closes the day before):
 - charged: the interval divided equally among the distinct owners on the GPU;
 - held by nobody known: the `unattributed` record's `gpu_seconds` when it names
   unowned processes (`values.processes` > 0) is the unattributed owner's time; with no
-  process at all the GPU was free (idle fleet time, the fleet minus everything held);
-  the `unattributed` record's energy goes to the unattributed owner, except on a free
-  GPU, where it is idle energy (in the fleet only);
+  process at all the GPU was free (idle fleet time, the fleet minus everything held).
+  The `unattributed` record's energy goes to the unattributed owner only when unowned
+  processes held the GPU; on a free GPU it is idle energy (in the fleet only, the idle
+  row); on a GPU held by owners only it is added to the owners' energy (in proportion
+  to it, equally when it is all 0), as the Prometheus source splits a held GPU's whole
+  power among its holders, so both sources bill the same energy to the same rows;
 - idle-held: the interval of a held GPU whose `values.utilization_ratio` is < 5 %
   (unknown utilisation, e.g. a MIG parent, is not counted as idle);
 - allocated: the records carry no allocation (the job mapping names owners, not
@@ -202,6 +205,14 @@ class _Totals:
             if idle:
                 f.idle_held_gpu_seconds = e
         n = len(c.owners)
+        if c.owners and c.unowned_processes == 0 and c.un_energy:
+            # held by owners only: the remainder the records left unattributed (GPU
+            # utilisation no owner's process explains) is theirs, as Prometheus splits a
+            # held GPU's whole power among its holders (by energy, else equally)
+            total = sum(acc[2] for acc in c.owners.values())
+            for acc in c.owners.values():
+                acc[2] += c.un_energy * (acc[2] / total if total > 0 else 1.0 / n)
+            c.un_energy = 0.0
         for owner, (used, busy, energy) in c.owners.items():
             u = Usage(
                 allocated_gpu_seconds=used,
@@ -215,13 +226,13 @@ class _Totals:
             f.busy_gpu_seconds += busy
             for target in self._usage(owner, c.model, day):
                 target.add(u)
-        if c.un_seen and (c.unowned_processes > 0 or c.owners):
-            held_unknown = c.un_seconds if c.unowned_processes > 0 else 0.0
+        if c.un_seen and c.unowned_processes > 0:
+            held_unknown = c.un_seconds
             u = Usage(
                 allocated_gpu_seconds=held_unknown,
                 used_gpu_seconds=held_unknown,
                 charged_gpu_seconds=held_unknown,
-                busy_gpu_seconds=c.un_busy if c.unowned_processes > 0 else 0.0,
+                busy_gpu_seconds=c.un_busy,
                 idle_held_gpu_seconds=held_unknown if idle else 0.0,
                 energy_joules=c.un_energy,
                 power_energy_joules=c.un_energy * ratio if ratio is not None else 0.0,

@@ -289,3 +289,112 @@ def test_progress_bar_on_a_terminal_only(prom: Backfilled, tmp_path: Path,
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert not source._Progress(True, 3).enabled
     assert read_prometheus(req).usage == with_bar.usage
+
+
+# ---- the same month from the archive: the sources agree, and --compare-with says so ----
+
+@pytest.fixture(scope="module")
+def month_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.chargeback.archives import ArchiveWriter
+    from tests.chargeback.month import audit_records
+    from tests.chargeback.test_archive_month import _chained
+
+    d = tmp_path_factory.mktemp("month-archive") / "archive"
+    d.mkdir()
+    w = ArchiveWriter(d)
+    w.write(_chained(audit_records(scenario(step=300))))
+    w.close()
+    return d
+
+
+def _archive_reader(d: Path) -> object:
+    from chargeback.sources.archive import read_archive
+
+    return lambda req, progress: read_archive(req, d)
+
+
+def test_archive_and_prometheus_give_the_same_rows(prom: Backfilled, month_archive: Path,
+                                                   tmp_path: Path) -> None:
+    """Per row, GPU-hours and energy (free GPUs' energy on the idle row in both)."""
+    from chargeback.sources.archive import read_archive
+
+    p = _bill(prom, tmp_path)
+    a = build_bill(read_archive(_request(prom.url, tmp_path, source="archive"), month_archive),
+                   load_rates(EXAMPLES / "rates.yaml"),
+                   load_directory(EXAMPLES / "directory.yaml"), "proportional")
+    assert [(r.kind, r.department, r.project, r.user) for r in p.rows] == \
+        [(r.kind, r.department, r.project, r.user) for r in a.rows]
+    for x, y in zip(p.rows, a.rows, strict=True):
+        for f in ("used_gpu_hours", "charged_gpu_hours", "busy_gpu_hours",
+                  "idle_held_gpu_hours"):
+            assert close(getattr(x, f), getattr(y, f), TOL_H), (x.user, x.kind, f)
+        assert close(x.energy_kwh, y.energy_kwh, TOL_KWH), (x.user, x.kind)
+        assert close(x.total_cost, y.total_cost, 1.0), (x.user, x.kind)
+
+
+def test_compare_with_archive_reports_the_differences_and_replays(
+        prom: Backfilled, month_archive: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import json
+
+    from chargeback import run as cb_run
+    from chargeback.manifest import replay
+    from chargeback.sources.archive import read_archive
+    from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
+
+    monkeypatch.setitem(cb_run._READERS, "archive", _archive_reader(month_archive))
+    out = tmp_path / "bill"
+    result = cb_run.run_chargeback(_request(prom.url, out, compare_with=("archive",)))
+    bill = result.bill
+    # what the archive's own bill says, computed apart
+    a = build_bill(read_archive(_request(prom.url, out, source="archive"), month_archive),
+                   load_rates(EXAMPLES / "rates.yaml"),
+                   load_directory(EXAMPLES / "directory.yaml"), "proportional")
+    c = bill.reconciliation.comparisons["archive"]
+    ar = a.reconciliation
+    assert (c.fleet_gpu_hours, c.owners_gpu_hours, c.unattributed_gpu_hours,
+            c.idle_gpu_hours, c.fleet_energy_kwh, c.rows_energy_kwh) == (
+        ar.fleet_gpu_hours, ar.owners_gpu_hours, ar.unattributed_gpu_hours,
+        ar.idle_gpu_hours, ar.fleet_energy_kwh, ar.rows_energy_kwh)
+    assert bill.reconciliation.other_sources == {"archive": ar.fleet_gpu_hours}
+    assert c.fleet_gpu_hours == pytest.approx(FLEET_UP_H, rel=1e-3)
+    # the rows that differ most, by cost: each difference is the two bills' rows'
+    mine = {(r.kind, r.department, r.project, r.user): r for r in bill.rows}
+    theirs = {(r.kind, r.department, r.project, r.user): r for r in a.rows}
+    assert 0 < len(c.largest_differences) <= len(mine)
+    for d in c.largest_differences:
+        key = tuple(d.key.split("/"))
+        assert (d.charged_gpu_hours, d.other_charged_gpu_hours) == (
+            mine[key].charged_gpu_hours, theirs[key].charged_gpu_hours)
+        assert (d.energy_kwh, d.other_energy_kwh, d.total_cost, d.other_total_cost) == (
+            mine[key].energy_kwh, theirs[key].energy_kwh, mine[key].total_cost,
+            theirs[key].total_cost)
+    costs = [abs(d.other_total_cost - d.total_cost) for d in c.largest_differences]
+    assert costs == sorted(costs, reverse=True)
+    assert max(costs) == max(abs(theirs[k].total_cost - mine[k].total_cost) for k in mine)
+    # JSON, HTML and manifest carry it; the CSV's columns do not change
+    doc = json.loads((out / JSON_NAME).read_text())
+    assert doc["reconciliation"]["comparisons"]["archive"]["fleet_gpu_hours"] == \
+        pytest.approx(ar.fleet_gpu_hours, abs=1e-6)
+    html = (out / HTML_NAME).read_text()
+    assert "<h3>archive against prometheus (this bill)</h3>" in html
+    assert "Rows that differ most" in html
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["request"]["compare_with"] == ["archive"]
+    assert manifest["compared_sources"]["archive"]["queries"] == [
+        f"archive part {p.name}" for p in sorted(month_archive.glob("gpu-audit-*"))]
+    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source")
+    say = io.StringIO()
+    assert replay(out / MANIFEST_NAME, tmp_path / "again", say=say) == 0, say.getvalue()
+    for name in (CSV_NAME, JSON_NAME, HTML_NAME):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_compare_with_its_own_source_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["chargeback", "--month", "2026-11", "--source", "archive",
+                 "--compare-with", "archive,nosuch", "--rates", str(EXAMPLES / "rates.yaml")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--compare-with archive: that is the bill's own source" in err
+    assert "--compare-with 'nosuch'" in err

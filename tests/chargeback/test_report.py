@@ -73,7 +73,8 @@ def test_reconciliation_unmapped_simulated_and_other_sources(tmp_path: Path) -> 
     assert "adds up (within 0.1 % of the fleet)" in html
     diff = 1000.0 - fleet
     assert f"{diff:+,.3f}" in html and f"{100 * diff / fleet:+.2f} %" in html
-    assert '<tr class="flag"><td>prometheus</td>' in html
+    assert "<h3>prometheus against " in html
+    assert '<tr class="flag"><td>Fleet GPU-hours</td>' in html
     assert re.search(r'id="unmapped">1 user\(s\)/project\(s\).*<code>mallory</code>', html)
     assert "1,234 simulated record(s)/series left out" in html
     bill.reconciliation.difference_gpu_hours = 5.0
