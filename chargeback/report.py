@@ -158,6 +158,19 @@ def _dept_hint(departments: list[str], key: str) -> str:
 
 
 def _trail(bill: Bill) -> str:
+    return _simulated(bill) + _chain(bill)
+
+
+def _simulated(bill: Bill) -> str:
+    if not bill.simulated_included:
+        return ""
+    said = "".join(f"<li>{_e(n)}</li>" for n in bill.notes if n.startswith("SIMULATED"))
+    return ('<div class="banner" id="simulated-banner">SIMULATED: simulated records are '
+            "included in this bill (--include-simulated). It is not a bill for real "
+            f"hardware.<ul>{said}</ul></div>")
+
+
+def _chain(bill: Bill) -> str:
     if bill.verified is False:
         problems = "".join(f"<li>{_e(p)}</li>" for p in bill.verification_problems)
         return ('<div class="banner" id="unverified">Unverified audit trail: the hash '

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
     when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
     when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
-    p.add_argument("--source", default="prometheus",
+    p.add_argument("--source", default=None,
                    choices=("prometheus", "archive", "elasticsearch", "opensearch"))
     p.add_argument("--compare-with", metavar="SOURCE[,SOURCE]", default="",
                    help="Also read these sources for the same period and report how their "
@@ -49,6 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unverified", action="store_true",
                    help="Bill from an archive whose hash chain does not verify (said in the "
                    "report).")
+    sim = p.add_argument_group("simulator (a SIMULATED bill, for demos and tests)")
+    sim.add_argument("--simulate", metavar="SCENARIO", help="Play a simulator scenario "
+                     "(name or file) over the period in virtual time through the real "
+                     "producer into a hash-chained archive, and bill that archive, "
+                     "simulated records included and said so everywhere.")
+    sim.add_argument("--sim-archive", metavar="DIR", help="Where the simulated archive "
+                     "goes (empty or new; default OUT/sim-archive).")
+    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
+                     help="Simulated sampling interval (default 300).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
 
@@ -90,7 +99,8 @@ def period(args: argparse.Namespace) -> tuple[datetime, datetime]:
 
 def request(args: argparse.Namespace) -> Request:
     start, end = period(args)
-    return Request(start=start, end=end, source=args.source, config=args.config,
+    return Request(start=start, end=end, source=args.source or "prometheus",
+                   config=args.config,
                    prometheus_url=args.prometheus_url, rates=args.rates,
                    directory=args.directory, idle_policy=args.idle_policy, out=args.out,
                    include_simulated=args.include_simulated,
@@ -162,6 +172,34 @@ def register_readers() -> None:
     register_reader("opensearch", _search)
 
 
+def _simulate(args: argparse.Namespace) -> argparse.Namespace:
+    """Write the simulated archive for --simulate; the arguments that bill it."""
+    from gpu_audit_app.chargeback_sim import CONFIG_NAME, simulate_archive
+
+    problems = []
+    if args.source not in (None, "archive"):
+        problems.append(f"--simulate bills the simulated archive: not --source {args.source}")
+    if args.config:
+        problems.append("--simulate writes its own configuration: not --config")
+    if args.compare_with:
+        problems.append("--simulate: --compare-with has no other source to read")
+    if problems:
+        raise ConfigError("arguments", problems)
+    start, end = period(args)
+    out = Path(args.out)
+    archive = Path(args.sim_archive) if args.sim_archive else out / "sim-archive"
+    print(f"SIMULATED: playing scenario {args.simulate!r} over {start.isoformat()} .. "
+          f"{end.isoformat()} every {args.sim_step:g} s (virtual time) into {archive}",
+          flush=True)
+    sim = simulate_archive(args.simulate, start, end, archive.resolve(),
+                           (out / CONFIG_NAME).resolve(), step=args.sim_step)
+    print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
+          f"hash-chained records (all simulated: true); billing them with "
+          f"--include-simulated from {sim.config}")
+    return argparse.Namespace(**{**vars(args), "source": "archive",
+                                 "config": str(sim.config), "include_simulated": True})
+
+
 def chargeback_command(args: argparse.Namespace) -> int:
     register_readers()
     if args.replay:
@@ -171,6 +209,14 @@ def chargeback_command(args: argparse.Namespace) -> int:
             return replay(Path(args.replay))
         except (SourceError, NoDataError) as exc:
             print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    if args.simulate:
+        from gpu_audit_app.chargeback_sim import SimulationError
+
+        try:
+            args = _simulate(args)
+        except SimulationError as exc:
+            print(f"gpu-audit chargeback --simulate: {exc}", file=sys.stderr)
             return EXIT_FAILURE
     req = request(args)
     try:
@@ -190,6 +236,9 @@ def chargeback_command(args: argparse.Namespace) -> int:
         print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
               f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
               f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
+    if result.bill.simulated_included:
+        print("SIMULATED: this bill includes simulated records (--include-simulated); "
+              "the report, notes and manifest say so")
     if result.bill.simulated_excluded:
         print(f"simulated left out: {result.bill.simulated_excluded}")
     for name in sorted(result.outputs):

@@ -353,6 +353,7 @@ class _Scan:
     records: int = 0
     in_range: int = 0
     simulated_excluded: int = 0
+    simulated_billed: int = 0
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
     totals: _Totals = field(default_factory=_Totals)
@@ -395,9 +396,11 @@ def _scan(parts: list[Part], newest: Path, *, start_ns: int, end_ns: int,
             if not isinstance(t, int) or not start_ns < t <= end_ns:
                 continue
             out.in_range += 1
-            if rec.get("simulated") is True and not include_sim:
-                out.simulated_excluded += 1
-                continue
+            if rec.get("simulated") is True:
+                if not include_sim:
+                    out.simulated_excluded += 1
+                    continue
+                out.simulated_billed += 1
             acct.add(rec)
         if on_part is not None:
             on_part(part.path.stat().st_size)
@@ -523,8 +526,9 @@ def read_archive(
     data.verified = not problems
     data.verification_problems = problems
     totals = _Totals()
-    in_range = records = 0
+    in_range = records = simulated_billed = 0
     for scan in scans:
+        simulated_billed += scan.simulated_billed
         totals.merge(scan.totals)
         in_range += scan.in_range
         records += scan.records
@@ -536,6 +540,11 @@ def read_archive(
         raise ArchiveRefused(archive_dir, [
             f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
     data.usage, data.fleet, data.days = totals.usage, totals.fleet, totals.days
+    if simulated_billed:
+        data.notes.append(
+            f"SIMULATED: {simulated_billed} of the {in_range} record(s) in the period are "
+            "simulated (simulated: true, from the GPU simulator) and are billed "
+            "(--include-simulated): not a bill for real hardware")
     data.notes.append(
         "archive: allocated GPU-hours = used GPU-hours (audit records carry no "
         "allocation, only the owners of running processes)")

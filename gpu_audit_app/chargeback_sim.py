@@ -1,0 +1,144 @@
+"""`gpu-audit chargeback --simulate SCENARIO`: a period's bill from the GPU simulator.
+
+The real pipeline, in virtual time: the simulator backend (exporter.sim) plays the
+scenario from the period's start, its processes are mirrored into a fake /proc and
+attributed by the real resolver, the real AuditProducer hash-chains the cycle's records
+(every one `simulated: true`) and the real archive sink writes them as day parts. The
+clock is a number stepped by `step` seconds per cycle, so a month at 300 s cycles
+(8,640 cycles) takes seconds to a minute, not a month.
+
+Then the archive is billed like any other (`--source archive`, `--include-simulated`)
+through a gpu-audit configuration written beside it (`gpu-audit-sim.yaml`, naming the
+archive sink), so the manifest records it and `--replay` re-reads the kept archive.
+The bill says it is simulated: the report's banner, the archive source's note on the
+simulated records billed, `include_simulated` in the manifest. Never silent fake data.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+
+from exporter.attribution.config import AttributionConfig
+from exporter.attribution.resolver import Resolver
+from exporter.sim.backend import SimBackend
+from exporter.sim.fakeproc import write_fake_proc
+from exporter.sim.scenario import load_scenario
+from gpu_audit import __version__
+from gpu_audit.audit.config import AuditConfig
+from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.model.snapshot import Snapshot
+from shipper.sinks.archive.config import ArchiveSinkConfig
+from shipper.sinks.archive.sink import ArchiveSink
+from shipper.sinks.base import Outcome, SinkRecord
+
+CONFIG_NAME = "gpu-audit-sim.yaml"
+HOST = "sim-node"
+
+
+class SimulationError(RuntimeError):
+    """The simulated archive could not be written (the sink refused a record)."""
+
+
+class _SinkSpool:
+    """The producer's spool port, handing each group commit straight to the archive
+    sink (what the shipper would deliver from a spool, in the same order)."""
+
+    def __init__(self, sink: ArchiveSink) -> None:
+        self.sink = sink
+        self.offset = 0
+        self.last: bytes | None = None
+        self.records = 0
+
+    def commit(self, payloads: Sequence[bytes]) -> int:
+        first = self.offset
+        batch = []
+        for raw in payloads:
+            self.offset += 1
+            doc = orjson.loads(raw)
+            batch.append(SinkRecord(offset=self.offset, record_id=doc["id"], doc=doc, raw=raw))
+        if batch:
+            for item in self.sink.send(batch):
+                if item.outcome is not Outcome.DELIVERED:
+                    raise SimulationError(f"archive sink: {item.outcome.value} {item.reason}")
+            self.last = batch[-1].raw
+            self.records += len(batch)
+        return first
+
+    def last_payload(self) -> bytes | None:
+        return self.last
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Simulated:
+    archive: Path
+    config: Path  # a gpu-audit configuration whose archive sink is `archive`
+    scenario: str
+    cycles: int
+    records: int
+    gpus: int
+
+
+def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Path,
+                     config: Path, *, step: float = 300.0) -> Simulated:
+    """Play `scenario` over [start, end] in `step`-second cycles into `archive` (which
+    must be empty or absent: a simulated trail is never appended to another), and write
+    `config`, a gpu-audit configuration naming it as the archive sink."""
+    if not step > 0:
+        raise SimulationError(f"--sim-step {step}: must be > 0")
+    if archive.exists() and any(archive.iterdir()):
+        raise SimulationError(f"{archive} is not empty: the simulated archive needs a "
+                              "directory of its own")
+    archive.mkdir(parents=True, exist_ok=True)
+    spec = load_scenario(scenario)
+    t0, t_end = start.timestamp(), end.timestamp()
+    clock = [t0]
+    backend = SimBackend(spec, start_time=t0, clock=lambda: clock[0])
+    info = backend.open()
+    sink = ArchiveSink(ArchiveSinkConfig.model_validate(
+        {"type": "archive", "directory": archive, "fsync": False}), "archive", archive)
+    sink.start()
+    spool = _SinkSpool(sink)
+    producer = AuditProducer(AuditConfig(stream="sim"), spool, host=HOST,
+                             exporter_version=__version__, simulated=True,
+                             clock=lambda: clock[0])
+    proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
+    cycles = 0
+    try:
+        resolver = Resolver(AttributionConfig(procfs_root=proc))
+        producer.start()
+        prev: float | None = None
+        while clock[0] <= t_end:
+            now = clock[0]
+            gpus = tuple(backend.sample(now, slow=cycles % 4 == 0))
+            write_fake_proc(proc, (p for g in gpus for p in g.processes), prune=True)
+            producer.on_snapshot(Snapshot(
+                timestamp=now, host=HOST, backend=info, gpus=gpus,
+                processes=resolver.attribute(gpus), interval_seconds=step,
+                elapsed_seconds=now - prev if prev is not None else 0.0, cycle=cycles))
+            prev = now
+            cycles += 1
+            clock[0] = t0 + cycles * step
+        clock[0] = t_end
+        producer.stop()
+    finally:
+        backend.close()
+        sink.close()
+        shutil.rmtree(proc, ignore_errors=True)
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        "# written by gpu-audit chargeback --simulate: the SIMULATED archive it billed\n"
+        f"spool:\n  directory: {orjson.dumps(str(archive.parent / 'spool')).decode()}\n"
+        "shipper:\n  sinks:\n  - type: archive\n"
+        f"    directory: {orjson.dumps(str(archive)).decode()}\n", encoding="utf-8")
+    return Simulated(archive=archive, config=config, scenario=spec.name, cycles=cycles,
+                     records=spool.records, gpus=len(spec.gpus))

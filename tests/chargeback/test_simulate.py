@@ -1,0 +1,91 @@
+"""`gpu-audit chargeback --simulate SCENARIO`: the simulator backend, the real resolver,
+producer and archive sink in virtual time, then the archive billed, SIMULATED said in
+the output, the report, the notes and the manifest, and the manifest replayed.
+
+Two days of the shipped `busy` scenario (4x H100, 300 s cycles). By hand, from the
+story (exporter/sim/scenarios/busy.yaml): alice's DDP job holds all 4 GPUs throughout
+(4 x 48 = 192 GPU-h used); bob's notebook shares GPU 3 and the inference pod
+(cloudsdk, search-ranking) GPU 2 all the time (48 h used, half charged each); carol's
+eval script runs from 600 s to 4,200 s on GPU 1 (1 h, half charged). So alice is
+charged 192 - 24 - 24 - 0.5 = 143.5 GPU-h, and nothing is idle.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from chargeback.manifest import replay
+from chargeback.values import CSV_NAME, HTML_NAME, MANIFEST_NAME
+from gpu_audit_app.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "chargeback" / "examples"
+PERIOD = ["--from", "2026-11-01T00:00:00Z", "--to", "2026-11-03T00:00:00Z"]
+
+
+def _args(out: Path, *extra: str) -> list[str]:
+    return ["chargeback", *PERIOD, "--simulate", "busy", "--rates",
+            str(EXAMPLES / "rates.yaml"), "--directory", str(EXAMPLES / "directory.yaml"),
+            "--out", str(out), *extra]
+
+
+def test_simulated_bill_is_the_story_said_simulated_and_replays(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bill"
+    assert main(_args(out)) == 0
+    printed = capsys.readouterr().out
+    assert "SIMULATED: playing scenario 'busy'" in printed
+    assert "SIMULATED: 577 cycles of 4 simulated GPU(s)" in printed  # 48 h / 300 s + 1
+    rows = {(r["kind"], r["user"]): r for r in csv.DictReader(io.StringIO(
+        (out / CSV_NAME).read_text()))}
+    want = {("owner", "alice"): (192, 143.5), ("owner", "bob"): (48, 24),
+            ("owner", "cloudsdk"): (48, 24), ("owner", "carol"): (1, 0.5),
+            ("unattributed", ""): (0, 0), ("idle", ""): (0, 0)}
+    assert set(rows) == set(want)
+    for key, (used, charged) in want.items():
+        assert float(rows[key]["used_gpu_hours"]) == pytest.approx(used, abs=1e-6), key
+        assert float(rows[key]["charged_gpu_hours"]) == pytest.approx(charged, abs=1e-6), key
+    assert {r["source"] for r in rows.values()} == {"archive"}
+    # the archive is a real, hash-chained trail of simulated records only
+    archive = out / "sim-archive"
+    records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit-*.jsonl*"))
+               for line in _lines(p)]
+    assert records and all(r["simulated"] is True for r in records)
+    # said everywhere
+    html = (out / HTML_NAME).read_text()
+    assert 'id="simulated-banner">SIMULATED' in html
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["request"]["include_simulated"] is True
+    assert manifest["request"]["source"] == "archive"
+    assert manifest["source"]["verified"] is True  # the chain verified as it was read
+    assert any(n.startswith("SIMULATED: ") for n in manifest["source"]["notes"])
+    capsys.readouterr()
+    say = io.StringIO()
+    assert replay(out / MANIFEST_NAME, tmp_path / "again", say=say) == 0, say.getvalue()
+
+
+def _lines(path: Path) -> list[bytes]:
+    import gzip
+
+    data = path.read_bytes()
+    data = gzip.decompress(data) if path.name.endswith(".gz") else data
+    return [line for line in data.split(b"\n") if line]
+
+
+def test_simulate_refuses_another_source_and_a_used_archive(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_args(tmp_path / "a", "--source", "prometheus")) == 2
+    assert "--simulate bills the simulated archive: not --source prometheus" in \
+        capsys.readouterr().err
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "gpu-audit-2026-11-01.jsonl").write_text("{}\n")
+    assert main(_args(tmp_path / "b", "--sim-archive", str(used))) == 1
+    assert "is not empty" in capsys.readouterr().err
