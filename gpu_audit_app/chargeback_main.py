@@ -195,7 +195,7 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
                            (out / CONFIG_NAME).resolve(), step=args.sim_step)
     print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
           f"hash-chained records (all simulated: true); billing them with "
-          f"--include-simulated from {sim.config}")
+          f"--include-simulated from {out / CONFIG_NAME}")
     return argparse.Namespace(**{**vars(args), "source": "archive",
                                  "config": str(sim.config), "include_simulated": True})
 
