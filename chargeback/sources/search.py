@@ -11,9 +11,11 @@ the index searched:
   of T - 1 ms): sums of `gpu_seconds` (used), `busy_gpu_seconds`, `energy_joules`, and the
   `gpu_seconds` of records whose own utilisation (`values.utilization_ratio`) is < 5 %
   (idle-held);
-- unattributed: `unattributed` records by (GPU name, day), in two filters: `free` (no
-  process at all on the GPU: idle fleet time and energy) and `unknown` (held by unowned
-  processes, or the unowned share of energy beside owners): the unattributed owner;
+- unattributed: `unattributed` records by (GPU name, day), in three filters: `free` (no
+  process at all on the GPU: idle fleet time and energy), `beside` (no unowned process,
+  owners on the GPU: the energy their processes do not explain, added to the owners of
+  that model and day in proportion to their energy, as the archive adds it per GPU)
+  and `unknown` (held by unowned processes): the unattributed owner;
 - fleet: `gpu` records by (GPU name, day): up `gpu_seconds` and `energy_joules`, down
   `elapsed_seconds`, and integrated power (`values.power_usage_watts x
   elapsed_seconds`, a script sum) for the cross-check. MIG instance records
@@ -152,6 +154,8 @@ def unattributed_body(req: Request, after: Mapping[str, Any] | None = None) -> d
         composite["after"] = dict(after)
     free = {"bool": {"filter": [{"term": {"values.processes": 0}},
                                 {"range": {"gpu_seconds": {"gt": 0}}}]}}
+    beside = {"bool": {"filter": [{"term": {"values.processes": 0}}],
+                       "must_not": [{"range": {"gpu_seconds": {"gt": 0}}}]}}
     return {
         "size": 0,
         "query": {"bool": {"filter": _filters(req, "unattributed"),
@@ -159,7 +163,8 @@ def unattributed_body(req: Request, after: Mapping[str, Any] | None = None) -> d
         "aggs": {"rows": {"composite": composite, "aggs": {
             "free": {"filter": free, "aggs": {"seconds": _sum("gpu_seconds"),
                                               "energy": _sum("energy_joules")}},
-            "unknown": {"filter": {"bool": {"must_not": [free]}},
+            "beside": {"filter": beside, "aggs": {"energy": _sum("energy_joules")}},
+            "unknown": {"filter": {"bool": {"must_not": [free, beside]}},
                         "aggs": {"seconds": _sum("gpu_seconds"),
                                  "energy": _sum("energy_joules")}},
         }}},
@@ -313,11 +318,13 @@ def read_search(
             owner_rows.append((owner, model, day, u))
             used_md[model, day] = used_md.get((model, day), 0.0) + used
         free_md: dict[tuple[str, str], tuple[float, float]] = {}
+        beside_md: dict[tuple[str, str], float] = {}
         unknown: list[tuple[str, str, Usage]] = []
         for b in pager.buckets(unattributed_body, req):
             k = b["key"]
             model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
             free_md[model, day] = (_value(b, "free", "seconds"), _value(b, "free", "energy"))
+            beside_md[model, day] = _value(b, "beside", "energy")
             secs = _value(b, "unknown", "seconds")
             unknown.append((model, day, Usage(
                 allocated_gpu_seconds=secs, used_gpu_seconds=secs, charged_gpu_seconds=secs,
@@ -348,6 +355,18 @@ def read_search(
     for (model, day), f in fleet_md.items():
         free_s = free_md.get((model, day), (0.0, 0.0))[0]
         f.held_gpu_seconds = max(0.0, f.gpu_seconds - free_s)
+    # the energy owners' processes left on the `unattributed` record of their GPUs: theirs
+    energy_md: dict[tuple[str, str], list[Usage]] = {}
+    for _, model, day, u in owner_rows:
+        energy_md.setdefault((model, day), []).append(u)
+    for md, rest in beside_md.items():
+        owners_here = energy_md.get(md)
+        if not rest or not owners_here:
+            continue
+        total = sum(u.energy_joules for u in owners_here)
+        for u in owners_here:
+            u.energy_joules += rest * (u.energy_joules / total if total > 0
+                                       else 1.0 / len(owners_here))
     for owner, model, day, u in owner_rows:
         fm = fleet_md.get((model, day))
         total_used = used_md[model, day]

@@ -63,3 +63,34 @@ def test_free_gpu_energy_is_idle_and_owners_carry_their_gpus_whole(tmp_path: Pat
     idle = next(r for r in bill.rows if r.kind == "idle")
     assert idle.energy_kwh == pytest.approx(N * 500 / 3.6e6)  # the free GPU 1
     assert idle.charged_gpu_hours == pytest.approx(N * 10 / 3600)
+
+
+def test_the_search_source_bills_the_same_energy(tmp_path: Path) -> None:
+    """The same records through the real search sink into the in-process Elasticsearch:
+    the owners' remainder is added to them per model and day, the free GPU is idle."""
+    import orjson
+
+    from chargeback.sources.search import SearchSettings, read_search
+    from shipper.sinks.base import SinkRecord
+    from shipper.sinks.elasticsearch.client import ElasticClient
+    from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
+    from shipper.sinks.elasticsearch.sink import SearchSink
+    from tests.chargeback.search_server import AggSearchServer
+
+    raws = produce(_snaps(), host="n1", start_s=DAY_S - 5, stop_s=DAY_S + 70)
+    with AggSearchServer("elasticsearch") as srv:
+        cfg = ElasticsearchSinkConfig.model_validate(
+            {"type": "elasticsearch", "hosts": [srv.url], "timeout_s": 30,
+             "number_of_replicas": 0})
+        sink = SearchSink(cfg, "es", ElasticClient(cfg))
+        sink.start()
+        sink.send([SinkRecord(offset=i, record_id=orjson.loads(r)["id"], doc=orjson.loads(r),
+                              raw=r) for i, r in enumerate(raws, 1)])
+        sink.close()
+        req = Request(start=DAY, end=DAY + dt.timedelta(hours=1), source="elasticsearch",
+                      config=None, prometheus_url=None, rates=None, directory=None,
+                      idle_policy="none", out="-")
+        data = read_search(req, SearchSettings(kind="elasticsearch", hosts=(srv.url,),
+                                               index="gpu-audit-*", timeout_s=5))
+    assert data.usage[("alice", "vision"), MODEL].energy_joules == pytest.approx(N * 1300)
+    assert data.usage[UNATTRIBUTED, MODEL].energy_joules == pytest.approx(N * 300)
