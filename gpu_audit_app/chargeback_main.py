@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "simulated records included and said so everywhere.")
     sim.add_argument("--sim-archive", metavar="DIR", help="Where the simulated archive "
                      "goes (empty or new; default OUT/sim-archive).")
+    sim.add_argument("--sim-nodes", metavar="N", type=int, default=1,
+                     help="Copies of the scenario's node (default 1): N x its GPUs.")
     sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
                      help="Simulated sampling interval (default 300).")
     p.add_argument("--replay", metavar="MANIFEST",
@@ -192,7 +194,8 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
           f"{end.isoformat()} every {args.sim_step:g} s (virtual time) into {archive}",
           flush=True)
     sim = simulate_archive(args.simulate, start, end, archive.resolve(),
-                           (out / CONFIG_NAME).resolve(), step=args.sim_step)
+                           (out / CONFIG_NAME).resolve(), step=args.sim_step,
+                           nodes=args.sim_nodes)
     print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
           f"hash-chained records (all simulated: true); billing them with "
           f"--include-simulated from {out / CONFIG_NAME}")

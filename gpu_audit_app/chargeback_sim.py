@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from exporter.sim.scenario import load_scenario
 from gpu_audit import __version__
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.model.samples import BackendInfo
 from gpu_audit.model.snapshot import Snapshot
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
@@ -88,57 +89,84 @@ class Simulated:
     gpus: int
 
 
+@dataclass(slots=True)
+class _Node:
+    host: str
+    backend: SimBackend
+    info: BackendInfo
+    producer: AuditProducer
+    proc: Path
+    resolver: Resolver
+
+
 def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Path,
-                     config: Path, *, step: float = 300.0) -> Simulated:
+                     config: Path, *, step: float = 300.0, nodes: int = 1) -> Simulated:
     """Play `scenario` over [start, end] in `step`-second cycles into `archive` (which
     must be empty or absent: a simulated trail is never appended to another), and write
-    `config`, a gpu-audit configuration naming it as the archive sink."""
+    `config`, a gpu-audit configuration naming it as the archive sink.
+
+    `nodes` > 1 plays that many copies of the scenario's node (hosts sim-node-01, ...,
+    each its own hash-chained stream, the scenario's seed + i for its noise), their
+    records delivered cycle by cycle in time order.
+    """
     if not step > 0:
         raise SimulationError(f"--sim-step {step}: must be > 0")
+    if nodes < 1:
+        raise SimulationError(f"--sim-nodes {nodes}: must be >= 1")
     if archive.exists() and any(archive.iterdir()):
         raise SimulationError(f"{archive} is not empty: the simulated archive needs a "
                               "directory of its own")
     archive.mkdir(parents=True, exist_ok=True)
-    spec = load_scenario(scenario)
+    base = load_scenario(scenario)
     t0, t_end = start.timestamp(), end.timestamp()
     clock = [t0]
-    backend = SimBackend(spec, start_time=t0, clock=lambda: clock[0])
-    info = backend.open()
     sink = ArchiveSink(ArchiveSinkConfig.model_validate(
         {"type": "archive", "directory": archive, "fsync": False}), "archive", archive)
     sink.start()
     spool = _SinkSpool(sink)
-    producer = AuditProducer(AuditConfig(stream="sim"), spool, host=HOST,
-                             exporter_version=__version__, simulated=True,
-                             clock=lambda: clock[0])
-    proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
+    fleet: list[_Node] = []
     cycles = 0
     try:
-        resolver = Resolver(AttributionConfig(procfs_root=proc))
-        producer.start()
+        for i in range(nodes):
+            spec = base if i == 0 else replace(
+                base, spec=base.spec.model_copy(update={"seed": base.spec.seed + i}))
+            backend = SimBackend(spec, start_time=t0, clock=lambda: clock[0])
+            host = HOST if nodes == 1 else f"{HOST}-{i + 1:02d}"
+            proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
+            fleet.append(_Node(
+                host=host, backend=backend, info=backend.open(),
+                producer=AuditProducer(AuditConfig(stream="sim"), spool, host=host,
+                                       exporter_version=__version__, simulated=True,
+                                       clock=lambda: clock[0]),
+                proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc))))
+        for node in fleet:
+            node.producer.start()
         prev: float | None = None
         while clock[0] <= t_end:
             now = clock[0]
-            gpus = tuple(backend.sample(now, slow=cycles % 4 == 0))
-            write_fake_proc(proc, (p for g in gpus for p in g.processes), prune=True)
-            producer.on_snapshot(Snapshot(
-                timestamp=now, host=HOST, backend=info, gpus=gpus,
-                processes=resolver.attribute(gpus), interval_seconds=step,
-                elapsed_seconds=now - prev if prev is not None else 0.0, cycle=cycles))
+            for node in fleet:
+                gpus = tuple(node.backend.sample(now, slow=cycles % 4 == 0))
+                write_fake_proc(node.proc, (p for g in gpus for p in g.processes), prune=True)
+                node.producer.on_snapshot(Snapshot(
+                    timestamp=now, host=node.host, backend=node.info, gpus=gpus,
+                    processes=node.resolver.attribute(gpus), interval_seconds=step,
+                    elapsed_seconds=now - prev if prev is not None else 0.0, cycle=cycles))
             prev = now
             cycles += 1
             clock[0] = t0 + cycles * step
         clock[0] = t_end
-        producer.stop()
+        for node in fleet:
+            node.producer.stop()
     finally:
-        backend.close()
+        for node in fleet:
+            node.backend.close()
+            shutil.rmtree(node.proc, ignore_errors=True)
         sink.close()
-        shutil.rmtree(proc, ignore_errors=True)
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
         "# written by gpu-audit chargeback --simulate: the SIMULATED archive it billed\n"
         f"spool:\n  directory: {orjson.dumps(str(archive.parent / 'spool')).decode()}\n"
         "shipper:\n  sinks:\n  - type: archive\n"
         f"    directory: {orjson.dumps(str(archive)).decode()}\n", encoding="utf-8")
-    return Simulated(archive=archive, config=config, scenario=spec.name, cycles=cycles,
-                     records=spool.records, gpus=len(spec.gpus))
+    return Simulated(archive=archive, config=config, scenario=base.name, cycles=cycles,
+                     records=spool.records, gpus=len(base.gpus) * nodes)

@@ -89,3 +89,22 @@ def test_simulate_refuses_another_source_and_a_used_archive(
     (used / "gpu-audit-2026-11-01.jsonl").write_text("{}\n")
     assert main(_args(tmp_path / "b", "--sim-archive", str(used))) == 1
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_sim_nodes_bills_copies_of_the_node(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Two copies of busy's node for one day: twice the GPUs (2 x 4 x 24 = 192 GPU-h),
+    each its own host and chain; carol's hour on each node; alice charged 192 - 2 x 12
+    (bob) - 2 x 12 (cloudsdk) - 2 x 0.5 (carol) = 143."""
+    out = tmp_path / "bill"
+    args = _args(out, "--sim-nodes", "2")
+    args[args.index("2026-11-03T00:00:00Z")] = "2026-11-02T00:00:00Z"
+    assert main(args) == 0
+    assert "of 8 simulated GPU(s)" in capsys.readouterr().out
+    rows = {r["user"]: r for r in csv.DictReader(io.StringIO((out / CSV_NAME).read_text()))}
+    assert float(rows["alice"]["used_gpu_hours"]) == pytest.approx(192)
+    assert float(rows["alice"]["charged_gpu_hours"]) == pytest.approx(143)
+    assert float(rows["carol"]["used_gpu_hours"]) == pytest.approx(2)
+    hosts = {orjson.loads(line)["host"] for p in (out / "sim-archive").glob("gpu-audit-*")
+             for line in _lines(p)}
+    assert hosts == {"sim-node-01", "sim-node-02"}
