@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +16,9 @@ from tests.launcher_runtime.users import (
     BOB,
     job_python,
     local_user,
-    shared_dir,
 )
 
 PY = job_python()
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    local_user(ALICE)
-    local_user(BOB)
-    d = shared_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

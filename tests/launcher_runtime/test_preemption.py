@@ -7,10 +7,8 @@ job's processes through the launcher's job-mapping file."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -22,19 +20,10 @@ from gpu_audit.audit.schema import record_schema
 from gpu_audit.audit.verify import verify_spool_dir
 from gpu_audit.spool.reader import SpoolReader
 from tests.launcher_runtime.daemon import REPO, LauncherDaemon, wait_for
-from tests.launcher_runtime.users import ALICE, BOB, job_python, local_user, shared_dir
+from tests.launcher_runtime.users import ALICE, BOB, job_python, local_user
 
 PY = job_python()
 STEPS = 300
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    local_user(ALICE)
-    local_user(BOB)
-    d = shared_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _spool_records(spool: Path) -> list[dict[str, object]]:
