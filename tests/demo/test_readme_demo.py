@@ -239,6 +239,9 @@ def test_readme_demo(demo: Demo, tmp_path: Path) -> None:
     alerts_png = tmp_path / "prometheus-alerts.png"
     chromium.screenshot_url(demo.url("PROMETHEUS") + "/classic/alerts", alerts_png,
                             width=1200, height=1650)
+    # firing rules are drawn in Bootstrap's danger fill: three of them (~55k px a row)
+    firing_fill = chromium.count_colors(alerts_png, ["#f8d7da"])["#f8d7da"]
+    assert firing_fill > 100_000, f"the alerts page shows no firing rules ({firing_fill} px)"
     _keep(alerts_png, "prometheus-alerts.png")
 
     out = demo.run("chargeback")
