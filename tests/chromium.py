@@ -154,3 +154,17 @@ def count_colors(png: Path, colors: list[str]) -> dict[str, int]:
         # bytes.count finds unaligned matches too; for a flat colour they are rare
         out[color] = sum(row.count(want) for row in rows)
     return out
+
+
+def screenshot_url(url: str, png: Path, *, width: int = 1000, height: int = 2000,
+                   wait_ms: int = 5000, timeout: float = TIMEOUT_S) -> Path:
+    """A PNG of a live page (a server on loopback), taken once its scripts have had
+    `wait_ms` of virtual time to fetch and render. Only 127.0.0.1 resolves (the last
+    --host-resolver-rules wins over the one in _BASE)."""
+    proc = _run(["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                 f"--window-size={width},{height}", f"--virtual-time-budget={wait_ms}",
+                 f"--screenshot={png}", url], timeout)
+    if not png.exists():
+        raise AssertionError(f"chromium wrote no screenshot of {url} "
+                             f"(rc {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return png
