@@ -33,27 +33,43 @@ class LauncherConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state_dir: Path = Field(Path("/var/lib/gpu-audit/launcher"),
-                            description="SQLite state, job logs, lock.")
-    socket: Path = Field(DEFAULT_SOCKET, description="The unix socket clients connect to.")
+                            description="Directory of the SQLite state (launcher.db), job "
+                            "logs and the instance lock; created if missing. One daemon "
+                            "per directory.")
+    socket: Path = Field(DEFAULT_SOCKET, description="The unix socket clients connect to "
+                         "(clients: `--socket` or GPU_AUDIT_LAUNCHER_SOCKET).")
     socket_mode: int = Field(0o666, ge=0, le=0o777,
-                             description="Socket permissions (0666: every local user).")
-    socket_group: str | None = Field(None, description="Group owning the socket (with "
-                                     "socket_mode 0660: only its members may submit).")
-    admin_group: str | None = Field(None, description="Members may act on every job.")
-    tick_seconds: float = Field(1.0, gt=0, le=60)
-    gpus: str = Field("nvml", description="GPU state: nvml, sim:N, or exporter:URL "
-                      "(the node exporter's base URL).")
+                             description="Permission bits of the socket (0666: every local "
+                             "user may submit; 0660 with socket_group: only its members). "
+                             "Octal in YAML is 0666 (0o666 is refused); 438 is the same.")
+    socket_group: str | None = Field(None, description="Group the socket is chowned to "
+                                     "(with socket_mode 0660: only its members may "
+                                     "submit); null: left as created.")
+    admin_group: str | None = Field(None, description="Members may cancel, hold, release "
+                                    "and read the logs of every job (root always may); "
+                                    "null: root only.")
+    tick_seconds: float = Field(1.0, gt=0, le=60,
+                                description="Seconds between the daemon's engine rounds "
+                                "(measure GPUs, reap exits, schedule).")
+    gpus: str = Field("nvml", description="GPU state source: `nvml`, `sim:N` (N simulated "
+                      "GPUs, 1-64) or `exporter:URL` (the node exporter's base URL).")
     jobmap_dir: Path | None = Field(Path("/run/gpu-audit/jobs"),
-                                    description="Job-mapping files for the exporter.")
+                                    description="Where job-mapping files for the exporter's "
+                                    "attribution are written (its attribution.jobmap_dir); "
+                                    "null: none written.")
     spool_dir: Path | None = Field(None, description="Audit spool of the launcher's "
-                                   "lifecycle records (stream `launcher`); unset: "
+                                   "lifecycle records (stream `launcher`); null: "
                                    "<state_dir>/spool.")
     metrics_listen: str | None = Field(None, description="HOST:PORT of the launcher's "
-                                       "Prometheus endpoint (job telemetry); unset: none.")
+                                       "Prometheus endpoint (job telemetry; empty host: "
+                                       "127.0.0.1); null: none.")
     allow_root_jobs: bool = Field(False, description="Let root submit jobs that run as "
                                   "root (off: refused).")
-    log_level: str = "info"
-    core: LauncherCoreConfig = Field(default_factory=LauncherCoreConfig)
+    log_level: str = Field("info", description="Least severe log level written to stderr "
+                           "(debug, info, warning, error); an unknown name logs at info.")
+    core: LauncherCoreConfig = Field(default_factory=LauncherCoreConfig,
+                                     description="Scheduling policy and engine timings "
+                                     "(launcher/config.py), the same model replay uses.")
 
 
 def load_config(path: Path | None, overrides: Mapping[str, Any]) -> LauncherConfig:
@@ -63,6 +79,18 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> LauncherConf
     data = base.model_dump()
     data.update({k: v for k, v in overrides.items() if v is not None})
     return LauncherConfig.model_validate(data)
+
+
+def serve_options() -> dict[str, str]:
+    """Each `serve` option that sets a configuration key (key -> option), read from the
+    parser: the options whose destination is a LauncherConfig key. `_serve` applies
+    exactly these and the configuration reference lists them."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    return {a.dest: max(a.option_strings, key=len) for a in serve._actions
+            if a.option_strings and a.dest in LauncherConfig.model_fields}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,10 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gpu_audit.logredact import setup_logging
     from launcher.server import run_daemon
 
-    config = load_config(args.config, {
-        "state_dir": args.state_dir, "socket": args.socket, "gpus": args.gpus,
-        "metrics_listen": args.metrics_listen,
-    })
+    config = load_config(args.config, {key: getattr(args, key) for key in serve_options()})
     setup_logging(config.log_level)
     _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -326,4 +351,5 @@ def _render_job(j: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ConfigError", "LauncherConfig", "add_arguments", "command", "load_config"]
+__all__ = ["ConfigError", "LauncherConfig", "add_arguments", "command", "load_config",
+           "serve_options"]
