@@ -31,9 +31,11 @@ from pydantic_core import PydanticUndefined
 
 from gpu_audit.config_layers import ENV_PREFIX
 from gpu_audit_app.config import Config
+from gpu_audit_app.launcher_main import LauncherConfig, serve_options
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIGURATION.md"
 REGENERATE = "python -m gpu_audit_app.configdocs"
+LAUNCHER_TITLE = "Launcher daemon (`gpu-audit launcher serve --config FILE`)"
 
 # Defaults computed at load time, described instead of evaluated (the host name of the
 # machine that generated the docs is not the default).
@@ -170,6 +172,8 @@ def _default(name: str, field: FieldInfo) -> str:
         size = _size(value)
         if size:
             text += f" ({size})"
+    if isinstance(value, int) and not isinstance(value, bool) and name.endswith("_mode"):
+        text += f" (octal {value:o})"  # permission bits
     return text
 
 
@@ -200,14 +204,15 @@ def _cell(text: str) -> str:
 
 
 def _walk(model: type[BaseModel], path: tuple[str, ...], in_list: bool, title: str,
-          seen: dict[type[BaseModel], str]) -> Iterator[Table]:
+          seen: dict[type[BaseModel], str], *, env_layer: bool = True) -> Iterator[Table]:
     rows: list[Row] = []
     subs: list[tuple[type[BaseModel], tuple[str, ...], bool, str]] = []
     for name, field in model.model_fields.items():
         key = field.alias or name
         key_path = (*path, key)
         models = _models_in(field.annotation)
-        env = None if in_list else ENV_PREFIX + "__".join(k.upper() for k in key_path)
+        env = (None if in_list or not env_layer
+               else ENV_PREFIX + "__".join(k.upper() for k in key_path))
         match = _SECRET_KEY.match(key)
         kept_in = None if match is None else ("variable" if match.group(2) == "env" else "file")
         description = field.description or ""
@@ -239,13 +244,14 @@ def _walk(model: type[BaseModel], path: tuple[str, ...], in_list: bool, title: s
         allowed = _constraints(field)
         rows.append(Row(key_path, _type_name(field.annotation), _default(key, field), allowed,
                         description, env, kept_in))
-    doc = _first_line(model.__doc__) if model is not Config else ""
+    doc = _first_line(model.__doc__) if path else ""  # the root is introduced by hand
     yield Table(title, path, doc, tuple(rows))
     for sub_model, sub_path, sub_in_list, sub_title in subs:
         if sub_model in seen and sub_model is not Config:
             continue
         seen.setdefault(sub_model, ".".join(sub_path))
-        yield from _walk(sub_model, sub_path, sub_in_list, sub_title, seen)
+        yield from _walk(sub_model, sub_path, sub_in_list, sub_title, seen,
+                         env_layer=env_layer)
 
 
 def _literal_of(model: type[BaseModel], name: str) -> str | None:
@@ -276,11 +282,55 @@ def rows() -> list[Row]:
     return [row for table in tables() for row in table.rows]
 
 
+def launcher_tables() -> list[Table]:
+    """Every section of the launcher daemon's file (gpu_audit_app.launcher_main's
+    LauncherConfig and the core models it composes). It has no environment layer."""
+    seen: dict[type[BaseModel], str] = {}
+    return list(_walk(LauncherConfig, (), False, "Launcher top level", seen, env_layer=False))
+
+
+def launcher_rows() -> list[Row]:
+    return [row for table in launcher_tables() for row in table.rows]
+
+
 def _options() -> dict[tuple[str, ...], str]:
     # the command-line options that set a key (gpu_audit_app.cli's table, read not copied)
     from gpu_audit_app import cli  # noqa: PLC0415 - the CLI module imports every command
 
     return cli._labels()
+
+
+def _launcher_options() -> dict[tuple[str, ...], str]:
+    # the `launcher serve` options that set a key (read from its parser, as serve applies)
+    return {(key,): option for key, option in serve_options().items()}
+
+
+def _render(tables_: list[Table], options: dict[tuple[str, ...], str],
+            depth: int) -> list[str]:
+    out: list[str] = []
+    for table in tables_:
+        level = "#" * (depth + (len(table.path) > 1))
+        out += [f"{level} {table.title}", ""]
+        if table.doc:
+            out += [table.doc, ""]
+        out += ["| Key | Type | Default | Allowed | Description | Set from |",
+                "|---|---|---|---|---|---|"]
+        for row in table.rows:
+            setters = []
+            if row.env is not None and row.type != "section":
+                setters.append(f"`{row.env}`")
+            if row.path in options:
+                setters.append(f"`{options[row.path]}`")
+            description = row.description
+            if row.kept_in == "variable":
+                description = f"**secret** (names the variable). {description}"
+            elif row.kept_in == "file":
+                description = f"**secret** (a file). {description}"
+            out.append("| " + " | ".join(_cell(c) for c in (
+                f"`{row.path[-1]}`", row.type, row.default, row.allowed, description,
+                ", ".join(setters))) + " |")
+        out.append("")
+    return out
 
 
 def generate() -> str:
@@ -315,28 +365,21 @@ def generate() -> str:
         "Defaults in bytes are shown with their size; sizes in the file are plain integers.",
         "",
     ]
-    for table in tables():
-        level = "##" if len(table.path) <= 1 else "###"
-        out += [f"{level} {table.title}", ""]
-        if table.doc:
-            out += [table.doc, ""]
-        out += ["| Key | Type | Default | Allowed | Description | Set from |",
-                "|---|---|---|---|---|---|"]
-        for row in table.rows:
-            setters = []
-            if row.env is not None and row.type != "section":
-                setters.append(f"`{row.env}`")
-            if row.path in options:
-                setters.append(f"`{options[row.path]}`")
-            description = row.description
-            if row.kept_in == "variable":
-                description = f"**secret** (names the variable). {description}"
-            elif row.kept_in == "file":
-                description = f"**secret** (a file). {description}"
-            out.append("| " + " | ".join(_cell(c) for c in (
-                f"`{row.path[-1]}`", row.type, row.default, row.allowed, description,
-                ", ".join(setters))) + " |")
-        out.append("")
+    out += _render(tables(), options, 2)
+    out += [
+        f"## {LAUNCHER_TITLE}",
+        "",
+        "The job launcher's daemon reads its own YAML file, separate from the one above",
+        "(`gpu_audit_app/launcher_main.py` `LauncherConfig`, whose `core` is",
+        "`launcher/config.py` `LauncherCoreConfig`, the model replay also uses). Every key",
+        "has a default, so `serve` runs with no file; unknown keys are errors (exit 2, every",
+        "problem listed). Later wins: default < file < the `serve` option shown. This file",
+        "has **no environment-variable layer**: no `GPU_AUDIT__...` variable sets a key",
+        "(`GPU_AUDIT_LAUNCHER_SOCKET` is read by the client commands' `--socket` only).",
+        "The scheduling keys are explained in [LAUNCHER.md](LAUNCHER.md).",
+        "",
+    ]
+    out += _render(launcher_tables(), _launcher_options(), 3)
     return "\n".join(out)
 
 
