@@ -145,10 +145,6 @@ class EngineConfig(BaseModel):
         default=False,
         description="An MPS daemon runs on the node: fractional jobs also get "
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.")
-    default_gpu_memory_bytes: int | None = Field(
-        default=None,
-        description="Not read by this version (accepted so existing files still load): a "
-        "whole-GPU job that names no gpu_memory_bytes books the whole GPU.")
 
 
 class LauncherCoreConfig(BaseModel):
