@@ -36,7 +36,9 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def _dump(data: Any) -> str:
+def dump_yaml(data: Any) -> str:
+    """YAML as the rule files are written: keys in code order, multi-line strings as
+    blocks (deploy/kubernetes/generate.py writes its generated manifests with it too)."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=2**16, allow_unicode=True)
 
 
@@ -65,7 +67,7 @@ def rule_groups(p: Params) -> dict[str, dict[str, Any]]:
 def render(p: Params, params_name: str) -> dict[str, str]:
     """File name -> the rule file's text."""
     header = HEADER.format(params=params_name)
-    return {name: header + _dump(data) for name, data in rule_groups(p).items()}
+    return {name: header + dump_yaml(data) for name, data in rule_groups(p).items()}
 
 
 def write_rules(p: Params, params_name: str, out: Path) -> list[Path]:

@@ -113,28 +113,17 @@ _HOURS = SECONDS_PER_HOUR
 _KWH = JOULES_PER_KWH
 
 
-def _usage_json(usage: Usage) -> dict[str, float]:
-    return {
-        "allocated_gpu_hours": rounded(usage.allocated_gpu_seconds / _HOURS),
-        "used_gpu_hours": rounded(usage.used_gpu_seconds / _HOURS),
-        "charged_gpu_hours": rounded(usage.charged_gpu_seconds / _HOURS),
-        "busy_gpu_hours": rounded(usage.busy_gpu_seconds / _HOURS),
-        "idle_held_gpu_hours": rounded(usage.idle_held_gpu_seconds / _HOURS),
-        "energy_kwh": rounded(usage.energy_joules / _KWH),
-        "power_energy_kwh": rounded(usage.power_energy_joules / _KWH),
-    }
-
-
-def _fleet_json(fleet: Fleet) -> dict[str, float]:
-    return {
-        "gpu_hours": rounded(fleet.gpu_seconds / _HOURS),
-        "down_gpu_hours": rounded(fleet.down_gpu_seconds / _HOURS),
-        "held_gpu_hours": rounded(fleet.held_gpu_seconds / _HOURS),
-        "busy_gpu_hours": rounded(fleet.busy_gpu_seconds / _HOURS),
-        "idle_held_gpu_hours": rounded(fleet.idle_held_gpu_seconds / _HOURS),
-        "energy_kwh": rounded(fleet.energy_joules / _KWH),
-        "power_energy_kwh": rounded(fleet.power_energy_joules / _KWH),
-    }
+def _amounts_json(amounts: Usage | Fleet) -> dict[str, float]:
+    """A Usage or Fleet in the bill's units: every `*_seconds` field as `*_hours`, every
+    `*_joules` field as `*_kwh`."""
+    out: dict[str, float] = {}
+    for f in fields(amounts):
+        value = getattr(amounts, f.name)
+        if f.name.endswith("_seconds"):
+            out[f.name.removesuffix("_seconds") + "_hours"] = rounded(value / _HOURS)
+        elif f.name.endswith("_joules"):
+            out[f.name.removesuffix("_joules") + "_kwh"] = rounded(value / _KWH)
+    return out
 
 
 def _row_json(row: Row) -> dict[str, Any]:
@@ -151,9 +140,9 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
     for day in sorted(bill.days):
         owners, fleet = bill.days[day]
         days[day] = {
-            "fleet": _fleet_json(fleet),
+            "fleet": _amounts_json(fleet),
             "owners": [
-                {"user": owner[0], "project": owner[1], **_usage_json(owners[owner])}
+                {"user": owner[0], "project": owner[1], **_amounts_json(owners[owner])}
                 for owner in sorted(owners, key=owner_sort_key)
             ],
         }

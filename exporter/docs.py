@@ -10,11 +10,11 @@ gpu_audit.selfmetrics.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from exporter import compat
 from exporter import families as fam
+from gpu_audit.gendoc import write_or_check
 from gpu_audit.model.fields import CATALOGUE, GPU_LABELS
 from gpu_audit.selfmetrics import COMPONENT_TITLES, SELF_METRICS
 
@@ -207,16 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 when the file differs from the generated text")
     parser.add_argument("--path", type=Path, default=DEFAULT_PATH)
     args = parser.parse_args(argv)
-    text = generate()
-    if args.check:
-        current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
-        if current != text:
-            print(f"{args.path} is out of date: run python -m exporter.docs", file=sys.stderr)
-            return 1
-        return 0
-    args.path.parent.mkdir(parents=True, exist_ok=True)
-    args.path.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(args.path, generate(), "python -m exporter.docs",
+                          check=args.check)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gpu_audit.config_layers import ENV_PREFIX
+from gpu_audit.gendoc import write_or_check
 from gpu_audit_app.config import Config
 from gpu_audit_app.launcher_main import LauncherConfig, serve_options
 
@@ -389,15 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 when the file differs from what the models generate")
     parser.add_argument("--output", type=Path, default=DEFAULT_PATH)
     args = parser.parse_args(argv)
-    text = generate()
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is out of date: run `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(args.output, generate(), REGENERATE, check=args.check)
 
 
 if __name__ == "__main__":

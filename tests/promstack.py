@@ -169,9 +169,6 @@ def prometheus(tmp: Path, targets: Sequence[str], rule_files: Sequence[Path] = (
                ) -> Iterator[Prometheus]:
     """Prometheus scraping the exporters as job `gpu-audit` with `honor_labels: true`
     (the exporter's `job` label is the workload's, see alerts/README.md)."""
-    binary = need("prometheus")
-    root = tmp / "prometheus"
-    root.mkdir()
     config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(f) for f in rule_files],
@@ -181,8 +178,19 @@ def prometheus(tmp: Path, targets: Sequence[str], rule_files: Sequence[Path] = (
     if alertmanager_url is not None:
         config["alerting"] = {"alertmanagers": [{"static_configs": [
             {"targets": [alertmanager_url.removeprefix("http://")]}]}]}
+    with prometheus_with_config(tmp, "prometheus", config) as prom:
+        yield prom
+
+
+@contextmanager
+def prometheus_with_config(tmp: Path, name: str, config: dict[str, Any]
+                           ) -> Iterator[Prometheus]:
+    """A real Prometheus on a free loopback port with this configuration, in tmp/name."""
+    binary = need("prometheus")
+    root = tmp / name
+    root.mkdir()
     cfg = root / "prometheus.yml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     port = free_port()
     with (root / "log.txt").open("wb") as log:
         proc = subprocess.Popen(
@@ -191,7 +199,7 @@ def prometheus(tmp: Path, targets: Sequence[str], rule_files: Sequence[Path] = (
             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, "prometheus ready")
+        wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, f"{name} ready")
         yield Prometheus(url)
     finally:
         stop(proc)

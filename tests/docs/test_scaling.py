@@ -13,16 +13,19 @@ import json
 import re
 import subprocess
 import urllib.parse
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.netutil import free_port, http_get, wait_for
-from tests.promstack import Prometheus, need, start_exporter, stop, wait_ready
+from tests.netutil import http_get, wait_for
+from tests.promstack import (
+    need,
+    prometheus_with_config,
+    start_exporter,
+    wait_ready,
+)
 from tests.realservers import VictoriaMetrics, victoria_metrics_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,27 +64,6 @@ def test_promtool_accepts_the_snippet(tmp_path: Path, name: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@contextmanager
-def _prometheus(tmp: Path, name: str, config: dict[str, Any]) -> Iterator[Prometheus]:
-    binary = need("prometheus")
-    root = tmp / name
-    root.mkdir()
-    cfg = root / "prometheus.yml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    port = free_port()
-    with (root / "log.txt").open("wb") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={root / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_get(url + "/-/ready")[0] == 200, 60, f"{name} ready")
-        yield Prometheus(url)
-    finally:
-        stop(proc)
-
-
 def _vm_series(vm: VictoriaMetrics, match: str) -> list[dict[str, Any]]:
     status, body = http_get(
         f"{vm.url}/api/v1/series?{urllib.parse.urlencode({'match[]': match})}", timeout=30)
@@ -104,12 +86,12 @@ def test_remote_write_and_federation_run_as_documented(tmp_path: Path) -> None:
             cluster["scrape_configs"][0]["static_configs"] = [{"targets": [exporter.target]}]
             cluster["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
             cluster["remote_write"][0]["queue_config"]["batch_send_deadline"] = "1s"
-            with _prometheus(tmp_path, "cluster", cluster) as node:
+            with prometheus_with_config(tmp_path, "cluster", cluster) as node:
                 glob = _localised(snippets()["global"])
                 glob["global"]["scrape_interval"] = "1s"
                 glob["scrape_configs"][0]["static_configs"] = [
                     {"targets": [node.url.removeprefix("http://")]}]
-                with _prometheus(tmp_path, "global", glob) as top:
+                with prometheus_with_config(tmp_path, "global", glob) as top:
                     wait_for(lambda: bool(node.query('gpu_up{simulated="true"}')), 60,
                              "the cluster Prometheus scraped the exporter")
                     wait_for(lambda: bool(_vm_series(
