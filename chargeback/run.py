@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chargeback.compute import IDLE_POLICIES, build_bill, compare_bills
-from chargeback.directory import load_directory
+from chargeback.directory import Directory, load_directory
 from chargeback.model import Bill, Request, SourceData
-from chargeback.rates import load_rates
+from chargeback.rates import Rates, load_rates
 from gpu_audit.errors import ConfigError
 
 SOURCES = ("prometheus", "archive", "elasticsearch", "opensearch")
@@ -101,11 +101,33 @@ def has_data(data: SourceData) -> bool:
         u.used_gpu_seconds > 0 for u in data.usage.values())
 
 
+def load_tables(rates_path: str, directory_path: str | None) -> tuple[Rates, Directory]:
+    """The rates and directory files, validated together: one ConfigError naming every
+    problem of both."""
+    errors: list[ConfigError] = []
+    rates: Rates | None = None
+    directory: Directory | None = None
+    try:
+        rates = load_rates(rates_path)
+    except ConfigError as exc:
+        errors.append(exc)
+    try:
+        directory = load_directory(directory_path)
+    except ConfigError as exc:
+        errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigError("the rates and directory files",
+                          [p for e in errors for p in e.located()])
+    assert rates is not None and directory is not None
+    return rates, directory
+
+
 def run_chargeback(req: Request, progress: bool = False) -> Result:
     check_request(req)
     assert req.rates is not None
-    rates = load_rates(req.rates)
-    directory = load_directory(req.directory)
+    rates, directory = load_tables(req.rates, req.directory)
     data = read_source(req, progress)
     if not has_data(data):
         where = data.inputs.get("prometheus_url") or req.config or req.source

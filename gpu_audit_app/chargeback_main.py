@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from chargeback.model import Request, SourceData
-from chargeback.run import NoDataError, SourceError, register_reader, run_chargeback
+from chargeback.run import (
+    NoDataError,
+    SourceError,
+    load_tables,
+    register_reader,
+    run_chargeback,
+)
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
@@ -216,6 +222,11 @@ def chargeback_command(args: argparse.Namespace) -> int:
     if args.simulate:
         from gpu_audit_app.chargeback_sim import SimulationError
 
+        # every problem of the rates and directory files before a month is simulated
+        if args.rates is None:
+            raise ConfigError("arguments", ["--rates FILE is needed (an example: "
+                                            "chargeback/examples/rates.yaml)"])
+        load_tables(args.rates, args.directory)
         try:
             args = _simulate(args)
         except SimulationError as exc:

@@ -108,3 +108,20 @@ def test_sim_nodes_bills_copies_of_the_node(tmp_path: Path,
     hosts = {orjson.loads(line)["host"] for p in (out / "sim-archive").glob("gpu-audit-*")
              for line in _lines(p)}
     assert hosts == {"sim-node-01", "sim-node-02"}
+
+
+def test_bad_rates_and_directory_are_refused_before_a_month_is_simulated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every problem of both files at once, exit 2, and no archive written first."""
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("currency: 12\ngpu_hour: {default: -3}\nbogus: 1\n")
+    directory = tmp_path / "directory.yaml"
+    directory.write_text("users: [not, a, mapping]\n")
+    out = tmp_path / "bill"
+    code = main(["chargeback", *PERIOD, "--simulate", "busy", "--rates", str(rates),
+                 "--directory", str(directory), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "currency" in err and "gpu_hour" in err and "bogus" in err and "users" in err
+    assert "rates.yaml" in err and "directory.yaml" in err
+    assert not out.exists()
