@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -63,6 +64,10 @@ class LauncherConfig(BaseModel):
     metrics_listen: str | None = Field(None, description="HOST:PORT of the launcher's "
                                        "Prometheus endpoint (job telemetry; empty host: "
                                        "127.0.0.1); null: none.")
+    web_config_file: Path | None = Field(None, description="TLS and basic auth of the "
+                                         "metrics endpoint: a Prometheus web-config file "
+                                         "(the same format as exporter.web_config_file); "
+                                         "null: plain HTTP, no auth.")
     allow_root_jobs: bool = Field(False, description="Let root submit jobs that run as "
                                   "root (off: refused).")
     log_level: str = Field("info", description="Least severe log level written to stderr "
@@ -181,8 +186,12 @@ def _gpu_source(text: str) -> Any:
 
 
 def _build(config: LauncherConfig) -> Any:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
+    from gpu_audit.http.config import parse_listen
+    from gpu_audit.http.server import MetricsServer
+    from gpu_audit.http.state import LatestState
+    from gpu_audit.http.webconfig import WebConfig, load_web_config
     from launcher.audit import LauncherAudit
     from launcher.engine import Engine
     from launcher.executor import ProcessExecutor, SimGpuBinding, SimGpuView
@@ -206,10 +215,27 @@ def _build(config: LauncherConfig) -> Any:
                     config.core)
     telemetry = Telemetry()
     if config.metrics_listen:
-        host, _, port = config.metrics_listen.rpartition(":")
+        # the project's endpoint (connection limits, timeouts, TLS and basic auth from
+        # web_config_file), as the exporter's and the shipper's
+        try:
+            host, port = parse_listen(config.metrics_listen)
+        except ValueError as exc:
+            raise ConfigError("launcher", [f"metrics_listen: {exc}"]) from exc
+        if config.metrics_listen.startswith(":"):
+            host = "127.0.0.1"  # an empty host is loopback here (documented)
+        web = (load_web_config(config.web_config_file) if config.web_config_file is not None
+               else WebConfig())
         registry = CollectorRegistry(auto_describe=True)
         registry.register(telemetry)
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+        state = LatestState(math.inf, snapshots_expected=False)
+        try:
+            server = MetricsServer(host, port, state, web, registry,
+                                   title="gpu-audit launcher")
+        except OSError as exc:
+            raise ConfigError("launcher", [f"metrics_listen {config.metrics_listen!r}: "
+                                           f"cannot listen: {exc.strerror or exc}"]) from exc
+        server.start()
+        state.set_backend(True)
     audit = LauncherAudit(config.spool_dir or config.state_dir / "spool", simulated=sim)
     jobmap = JobMapWriter(config.jobmap_dir) if config.jobmap_dir is not None else None
     return Service(engine, store, executor, jobmap=jobmap, audit=audit, telemetry=telemetry)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -67,3 +68,30 @@ def test_promtool_accepts_the_exposition() -> None:
     r = subprocess.run([promtool, "check", "metrics"], input=_exposition(),
                        capture_output=True, timeout=30, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_metrics_endpoint_is_the_projects_server_with_basic_auth(tmp_path: Path) -> None:
+    """metrics_listen serves through gpu_audit.http (limits, TLS, basic auth): with a
+    web-config file, a scrape without credentials is refused and one with them served."""
+    import base64
+    import urllib.request
+
+    import bcrypt
+    import yaml
+
+    from gpu_audit_app.launcher_main import LauncherConfig, _build
+    from tests.netutil import free_port, http_get
+
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"basic_auth_users": {
+        "prom": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}}))
+    port = free_port()
+    _build(LauncherConfig(state_dir=tmp_path / "state", gpus="sim:1", jobmap_dir=None,
+                          metrics_listen=f"127.0.0.1:{port}", web_config_file=web))
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert http_get(url)[0] == 401
+    req = urllib.request.Request(url, headers={
+        "Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+        assert b"gpu_audit_launcher_" in resp.read()
