@@ -31,7 +31,10 @@ class Segment:
 def events(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # The job appends while we read: a last line without its newline is still being
+    # written (one write(2) is not atomic against a concurrent read), so it is not read yet.
+    complete = path.read_bytes().rpartition(b"\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def _env(events_file: Path, extra: dict[str, str] | None) -> dict[str, str]:
