@@ -56,8 +56,8 @@ def generate(directory: Path, days: float, gpus: int, interval: float) -> dict[s
     from gpu_audit.audit.config import AuditConfig
     from gpu_audit.audit.producer import AuditProducer
     from gpu_audit.model.attribution import Attribution
-    from tests.audit.factory import gpu, proc, snapshot
     from tests.chargeback.archives import ArchiveWriter
+    from tests.core.audit.factory import gpu, proc, snapshot
 
     nodes = max(1, gpus // GPUS_PER_NODE)
     cycles = int(days * 86_400 / interval)

@@ -28,11 +28,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from exporter.render import RenderOptions, render_snapshot
+from exporter.exposition.render import RenderOptions, render_snapshot
 from gpu_audit.http.config import HttpLimitsConfig
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
-from tests.render.snapshots import small_snapshot
+from tests.exporter.exposition.snapshots import small_snapshot
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 

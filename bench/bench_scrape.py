@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.render import RenderOptions, render_snapshot
+from exporter.exposition.render import RenderOptions, render_snapshot
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from gpu_audit.model.attribution import AttributedProcess, Attribution

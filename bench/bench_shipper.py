@@ -55,7 +55,7 @@ def _env() -> dict[str, str]:
 def _bulk_server() -> tuple[subprocess.Popen[bytes], str]:
     """The in-process bulk server, run in its own process so its CPU is not ours."""
     code = (
-        "from tests.sinks.servers.search import SearchServer\n"
+        "from tests.shipper.sinks.servers.search import SearchServer\n"
         "s = SearchServer('elasticsearch')\n"
         "print(s.url, flush=True)\n"
         "s.serve_forever()\n"

@@ -35,8 +35,8 @@ from shipper.sinks.elasticsearch.sink import SearchSink
 from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.realservers import influxd_server, victoria_metrics_server
-from tests.sinks.records import one_kb_batch
-from tests.sinks.servers.search import SearchServer
+from tests.shipper.sinks.records import one_kb_batch
+from tests.shipper.sinks.servers.search import SearchServer
 
 
 def run_sink(send: Callable[[Sequence[SinkRecord]], Sequence[Any]],

@@ -4,7 +4,7 @@ Used by bench/gpu_check on a real GPU machine:
     python bench/gpu_check_compare.py METRICS.txt QUERY_GPU.csv COMPUTE_APPS.csv
 prints one row per value (ours vs nvidia-smi, tolerance, PASS/FAIL) and exits 1 when
 any row fails. The parsing and the tolerances live here so they are unit-tested
-(tests/backends/test_gpu_check_compare.py) before they ever meet a GPU.
+(tests/exporter/backends/test_gpu_check_compare.py) before they ever meet a GPU.
 
 This script must never talk to a GPU itself: it only reads the captured texts.
 """

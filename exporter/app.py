@@ -35,7 +35,7 @@ from exporter.audit_spool import ReopeningSpool, SplitModeGc, SpoolGcPlan
 from exporter.backends import BackendUnavailable, create_backend
 from exporter.config import ExporterConfig
 from exporter.endpoint import exporter_server
-from exporter.render import RenderOptions
+from exporter.exposition.render import RenderOptions
 from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.sim.fakeproc import write_fake_proc

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.backends.base import GpuBackend
-from exporter.render import Renderer, RenderOptions
+from exporter.exposition.render import Renderer, RenderOptions
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.samples import BackendInfo, GpuSample

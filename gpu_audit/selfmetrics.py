@@ -2,7 +2,7 @@
 serves (sampler, renderer, HTTP endpoint, audit producer, spool, shipper).
 
 It lives in core because the shipper must not import the exporter: each collector takes
-its name, type, HELP and label names from here, and `python -m exporter.docs` writes
+its name, type, HELP and label names from here, and `python -m exporter.exposition.docs` writes
 docs/METRICS.md from it, so a served self-metric cannot be missing from the docs (a test
 scrapes a live `gpu-audit run` and checks). Self-metrics describe gpu-audit itself, so
 they never carry `simulated`, even under the simulator.

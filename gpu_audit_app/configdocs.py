@@ -6,7 +6,7 @@ pydantic models the loader validates against (gpu_audit_app.config.Config and th
 section models it composes): key, type, default, allowed values, description, the
 environment variable and the command-line option that set it. This module must never
 describe a key by hand; where a description is missing, the fix is a `description=` in
-the model (tests/config/test_config_reference.py fails on a key without one).
+the model (tests/app/config/test_config_reference.py fails on a key without one).
 
 It lives in the app layer because only the app layer sees every section.
 """

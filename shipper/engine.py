@@ -14,7 +14,7 @@ Two ways to run:
   offset); this engine only reads what is readable and commits cursors.
 
 What it sees of the spool (its end, whether it refuses records, its size) and the
-directory locks are shipper/spoolview.py; one sink's loop is shipper/worker.py.
+directory locks are shipper/spoolview.py; one sink's loop is shipper/delivery/worker.py.
 
 One shipper at a time per spool: the engine locks `<spool>/shipper/.shipper.lock` (the
 cursors and ledgers), its dead-letter directory and every archive directory before it
@@ -42,16 +42,16 @@ from gpu_audit.errors import EXIT_FAILURE, EXIT_OK
 from gpu_audit.lockfile import ProcessLock
 from gpu_audit.spool import CursorStore, SpoolReader, SpoolWriter, gc_floor
 from gpu_audit.spool.config import SpoolConfig, default_deadletter_dir
-from shipper.backoff import Backoff
 from shipper.config import ShipperConfig
 from shipper.deadletter import DeadLetterFile
+from shipper.delivery.backoff import Backoff
+from shipper.delivery.worker import SinkWorker
 from shipper.ledger import Ledger
 from shipper.metrics import ShipperCollector, SinkStatus, SpoolStatus
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.base import Sink
 from shipper.sinks.registry import create_sink
 from shipper.spoolview import FullState, SpoolEnd, lock_directories, spool_status
-from shipper.worker import SinkWorker
 
 log = logging.getLogger(__name__)
 

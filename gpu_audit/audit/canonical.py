@@ -77,7 +77,7 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     when the first `,"host":` is the top-level one (it cannot occur inside a JSON string,
     whose quotes are all escaped) and no top-level key sorts between "hash" and "host";
     for any record where that is not certain (a nested object or a brace before it, a
-    key such as "hint") the record is simply serialised again. tests/audit/test_golden.py
+    key such as "hint") the record is simply serialised again. tests/core/audit/test_golden.py
     holds this to seal_reference() on arbitrary records.
 
     A record whose `prev_hash` is PENDING (and that has no `hash` yet) was built by the

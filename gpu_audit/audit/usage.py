@@ -4,7 +4,7 @@ energy between them (gpu_audit.audit.accounting).
 
 Two ways to build `process` records, giving the same stored bytes: plain dicts (the
 reference), and, when the PartsCache holds pre-serialised parts, copies of templates whose
-keys are already in sorted order so seal() need not sort (tests/audit/test_golden.py
+keys are already in sorted order so seal() need not sort (tests/core/audit/test_golden.py
 holds the two equal). Pure: no I/O.
 """
 

@@ -3,7 +3,7 @@
 Backends fill `GpuSample.values[key]` with values in the base unit named here; the
 exporter's renderer turns each entry into one metric family, the audit record builder
 names record fields after it; `docs/METRICS.md` is generated from
-this list (`python -m exporter.docs`) and a test fails when the two disagree.
+this list (`python -m exporter.exposition.docs`) and a test fails when the two disagree.
 
 Rules kept here so nothing downstream has to: base units (bytes, seconds, celsius,
 joules, hertz, ratio 0..1), `_total` on counters, lower-case labels, and HELP that names

@@ -3,7 +3,7 @@
 Each sink's own model lives in its folder (`shipper/sinks/<name>/config.py`); this module
 only joins them into the discriminated union the YAML is validated against. The union is
 spelled out (not built from the registry) so type checkers see every member;
-tests/sinks/test_registry.py proves it and shipper/sinks/registry.py list the same types.
+tests/shipper/sinks/test_registry.py proves it and shipper/sinks/registry.py list the same types.
 Secrets are never written in the YAML (shipper/sinks/credentials.py).
 """
 

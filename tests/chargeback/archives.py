@@ -16,7 +16,7 @@ from gpu_audit.model.snapshot import Snapshot
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import SinkRecord
-from tests.audit.fakes import MemorySpool
+from tests.core.audit.fakes import MemorySpool
 
 
 class ArchiveWriter:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from tests.sinks.servers.search import SearchServer, _Handler
+from tests.shipper.sinks.servers.search import SearchServer, _Handler
 
 
 class Unsupported(Exception):

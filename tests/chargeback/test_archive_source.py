@@ -29,8 +29,8 @@ from chargeback.sources.archive import ArchiveRefused, read_archive
 from gpu_audit.model.attribution import Attribution
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
-from tests.audit.factory import ALICE, BOB, gpu, proc, snapshot
 from tests.chargeback.archives import produce, rewrite_part, write_archive
+from tests.core.audit.factory import ALICE, BOB, gpu, proc, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

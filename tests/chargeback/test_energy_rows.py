@@ -21,8 +21,8 @@ from chargeback.directory import load_directory
 from chargeback.model import UNATTRIBUTED, Request
 from chargeback.rates import load_rates
 from chargeback.sources.archive import read_archive
-from tests.audit.factory import ALICE, gpu, proc, snapshot
 from tests.chargeback.archives import produce, write_archive
+from tests.core.audit.factory import ALICE, gpu, proc, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

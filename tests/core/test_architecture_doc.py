@@ -12,7 +12,7 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 def _first_column_paths() -> list[Path]:
     """The backticked paths of the table's first column; a bare name after a path
-    (`exporter/render.py`, `compat.py`) is in the same folder as the first."""
+    (`exporter/exposition/render.py`, `compat.py`) is in the same folder as the first."""
     text = DOC.read_text()
     table = text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
     paths: list[Path] = []

@@ -16,7 +16,7 @@ import pytest
 from dashboards import build, kibana
 from gpu_audit_app.cli import main
 from tests.netutil import http_get, wait_for
-from tests.sinks.test_containers import _docker_reason
+from tests.shipper.sinks.test_containers import _docker_reason
 
 _REASON = _docker_reason()
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from exporter.render import RenderOptions
+from exporter.exposition.render import RenderOptions
 from exporter.sampler import Sampler
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample

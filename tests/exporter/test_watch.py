@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from exporter.render import RenderOptions
+from exporter.exposition.render import RenderOptions
 from exporter.sampler import Sampler
 from exporter.sim.backend import SimBackend
 from exporter.sim.scenario import load_scenario
@@ -17,7 +17,7 @@ from exporter.watch import GpuWatch, SummaryLog
 from gpu_audit.model.samples import BackendInfo, GpuInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot
 from tests.exporter.helpers import NoAttribution
-from tests.sim.conftest import FakeClock
+from tests.exporter.sim.conftest import FakeClock
 
 
 def watch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

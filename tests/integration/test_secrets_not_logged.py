@@ -31,9 +31,9 @@ from gpu_audit_app.config import load_config
 from shipper.engine import Shipper
 from tests.netutil import bound_port, http_get, wait_for
 from tests.shipper.producer import chained
-from tests.sinks.servers.forward import ForwardServer
-from tests.sinks.servers.influx import InfluxServer
-from tests.sinks.servers.search import SearchServer
+from tests.shipper.sinks.servers.forward import ForwardServer
+from tests.shipper.sinks.servers.influx import InfluxServer
+from tests.shipper.sinks.servers.search import SearchServer
 
 # Distinctive, and with characters that URL encoding changes (the query form differs).
 CANARIES = {

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from launcher.gpustate import ExporterStatusSource, NvmlSource, SimGpuSource
-from tests.backends.fake_nvml import FakeGpu, FakeNvml, proc
+from tests.exporter.backends.fake_nvml import FakeGpu, FakeNvml, proc
 
 NOW = 1_700_000_000.0
 STATUS = {"gpus": [

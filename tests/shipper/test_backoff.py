@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from shipper.backoff import Backoff
+from shipper.delivery.backoff import Backoff
 
 
 def test_full_jitter_stays_within_the_capped_exponential_ceiling() -> None:

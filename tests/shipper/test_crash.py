@@ -24,7 +24,7 @@ from gpu_audit.audit.verify import verify_readback
 from gpu_audit.spool import CursorStore
 from tests.realservers import influxd_server, victoria_metrics_server
 from tests.shipper.helpers import ROOT, archive_docs, subprocess_env, wait_for_signal_handler
-from tests.sinks.servers.search import SearchServer
+from tests.shipper.sinks.servers.search import SearchServer
 
 N = 6000
 KILLS = 22

@@ -98,7 +98,7 @@ def template_body(cfg: SearchConfig) -> dict[str, Any]:
         "gpu": {"properties": {"uuid": keyword, "index": {"type": "integer"}, "name": keyword}},
         "process": {"properties": {"pid": {"type": "long"}, "name": keyword,
                                    "uid": {"type": "long"}}},
-        # field names as records have them (tests/audit/test_sink_field_names.py)
+        # field names as records have them (tests/core/audit/test_sink_field_names.py)
         "attribution": {"properties": {"user": keyword, "project": keyword, "job": keyword,
                                        "k8s_pod": keyword, "k8s_namespace": keyword}},
         "gpu_seconds": {"type": "double"}, "energy_joules": {"type": "double"},

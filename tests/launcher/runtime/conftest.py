@@ -1,0 +1,21 @@
+"""Fixtures shared by the daemon tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.runtime.users import ALICE, BOB, local_user, shared_dir
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A directory both test users can read and write, with alice and bob created."""
+    local_user(ALICE)
+    local_user(BOB)
+    d = shared_dir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
