@@ -1,36 +1,27 @@
-"""The audit manifest beside every export, and `--replay`, which re-runs it.
+"""The audit manifest beside every export: what a bill was made from, and how a
+manifest is read back.
 
 `manifest.json` records everything a bill was made from: the request (period, source,
 every option), every query the source issued, what it read with its fingerprint, the
 rates and directory files (sha256 and their full content), the config file (sha256
 only: it may hold sink credentials), the software version and the sha256 of each output.
+`load_manifest` reads one back and refuses (ConfigError, exit 2) a file that is not a
+manifest or whose embedded content does not match its own hash;
+`chargeback.replay` re-runs it.
 
-Replay rebuilds the request from the manifest and runs it again through
-`chargeback.run.run_chargeback`, with the rates and directory taken from the content
-embedded in the manifest (checked against the recorded sha256), so a bill can be
-re-derived after those files were edited or deleted; a file that changed since is
-reported, not used. It then compares each output's sha256 with the manifest's and
-says which differ (exit 1) or that all are byte-identical (exit 0); differences in the
-source's inputs and queries are reported beside, but only the outputs decide. A
-manifest that is not one, or whose embedded content does not match its own hash, is
-refused (ConfigError, exit 2).
-
-Like the outputs, the manifest holds no wall-clock time. Replay never writes into the
-directory of the export it checks.
+Like the outputs, the manifest holds no wall-clock time. This module never runs a bill.
 """
 
 from __future__ import annotations
 
 import base64
-import sys
-import tempfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import orjson
 
-from chargeback.model import Bill, Request, SourceData
+from chargeback.model import Request, SourceData
 from chargeback.values import (
     MANIFEST_NAME,
     OUTPUT_NAMES,
@@ -44,14 +35,14 @@ from gpu_audit.errors import ConfigError
 MANIFEST_FORMAT = "gpu-audit-chargeback-manifest/1"
 EMBEDDED_FILES = ("rates", "directory")  # Request fields whose file content is embedded
 HASHED_FILES = ("config",)  # Request fields whose file is hashed, not embedded
-_TIME_FIELDS = ("start", "end")
+TIME_FIELDS = ("start", "end")
 
 
 def _request_json(req: Request) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(req):
         value = getattr(req, f.name)
-        if f.name in _TIME_FIELDS:
+        if f.name in TIME_FIELDS:
             value = rfc3339(value)
         elif isinstance(value, tuple):
             value = list(value)
@@ -118,7 +109,7 @@ def render_manifest(req: Request, data: SourceData, outputs: dict[str, str]) -> 
                         option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
 
-# -- replay -----------------------------------------------------------------------------
+# -- reading a manifest back ------------------------------------------------------------
 
 def load_manifest(path: Path) -> dict[str, Any]:
     """Read and check a manifest; every problem found is reported at once."""
@@ -148,7 +139,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
     problems += [f"request.{key}: unknown option" for key in sorted(set(request) - names)]
     problems += [f"request.{key}: missing" for key in sorted(names - set(request))
                  if key not in ("include_simulated", "allow_unverified", "compare_with")]
-    for key in _TIME_FIELDS:
+    for key in TIME_FIELDS:
         if isinstance(request.get(key), str):
             try:
                 parse_rfc3339(request[key])
@@ -163,7 +154,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
                 problems.append(f"files.{name}: missing while request.{name} is set")
             continue
         try:
-            content = _embedded(entry)
+            content = embedded(entry)
         except (TypeError, ValueError, KeyError) as exc:
             problems.append(f"files.{name}: no usable embedded content ({exc})")
             continue
@@ -175,132 +166,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _embedded(entry: dict[str, Any]) -> bytes:
+def embedded(entry: dict[str, Any]) -> bytes:
+    """The bytes of an embedded file entry (UTF-8 text, or base64 for other bytes)."""
     if "content" in entry:
         return str(entry["content"]).encode("utf-8")
     return base64.b64decode(entry["content_base64"], validate=True)
-
-
-def _replay_request(doc: dict[str, Any], workdir: Path, out: Path,
-                    say: TextIO) -> Request:
-    request = dict(doc["request"])
-    for key in _TIME_FIELDS:
-        request[key] = parse_rfc3339(request[key])
-    request["compare_with"] = tuple(request.get("compare_with", ()))
-    for name in EMBEDDED_FILES:
-        entry = doc["files"].get(name)
-        if entry is None:
-            continue
-        content = _embedded(entry)
-        original = Path(entry["path"])
-        try:
-            now = sha256_bytes(original.read_bytes())
-        except OSError:
-            say.write(f"note: the {name} file {original} is gone; using the copy in "
-                      "the manifest\n")
-        else:
-            if now != entry["sha256"]:
-                say.write(f"note: the {name} file {original} changed since the export "
-                          f"(sha256 {now[:12]}, was {entry['sha256'][:12]}); using the "
-                          "copy in the manifest\n")
-        copy = workdir / f"{name}{original.suffix or '.yaml'}"
-        copy.write_bytes(content)
-        request[name] = str(copy)
-    for name in HASHED_FILES:
-        entry = doc["files"].get(name)
-        if entry is None:
-            continue
-        try:
-            now = sha256_bytes(Path(entry["path"]).read_bytes())
-        except OSError as exc:
-            raise ConfigError(str(entry["path"]), [
-                f"the {name} file the export used cannot be read: {exc.strerror or exc}"
-            ]) from exc
-        if now != entry["sha256"]:
-            say.write(f"note: the {name} file {entry['path']} changed since the export "
-                      f"(sha256 {now[:12]}, was {entry['sha256'][:12]})\n")
-    request["out"] = str(out)
-    return Request(**request)
-
-
-def _diff_lines(label: str, was: list[str], now: list[str]) -> list[str]:
-    if was == now:
-        return []
-    gone = [q for q in was if q not in now]
-    new = [q for q in now if q not in was]
-    lines = [f"{label} differ ({len(was)} recorded, {len(now)} now)"]
-    lines += [f"  - only recorded: {q}" for q in gone[:10]]
-    lines += [f"  - only now: {q}" for q in new[:10]]
-    if not gone and not new:
-        lines.append("  - same entries, different order")
-    return lines
-
-
-def compare_outputs(doc: dict[str, Any], hashes: dict[str, str]) -> list[str]:
-    """Each output whose sha256 differs from the manifest's (what makes replay fail)."""
-    lines: list[str] = []
-    for name in OUTPUT_NAMES:
-        was, now = doc["outputs"].get(name), hashes.get(name)
-        if was != now:
-            lines.append(f"{name}: sha256 {now} differs from the manifest's {was}")
-    return lines
-
-
-def compare_sources(doc: dict[str, Any], data: SourceData) -> list[str]:
-    """How what the source read and asked differs (context: an archive that grew past
-    the period, or a Prometheus that compacted, may differ and still give the same bill)."""
-    source = doc["source"]
-    lines: list[str] = []
-    inputs_was: dict[str, str] = source.get("inputs", {})
-    for key in sorted(set(inputs_was) | set(data.inputs)):
-        was, now = inputs_was.get(key), data.inputs.get(key)
-        if was != now:
-            lines.append(f"input {key}: {now!r} now, {was!r} in the manifest")
-    lines += _diff_lines("queries", list(source.get("queries", [])), list(data.queries))
-    compared = doc.get("compared_sources", {})
-    for name, other in sorted(data.compared.items()):
-        was = compared.get(name, {})
-        lines += _diff_lines(f"--compare-with {name} queries", list(was.get("queries", [])),
-                             list(other.queries))
-    return lines
-
-
-def run_request(req: Request) -> tuple[Bill, SourceData, dict[str, str]]:
-    """The one way replay runs a request: `chargeback.run.run_chargeback`, imported when
-    a replay needs it (run imports the outputs, which import this module)."""
-    from chargeback.run import run_chargeback  # noqa: PLC0415
-
-    result = run_chargeback(req, False)
-    return result.bill, result.data, result.outputs
-
-
-def replay(manifest_path: Path, out_dir: Path | None = None, *,
-           say: TextIO | None = None) -> int:
-    """Re-run the export `manifest_path` describes; 0 when every output is identical.
-
-    `out_dir` keeps the re-run's files (it must not be the export's own directory);
-    None writes them to a temporary directory that is removed afterwards.
-    """
-    say = say or sys.stdout
-    doc = load_manifest(manifest_path)
-    if out_dir is not None and out_dir.resolve() == manifest_path.parent.resolve():
-        raise ConfigError("--out", [f"{out_dir} holds the export being checked: give "
-                                    "replay another directory"])
-    with tempfile.TemporaryDirectory(prefix="gpu-audit-replay-") as tmp:
-        workdir = Path(tmp)
-        out = out_dir if out_dir is not None else workdir / "out"
-        req = _replay_request(doc, workdir, out, say)
-        _bill, data, hashes = run_request(req)
-    differ = compare_outputs(doc, hashes)
-    context = compare_sources(doc, data)
-    period = f"{doc['request']['start']} .. {doc['request']['end']}"
-    if not differ:
-        say.write(f"replay of {manifest_path} ({period}, {doc['request']['source']}): "
-                  f"{len(OUTPUT_NAMES)} outputs byte-identical\n")
-    else:
-        say.write(f"replay of {manifest_path} ({period}) differs:\n")
-        say.writelines(f"  {line}\n" for line in differ)
-    if context:
-        say.write("the source read differently this time:\n")
-        say.writelines(f"  {line}\n" for line in context)
-    return 1 if differ else 0

@@ -1,24 +1,28 @@
 """One chargeback run: inputs, source, bill, outputs.
 
-`run_chargeback(req)` loads the rates and directory files, reads the period from the
-source the request names (Prometheus built in; the archive and search readers are
-registered by the app layer, which reads their settings from the gpu-audit
-configuration), refuses a period with no data (an empty bill would look valid),
-builds the bill (and, for each `--compare-with` source, that source's bill of the same
-period, compared with it: `Reconciliation.comparisons`) and hands it to
-`chargeback.outputs.write_outputs`, which writes the CSV, JSON, HTML and the manifest
-into `req.out` and returns each file's sha256.
+`run_chargeback(req, readers=...)` loads the rates and directory files, reads the period
+with the reader of the source the request names, refuses a period with no data (an
+empty bill would look valid), builds the bill (and, for each `--compare-with` source,
+that source's bill of the same period, compared with it: `Reconciliation.comparisons`)
+and hands it to `chargeback.outputs.write_outputs`, which writes the CSV, JSON, HTML and
+the manifest into `req.out` and returns each file's sha256.
+
+The readers are the caller's: the app layer (gpu_audit_app.chargeback_main) builds one
+per source from the gpu-audit configuration (the archive directory and HMAC key, the
+search sinks), which chargeback may not import. This module keeps no registry of its
+own, and never imports replay (chargeback.replay sits above it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chargeback.compute import IDLE_POLICIES, build_bill, compare_bills
 from chargeback.directory import Directory, load_directory
 from chargeback.model import Bill, Request, SourceData
+from chargeback.outputs import write_outputs
 from chargeback.rates import Rates, load_rates
 from gpu_audit.errors import ConfigError
 
@@ -63,36 +67,20 @@ def check_request(req: Request) -> None:
 
 
 Reader = Callable[[Request, bool], SourceData]
-# source name -> reader, for the sources whose settings live in the gpu-audit
-# configuration (archive directory, HMAC key, search sink): the app layer reads that
-# configuration (chargeback may not import it) and registers a reader here before a run
-# or a replay. Prometheus needs only the request and is built in.
-_READERS: dict[str, Reader] = {}
+"""One source's reader: the period of `req` from that source (`progress`: show a bar),
+raising SourceError when the source cannot be read."""
 
 
 class SourceError(RuntimeError):
     """A source could not be read (unreachable, refused, broken trail): exit 1."""
 
 
-def register_reader(source: str, reader: Reader) -> None:
-    _READERS[source] = reader
-
-
-def read_source(req: Request, progress: bool = False) -> SourceData:
-    if req.source == "prometheus" and req.source not in _READERS:
-        from chargeback.sources.prometheus import (  # noqa: PLC0415
-            PrometheusError,
-            read_prometheus,
-        )
-
-        try:
-            return read_prometheus(req, progress)
-        except PrometheusError as exc:
-            raise SourceError(str(exc)) from None
-    reader = _READERS.get(req.source)
+def read_source(req: Request, readers: Mapping[str, Reader], progress: bool = False
+                ) -> SourceData:
+    reader = readers.get(req.source)
     if reader is None:
         raise SourceError(f"no reader for --source {req.source} in this program "
-                          "(gpu-audit chargeback registers them)")
+                          "(gpu-audit chargeback passes them)")
     return reader(req, progress)
 
 
@@ -124,11 +112,14 @@ def load_tables(rates_path: str, directory_path: str | None) -> tuple[Rates, Dir
     return rates, directory
 
 
-def run_chargeback(req: Request, progress: bool = False) -> Result:
+def run_chargeback(req: Request, *, readers: Mapping[str, Reader],
+                   progress: bool = False) -> Result:
+    """The bill of `req` read with `readers` (source name -> reader), written to
+    `req.out`."""
     check_request(req)
     assert req.rates is not None
     rates, directory = load_tables(req.rates, req.directory)
-    data = read_source(req, progress)
+    data = read_source(req, readers, progress)
     if not has_data(data):
         where = data.inputs.get("prometheus_url") or req.config or req.source
         raise NoDataError(f"no data for {req.start.isoformat()} .. {req.end.isoformat()} "
@@ -136,7 +127,7 @@ def run_chargeback(req: Request, progress: bool = False) -> Result:
     bill = build_bill(data, rates, directory, req.idle_policy)
     for other in req.compare_with:
         # the same period, rates, directory and policy from another source
-        odata = read_source(replace(req, source=other, compare_with=()), progress)
+        odata = read_source(replace(req, source=other, compare_with=()), readers, progress)
         if not has_data(odata):
             raise NoDataError(f"no data for {req.start.isoformat()} .. "
                               f"{req.end.isoformat()} from {other} (--compare-with): "
@@ -145,8 +136,6 @@ def run_chargeback(req: Request, progress: bool = False) -> Result:
         obill = build_bill(odata, rates, directory, req.idle_policy)
         bill.reconciliation.comparisons[other] = compare_bills(bill, obill)
         bill.reconciliation.other_sources[other] = obill.reconciliation.fleet_gpu_hours
-    from chargeback.outputs import write_outputs  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
     out = Path(req.out)
     out.mkdir(parents=True, exist_ok=True)
     outputs: dict[str, str] = write_outputs(bill, req, data, out)

@@ -2,8 +2,12 @@
 
 Exit 0 with the outputs written, 1 when the source is unreachable or has no data for
 the period (no bill is written), 2 for bad arguments, rates or directory files.
-`--replay MANIFEST` hands over to `chargeback.manifest.replay`, which reruns the
+`--replay MANIFEST` hands over to `chargeback.replay.replay`, which reruns the
 recorded request and checks the outputs byte for byte.
+
+The source readers are built here (`readers()`), because two of them read the gpu-audit
+configuration (where the archive and the search sinks are), which chargeback may not
+import; a run and a replay get the same ones.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,9 +23,9 @@ from typing import Any
 from chargeback.model import Request, SourceData
 from chargeback.run import (
     NoDataError,
+    Reader,
     SourceError,
     load_tables,
-    register_reader,
     run_chargeback,
 )
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
@@ -129,7 +134,7 @@ def _bar(enabled: bool, what: str) -> Any:
 def _settings(req: Request) -> Any:
     """Where the archive or the search sink is, from --config (gpu_audit_app's
     chargeback_sources reads the shipper's sink configuration)."""
-    from gpu_audit_app import chargeback_sources  # type: ignore[attr-defined,unused-ignore]
+    from gpu_audit_app import chargeback_sources
 
     path = Path(req.config) if req.config else None
     if req.source == "archive":
@@ -139,7 +144,7 @@ def _settings(req: Request) -> Any:
 
 def _archive(req: Request, progress: bool) -> SourceData:
     directory, key = _settings(req)
-    from chargeback.sources.archive import (  # type: ignore[import-not-found,unused-ignore]
+    from chargeback.sources.archive import (
         ArchiveRefused,
         read_archive,
     )
@@ -161,7 +166,7 @@ def _archive(req: Request, progress: bool) -> SourceData:
 
 def _search(req: Request, progress: bool) -> SourceData:
     settings = _settings(req)
-    from chargeback.sources.search import (  # type: ignore[import-not-found,unused-ignore]
+    from chargeback.sources.search import (
         SearchUnavailable,
         read_search,
     )
@@ -173,11 +178,20 @@ def _search(req: Request, progress: bool) -> SourceData:
         raise SourceError(str(exc)) from None
 
 
-def register_readers() -> None:
-    """The sources whose settings are in the gpu-audit configuration (see chargeback.run)."""
-    register_reader("archive", _archive)
-    register_reader("elasticsearch", _search)
-    register_reader("opensearch", _search)
+def _prometheus(req: Request, progress: bool) -> SourceData:
+    from chargeback.sources.prometheus import PrometheusError, read_prometheus
+
+    try:
+        return read_prometheus(req, progress)
+    except PrometheusError as exc:
+        raise SourceError(str(exc)) from None
+
+
+def readers() -> Mapping[str, Reader]:
+    """Source name -> reader, for `run_chargeback` and `replay` (looked up when called,
+    so each reader is the module's current one)."""
+    return {"prometheus": _prometheus, "archive": _archive,
+            "elasticsearch": _search, "opensearch": _search}
 
 
 def _simulate(args: argparse.Namespace) -> argparse.Namespace:
@@ -210,12 +224,11 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def chargeback_command(args: argparse.Namespace) -> int:
-    register_readers()
     if args.replay:
-        from chargeback.manifest import replay
+        from chargeback.replay import replay
 
         try:
-            return replay(Path(args.replay))
+            return replay(Path(args.replay), readers=readers())
         except (SourceError, NoDataError) as exc:
             print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
             return EXIT_FAILURE
@@ -234,7 +247,7 @@ def chargeback_command(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
     req = request(args)
     try:
-        result = run_chargeback(req, progress=sys.stderr.isatty())
+        result = run_chargeback(req, readers=readers(), progress=sys.stderr.isatty())
     except (SourceError, NoDataError) as exc:
         print(f"gpu-audit chargeback: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -27,6 +27,7 @@ from tests.chargeback.fixtures import sample_bill, sample_request, sample_source
 def _month_export(tmp: Path) -> Path:
     from chargeback.model import Request
     from chargeback.run import run_chargeback
+    from gpu_audit_app.chargeback_main import readers
     from tests.chargeback.month import scenario
     from tests.chargeback.promfill import backfilled_prometheus
 
@@ -37,7 +38,7 @@ def _month_export(tmp: Path) -> Path:
                       prometheus_url=prom.url, rates=str(root / "rates.yaml"),
                       directory=str(root / "directory.yaml"), idle_policy="proportional",
                       out=str(tmp / "bill"))
-        run_chargeback(req, False)
+        run_chargeback(req, readers=readers())
     return tmp / "bill"
 
 

@@ -1,7 +1,7 @@
 """The audit manifest: it records the request, the queries, the inputs and the rates and
 directory files (content embedded), and replay re-runs it and compares every output.
 
-Replay's call into the pipeline (`chargeback.manifest.run_request`) is replaced here by a
+Replay's call into the pipeline (`chargeback.replay.run_request`) is replaced here by a
 small pipeline that reads the rates file from the request, as the real one does, and
 writes through the real `write_outputs`: these tests are about the manifest, not about
 the sources (tests/chargeback/test_replay_*.py replays a real archive export)."""
@@ -11,18 +11,24 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from chargeback import manifest as manifest_mod
-from chargeback.manifest import MANIFEST_FORMAT, load_manifest, replay
+from chargeback import replay as replay_mod
+from chargeback.manifest import MANIFEST_FORMAT, load_manifest
 from chargeback.model import Bill, Request, SourceData
 from chargeback.outputs import write_outputs
+from chargeback.replay import replay
+from chargeback.run import Reader
 from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
 from gpu_audit import __version__
 from gpu_audit.errors import ConfigError
 from tests.chargeback.fixtures import sample_bill, sample_request, sample_source_data
+
+# run_request is replaced below, so replay reads no source
+NO_READERS: dict[str, Reader] = {}
 
 
 def _export(tmp_path: Path, days: int = 3) -> tuple[Path, Request, dict[str, str]]:
@@ -41,7 +47,8 @@ class Pipeline:
         self.requests: list[Request] = []
         self.source_drift: dict[str, str] = {}
 
-    def __call__(self, req: Request) -> tuple[Bill, SourceData, dict[str, str]]:
+    def __call__(self, req: Request, readers: Mapping[str, Reader]
+                 ) -> tuple[Bill, SourceData, dict[str, str]]:
         self.requests.append(req)
         bill = sample_bill(days=self.days)
         assert req.rates is not None
@@ -93,10 +100,10 @@ def test_replay_reproduces_every_output(tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     path, _req, hashes = _export(tmp_path)
     pipeline = Pipeline()
-    monkeypatch.setattr(manifest_mod, "run_request", pipeline)
+    monkeypatch.setattr(replay_mod, "run_request", pipeline)
     out = io.StringIO()
     again = tmp_path / "again"
-    assert replay(path, again, say=out) == 0, out.getvalue()
+    assert replay(path, again, readers=NO_READERS, say=out) == 0, out.getvalue()
     assert "3 outputs byte-identical" in out.getvalue()
     assert (again / CSV_NAME).read_bytes() == (path.parent / CSV_NAME).read_bytes()
     replayed = pipeline.requests[0]
@@ -111,16 +118,16 @@ def test_replay_uses_the_embedded_rates_after_the_file_changed_or_went(
     """Editing or deleting the rates file after the export does not change the replay:
     the bill is re-derived from the manifest's copy, and the change is reported."""
     path, req, _ = _export(tmp_path)
-    monkeypatch.setattr(manifest_mod, "run_request", Pipeline())
+    monkeypatch.setattr(replay_mod, "run_request", Pipeline())
     assert req.rates is not None
     rates = Path(req.rates)
     rates.write_text(rates.read_text().replace("default: 2.5", "default: 9.0"))
     out = io.StringIO()
-    assert replay(path, say=out) == 0, out.getvalue()
+    assert replay(path, readers=NO_READERS, say=out) == 0, out.getvalue()
     assert "changed since the export" in out.getvalue()
     rates.unlink()
     out = io.StringIO()
-    assert replay(path, say=out) == 0, out.getvalue()
+    assert replay(path, readers=NO_READERS, say=out) == 0, out.getvalue()
     assert "is gone; using the copy in the manifest" in out.getvalue()
 
 
@@ -132,14 +139,15 @@ def test_replay_names_each_output_that_differs(tmp_path: Path,
     pipeline = Pipeline(days=3)
     pipeline.source_drift = {"2026-11-02.jsonl.gz": "f" * 64}
 
-    def drifted(req: Request) -> tuple[Bill, SourceData, dict[str, str]]:
-        bill, data, _ = pipeline(req)
+    def drifted(req: Request, readers: Mapping[str, Reader]
+                ) -> tuple[Bill, SourceData, dict[str, str]]:
+        bill, data, _ = pipeline(req, readers)
         bill.rows[0].total_cost += 1.0
         return bill, data, write_outputs(bill, req, data, Path(req.out))
 
-    monkeypatch.setattr(manifest_mod, "run_request", drifted)
+    monkeypatch.setattr(replay_mod, "run_request", drifted)
     out = io.StringIO()
-    assert replay(path, say=out) == 1
+    assert replay(path, readers=NO_READERS, say=out) == 1
     text = out.getvalue()
     assert f"{CSV_NAME}: sha256" in text and f"{JSON_NAME}: sha256" in text
     assert "input 2026-11-02.jsonl.gz" in text
@@ -176,4 +184,4 @@ def test_not_a_manifest_is_refused(tmp_path: Path) -> None:
 def test_replay_never_writes_over_the_export_it_checks(tmp_path: Path) -> None:
     path, _, _ = _export(tmp_path)
     with pytest.raises(ConfigError, match="holds the export being checked"):
-        replay(path, path.parent)
+        replay(path, path.parent, readers=NO_READERS)

@@ -20,6 +20,7 @@ from chargeback.compute import build_bill
 from chargeback.directory import load_directory
 from chargeback.model import Bill, Request, Row
 from chargeback.rates import load_rates
+from chargeback.run import Reader
 from chargeback.sources.prometheus import RULES, read_prometheus
 from gpu_audit_app.cli import main
 from tests.chargeback.month import A100, H100, scenario
@@ -246,20 +247,15 @@ def test_missing_recording_rules_are_named_not_called_no_data(tmp_path: Path) ->
 def test_cli_month_hands_the_bill_to_write_outputs(prom: Backfilled, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """The whole command on the month; chargeback.outputs (the report helper's module) is
-    stood in for here, to pin the call: write_outputs(bill, req, data, out_dir)."""
-    import sys
-    import types
-
+    """The whole command on the month; chargeback.outputs.write_outputs is stood in for
+    here, to pin the call: write_outputs(bill, req, data, out_dir)."""
     calls: list[tuple[object, ...]] = []
 
     def write_outputs(bill: Bill, req: Request, data: object, out: Path) -> dict[str, str]:
         calls.append((bill, req, data, out))
         return {"bill.csv": "0" * 64}
 
-    fake = types.ModuleType("chargeback.outputs")
-    fake.write_outputs = write_outputs  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "chargeback.outputs", fake)
+    monkeypatch.setattr("chargeback.run.write_outputs", write_outputs)
     out = tmp_path / "bill"
     code = main(["chargeback", "--month", "2026-11", "--prometheus-url", prom.url,
                  "--rates", str(EXAMPLES / "rates.yaml"),
@@ -307,7 +303,7 @@ def month_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _archive_reader(d: Path) -> object:
+def _archive_reader(d: Path) -> Reader:
     from chargeback.sources.archive import read_archive
 
     return lambda req, progress: read_archive(req, d)
@@ -333,19 +329,20 @@ def test_archive_and_prometheus_give_the_same_rows(prom: Backfilled, month_archi
 
 
 def test_compare_with_archive_reports_the_differences_and_replays(
-        prom: Backfilled, month_archive: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        prom: Backfilled, month_archive: Path, tmp_path: Path) -> None:
     import io
     import json
 
     from chargeback import run as cb_run
-    from chargeback.manifest import replay
+    from chargeback.replay import replay
     from chargeback.sources.archive import read_archive
     from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
+    from gpu_audit_app import chargeback_main
 
-    monkeypatch.setitem(cb_run._READERS, "archive", _archive_reader(month_archive))
+    readers = {**chargeback_main.readers(), "archive": _archive_reader(month_archive)}
     out = tmp_path / "bill"
-    result = cb_run.run_chargeback(_request(prom.url, out, compare_with=("archive",)))
+    result = cb_run.run_chargeback(_request(prom.url, out, compare_with=("archive",)),
+                                   readers=readers)
     bill = result.bill
     # what the archive's own bill says, computed apart
     a = build_bill(read_archive(_request(prom.url, out, source="archive"), month_archive),
@@ -386,7 +383,8 @@ def test_compare_with_archive_reports_the_differences_and_replays(
         f"archive part {p.name}" for p in sorted(month_archive.glob("gpu-audit-*"))]
     assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source")
     say = io.StringIO()
-    assert replay(out / MANIFEST_NAME, tmp_path / "again", say=say) == 0, say.getvalue()
+    again = replay(out / MANIFEST_NAME, tmp_path / "again", readers=readers, say=say)
+    assert again == 0, say.getvalue()
     for name in (CSV_NAME, JSON_NAME, HTML_NAME):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
 

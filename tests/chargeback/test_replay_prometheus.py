@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from chargeback.manifest import replay
 from chargeback.model import Request
+from chargeback.replay import replay
 from chargeback.run import run_chargeback
 from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
+from gpu_audit_app.chargeback_main import readers
 from tests.chargeback.month import Month, scenario
 from tests.chargeback.promfill import Backfilled, backfilled_prometheus
 
@@ -44,7 +45,8 @@ def test_replay_of_a_prometheus_bill_is_byte_identical(
     prom, month = prometheus
     rates = tmp_path / "rates.yaml"
     rates.write_bytes((ROOT / "chargeback/examples/rates.yaml").read_bytes())
-    result = run_chargeback(_request(prom, month, tmp_path / "bill", rates), False)
+    result = run_chargeback(_request(prom, month, tmp_path / "bill", rates),
+                            readers=readers())
     assert result.bill.reconciliation.fleet_gpu_hours > 0
     manifest = tmp_path / "bill" / MANIFEST_NAME
     doc = json.loads(manifest.read_text())
@@ -53,7 +55,7 @@ def test_replay_of_a_prometheus_bill_is_byte_identical(
 
     rates.unlink()  # the rates file is gone: replay uses the manifest's copy
     say = io.StringIO()
-    assert replay(manifest, tmp_path / "again", say=say) == 0, say.getvalue()
+    assert replay(manifest, tmp_path / "again", readers=readers(), say=say) == 0, say.getvalue()
     for name in (CSV_NAME, JSON_NAME, HTML_NAME):
         assert (tmp_path / "again" / name).read_bytes() == \
             (tmp_path / "bill" / name).read_bytes(), name
@@ -62,6 +64,6 @@ def test_replay_of_a_prometheus_bill_is_byte_identical(
     doc["outputs"][CSV_NAME] = "0" * 64
     manifest.write_text(json.dumps(doc))
     say = io.StringIO()
-    assert replay(manifest, say=say) == 1
+    assert replay(manifest, readers=readers(), say=say) == 1
     assert f"{CSV_NAME}: sha256" in say.getvalue()
     assert JSON_NAME not in say.getvalue()

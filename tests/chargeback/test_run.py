@@ -9,6 +9,7 @@ import pytest
 from chargeback import run
 from chargeback.model import Request, SourceData
 from gpu_audit.errors import ConfigError
+from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.cli import main
 
 EXAMPLES = Path(__file__).parents[2] / "chargeback" / "examples"
@@ -46,7 +47,7 @@ def test_request_problems_are_listed_together(tmp_path: Path) -> None:
     t = datetime(2026, 11, 1, tzinfo=UTC)
     req = Request(t, t, "prometheus", None, None, None, None, "fair", str(tmp_path))
     with pytest.raises(ConfigError) as exc:
-        run.run_chargeback(req)
+        run.run_chargeback(req, readers=readers())
     text = str(exc.value)
     for what in ("period is empty", "--idle-policy 'fair'", "--rates FILE",
                  "--prometheus-url URL"):

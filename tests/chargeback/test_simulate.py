@@ -20,8 +20,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from chargeback.manifest import replay
+from chargeback.replay import replay
 from chargeback.values import CSV_NAME, HTML_NAME, MANIFEST_NAME
+from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,7 +69,8 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
     assert any(n.startswith("SIMULATED: ") for n in manifest["source"]["notes"])
     capsys.readouterr()
     say = io.StringIO()
-    assert replay(out / MANIFEST_NAME, tmp_path / "again", say=say) == 0, say.getvalue()
+    again = replay(out / MANIFEST_NAME, tmp_path / "again", readers=readers(), say=say)
+    assert again == 0, say.getvalue()
 
 
 def _lines(path: Path) -> list[bytes]:
