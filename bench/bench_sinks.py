@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import Outcome, SinkRecord
+from shipper.sinks.elasticsearch.bulk import SearchSink
 from shipper.sinks.elasticsearch.client import ElasticClient
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
-from shipper.sinks.elasticsearch.sink import SearchSink
 from shipper.sinks.influxdb.config import InfluxV1SinkConfig, InfluxV2SinkConfig
 from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from tests.realservers import influxd_server, victoria_metrics_server

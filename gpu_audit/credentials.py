@@ -1,6 +1,6 @@
 """Secrets of the sinks: named in the YAML by an environment variable or a file, read only
 when a sink is built (or when chargeback's search source connects to that sink's
-backend). In core for that reason; shipper/sinks/credentials.py re-exports it.
+backend). In core for that reason.
 
 What it is for: the one place that reads a secret (`resolve_secret`) and the validator
 rule that a secret is named one way only (`only_one_of`). A value read here is registered

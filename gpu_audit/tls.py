@@ -1,7 +1,7 @@
 """TLS towards a backend: the one place a `tls:` section becomes an ssl.SSLContext.
 
 In core so that the shipper's sinks and chargeback's search source (which reads the
-same sink configuration) share it; shipper/sinks/tls.py re-exports it.
+same sink configuration) share it.
 
 Every sink that can speak TLS takes its settings from here, so a CA bundle, `verify:
 false` and a client certificate mean the same thing for all of them: the InfluxDB

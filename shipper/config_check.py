@@ -17,16 +17,16 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from gpu_audit.credentials import resolve_secret
 from gpu_audit.errors import ConfigError
 from gpu_audit.paths import path_problems
-from gpu_audit.spool.config import SpoolConfig, default_archive_dir, default_deadletter_dir
+from gpu_audit.spool.config import SpoolConfig, default_deadletter_dir
+from gpu_audit.tls import TlsConfig
 from gpu_audit.yamlload import Loc
 from shipper.config import ShipperConfig
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.config import SinkConfig
-from shipper.sinks.credentials import resolve_secret
 from shipper.sinks.registry import missing_sdk
-from shipper.sinks.tls import TlsConfig
 
 Finding = tuple[Loc, str]
 _SINKS: Loc = ("shipper", "sinks")
@@ -75,11 +75,6 @@ def _dir_problem(where: Loc, directory: Path) -> list[Finding]:
     return [(where, message) for message in path_problems(directory)]
 
 
-def archive_directory(cfg: ArchiveSinkConfig, spool: SpoolConfig) -> Path:
-    """Where an archive sink writes: its directory, or 'archive' beside the spool."""
-    return cfg.directory or default_archive_dir(Path(spool.directory))
-
-
 def check_sink(i: int, sink: SinkConfig, spool: SpoolConfig | None) -> list[Finding]:
     """Every problem sink number i would meet at start. Without a usable spool section
     (it failed validation) the default archive directory cannot be known and is skipped."""
@@ -90,8 +85,8 @@ def check_sink(i: int, sink: SinkConfig, spool: SpoolConfig | None) -> list[Find
         problems.append(((*where, "type"), sdk))
     if isinstance(sink, ArchiveSinkConfig):
         directory = sink.directory
-        if directory is None and spool is not None:
-            directory = default_archive_dir(Path(spool.directory))
+        if spool is not None:
+            directory = sink.directory_for(Path(spool.directory))
         if directory is not None:
             problems += _dir_problem((*where, "directory"), directory)
         return problems

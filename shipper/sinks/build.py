@@ -1,29 +1,42 @@
-"""What a sink type declares to the registry, and what its configuration gets to build
-its sink.
+"""What every sink's configuration declares so the registry can build its sink, as data.
 
-Each sink folder's `config.py` declares one `SinkType` per `type:` value: its pydantic
-config class and, where its client library is an optional extra of gpu-audit, that `Sdk`.
-The config class builds the sink itself (`build(ctx)`): it resolves its secrets through
-the `BuildContext`, which collects every problem of the sink (missing secrets, a missing
-client library) and raises them all at once in `check()`, and only then imports the
-sink's module, so a missing library is a ConfigError naming the extra, never an
-ImportError. This module imports no sink and no client library.
+Each sink folder's `config.py` is pure data: a pydantic model per `type:` value, derived
+from `SinkSection`, that names its secrets (`secrets()`: an environment variable or a
+file each, never the value), any problem only building can find (`refusals()`) and the
+other constructor arguments of its sink (`sink_arguments()`). It never imports its
+`sink.py`: shipper/sinks/registry.py resolves the secrets, checks the client library,
+reports every problem at once and only then imports the sink class it lists for the
+type. This module imports no sink and no client library.
 """
 
 from __future__ import annotations
 
-import builtins
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, SecretStr
-
-from gpu_audit.errors import ConfigError
-from shipper.sinks.credentials import resolve_secret
+from gpu_audit.config_section import Section
 
 # A configured sink name: it names the sink's cursor, ledger and dead-letter files.
 SINK_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 OPTIONAL_NAME_PATTERN = r"^$|" + SINK_NAME_PATTERN
+
+SecretRef = tuple[str | None, Path | None]  # (environment variable, file); both None: none
+
+
+class SinkSection(Section):
+    """The base of every sink's configuration model."""
+
+    def secrets(self) -> dict[str, SecretRef]:
+        """Keyword argument of the sink -> where its secret is (read by the registry)."""
+        return {}
+
+    def refusals(self) -> list[str]:
+        """Problems of this configuration that only building the sink reveals."""
+        return []
+
+    def sink_arguments(self, spool_dir: Path) -> dict[str, object]:
+        """The sink's other keyword arguments, given the spool it ships from."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -33,34 +46,3 @@ class Sdk:
 
     modules: tuple[str, ...]
     extra: str
-
-
-@dataclass
-class BuildContext:
-    """One sink being built: its name, the spool it ships from, and its problems so far."""
-
-    name: str
-    spool_dir: Path
-    problems: list[str] = field(default_factory=list)
-
-    def secret(self, what: str, env: str | None, file: Path | None) -> SecretStr | None:
-        """The secret, or None with the problem noted (reported by check())."""
-        try:
-            return resolve_secret(f"sink {self.name}: {what}", env, file)
-        except ConfigError as exc:
-            self.problems += [f"{what}: {p}" for p in exc.problems]
-            return None
-
-    def check(self) -> None:
-        """Raise every problem of this sink at once, before its module is imported."""
-        if self.problems:
-            raise ConfigError(f"sink {self.name}", self.problems)
-
-
-@dataclass(frozen=True)
-class SinkType:
-    """One `type:` value of a sink: its configuration class and its optional library."""
-
-    type: str
-    config: builtins.type[BaseModel]
-    sdk: Sdk | None = None

@@ -4,7 +4,7 @@ Each sink's own model lives in its folder (`shipper/sinks/<name>/config.py`); th
 only joins them into the discriminated union the YAML is validated against. The union is
 spelled out (not built from the registry) so type checkers see every member;
 tests/shipper/sinks/test_registry.py proves it and shipper/sinks/registry.py list the same types.
-Secrets are never written in the YAML (shipper/sinks/credentials.py).
+Secrets are never written in the YAML (gpu_audit/credentials.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Small HTTP helpers shared by the sinks that speak HTTP through urllib3.
 
 What it is for: one place that builds a urllib3 pool with no retries of its own (the
-shipper engine owns retries) and its TLS from shipper/sinks/tls.py, parses Retry-After,
+shipper engine owns retries) and its TLS from gpu_audit/tls.py, parses Retry-After,
 and turns exceptions into reasons that can be logged. It must never put a secret into a
 reason: URLs may carry `p=` / `token=` parameters, so every reason passes through
 `redact`.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import urllib3
 
 from gpu_audit import logredact
-from shipper.sinks.tls import TlsConfig, ssl_context
+from gpu_audit.tls import TlsConfig, ssl_context
 
 
 def redact(text: str) -> str:

@@ -72,9 +72,9 @@ def test_the_search_source_bills_the_same_energy(tmp_path: Path) -> None:
 
     from chargeback.sources.search import SearchSettings, read_search
     from shipper.sinks.base import SinkRecord
+    from shipper.sinks.elasticsearch.bulk import SearchSink
     from shipper.sinks.elasticsearch.client import ElasticClient
     from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
-    from shipper.sinks.elasticsearch.sink import SearchSink
     from tests.chargeback.search_server import AggSearchServer
 
     raws = produce(_snaps(), host="n1", start_s=DAY_S - 5, stop_s=DAY_S + 70)

@@ -20,9 +20,9 @@ from chargeback.sources.archive import read_archive
 from chargeback.sources.search import SearchSettings, SearchUnavailable, read_search
 from gpu_audit.errors import ConfigError
 from shipper.sinks.base import SinkRecord
+from shipper.sinks.elasticsearch.bulk import SearchSink
 from shipper.sinks.elasticsearch.client import ElasticClient
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
-from shipper.sinks.elasticsearch.sink import SearchSink
 from shipper.sinks.opensearch.client import OpenSearchClient
 from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 from tests.chargeback.archives import write_archive

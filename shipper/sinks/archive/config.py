@@ -7,13 +7,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpu_audit.config_section import Section
 from gpu_audit.spool.config import default_archive_dir
-from shipper.sinks.base import Sink
-from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SINK_NAME_PATTERN, BuildContext, SinkType
+from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SINK_NAME_PATTERN, SinkSection
 
 
-class ArchiveSinkConfig(Section):
+class ArchiveSinkConfig(SinkSection):
     type: Literal["archive"]
     name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
                       description="Sink name (cursor name).")
@@ -34,11 +32,5 @@ class ArchiveSinkConfig(Section):
         """Where this sink writes: its directory, or 'archive' beside the spool."""
         return self.directory or default_archive_dir(spool_dir)
 
-    def build(self, ctx: BuildContext) -> Sink:
-        ctx.check()
-        from shipper.sinks.archive.sink import ArchiveSink  # noqa: PLC0415 - only when used
-
-        return ArchiveSink(self, ctx.name, self.directory_for(ctx.spool_dir))
-
-
-SINK_TYPE = SinkType("archive", ArchiveSinkConfig)
+    def sink_arguments(self, spool_dir: Path) -> dict[str, object]:
+        return {"directory": self.directory_for(spool_dir)}

@@ -3,7 +3,7 @@
 never needs it.
 
 Its own retries are off (the shipper engine owns retries) and every failure is mapped to
-HttpFailure or ConnFailure (response.py). TLS comes from shipper/sinks/tls.py like every
+HttpFailure or ConnFailure (response.py). TLS comes from gpu_audit/tls.py like every
 sink's (as keyword arguments: see `elastic_transport_kwargs` there for why). It never
 logs the password or API key it is given.
 """
@@ -17,10 +17,10 @@ import elastic_transport
 import elasticsearch
 from pydantic import SecretStr
 
+from gpu_audit.tls import elastic_transport_kwargs
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
 from shipper.sinks.elasticsearch.response import ConnFailure, HttpFailure
 from shipper.sinks.httputil import exception_reason
-from shipper.sinks.tls import elastic_transport_kwargs
 
 
 class ElasticClient:

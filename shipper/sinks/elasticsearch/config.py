@@ -1,8 +1,9 @@
 """Configuration of the Elasticsearch sink, and the part it shares with OpenSearch (the
 same `_bulk` API, index layout and template).
 
-Secrets are named, never written (shipper/sinks/credentials.py); `build` reads them and
-only then imports the sink, whose client module imports the `elasticsearch` library.
+Secrets are named, never written (gpu_audit/credentials.py): `secrets()` says where each
+one is, and the registry reads them before it imports the sink, whose client module
+imports the `elasticsearch` library. Pure data: this module imports no sink.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gpu_audit.config_section import Section
-from shipper.sinks.base import Sink
-from shipper.sinks.build import OPTIONAL_NAME_PATTERN, BuildContext, Sdk, SinkType
-from shipper.sinks.credentials import only_one_of
-from shipper.sinks.tls import TlsConfig
+from gpu_audit.credentials import only_one_of
+from gpu_audit.tls import TlsConfig
+from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SecretRef, SinkSection
 
 
-class SearchSinkConfigBase(Section):
+class SearchSinkConfigBase(SinkSection):
     """What Elasticsearch and OpenSearch sinks share."""
 
     type: str  # each sink type's own model narrows it to its Literal
@@ -86,23 +85,13 @@ class SearchSinkConfigBase(Section):
             raise ValueError("username needs password_env or password_file")
         return self
 
+    def secrets(self) -> dict[str, SecretRef]:
+        return {"password": (self.password_env, self.password_file),
+                "api_key": (self.api_key_env, self.api_key_file)}
+
 
 class ElasticsearchSinkConfig(SearchSinkConfigBase):
     type: Literal["elasticsearch"]
     cloud_id: str | None = Field(
         default=None, description="Elastic Cloud deployment id (replaces hosts)."
     )
-
-    def build(self, ctx: BuildContext) -> Sink:
-        password = ctx.secret("password", self.password_env, self.password_file)
-        api_key = ctx.secret("api_key", self.api_key_env, self.api_key_file)
-        ctx.check()
-        from shipper.sinks.elasticsearch.client import ElasticClient  # noqa: PLC0415 - the SDK
-        from shipper.sinks.elasticsearch.sink import SearchSink  # noqa: PLC0415
-
-        return SearchSink(self, ctx.name, ElasticClient(self, password=password, api_key=api_key))
-
-
-SINK_TYPE = SinkType(
-    "elasticsearch", ElasticsearchSinkConfig, Sdk(("elasticsearch", "elastic_transport"),
-                                                  "elasticsearch"))

@@ -12,7 +12,7 @@ answers; msgpack is the only library used.
 
 The handshake is in_forward's: SHA-512 digests of the shared key (and of the user's
 password when one is configured); the server's PONG digest is checked too, so we never
-deliver to a server that does not know the key. TLS comes from shipper/sinks/tls.py
+deliver to a server that does not know the key. TLS comes from gpu_audit/tls.py
 like every sink's. This module must never log or put into an error the shared key or
 the password.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import msgpack
 from pydantic import SecretStr
 
+from gpu_audit.tls import ssl_context
 from shipper.sinks.fluentd.config import FluentdSinkConfig
 from shipper.sinks.fluentd.encode import as_bytes
-from shipper.sinks.tls import ssl_context
 
 _UNIX = "unix://"
 

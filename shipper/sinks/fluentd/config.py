@@ -1,7 +1,8 @@
 """Configuration of the Fluentd / Fluent Bit sink (the forward protocol).
 
-The shared key and the user password are named, never written
-(shipper/sinks/credentials.py). The sink needs `msgpack` (the `gpu-audit[fluentd]` extra).
+The shared key and the user password are named, never written (gpu_audit/credentials.py).
+The sink needs `msgpack` (the `gpu-audit[fluentd]` extra). Pure data: this module imports
+no sink.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gpu_audit.config_section import Section
-from shipper.sinks.base import Sink
-from shipper.sinks.build import OPTIONAL_NAME_PATTERN, BuildContext, Sdk, SinkType
-from shipper.sinks.credentials import only_one_of
-from shipper.sinks.tls import TlsConfig
+from gpu_audit.credentials import only_one_of
+from gpu_audit.tls import TlsConfig
+from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SecretRef, SinkSection
 
 
-class FluentdSinkConfig(Section):
+class FluentdSinkConfig(SinkSection):
     type: Literal["fluentd"]
     name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
                       description="Sink name (cursor name).")
@@ -62,13 +61,6 @@ class FluentdSinkConfig(Section):
             raise ValueError("username and password_env/password_file go together")
         return self
 
-    def build(self, ctx: BuildContext) -> Sink:
-        key = ctx.secret("shared_key", self.shared_key_env, self.shared_key_file)
-        password = ctx.secret("password", self.password_env, self.password_file)
-        ctx.check()
-        from shipper.sinks.fluentd.sink import FluentdSink  # noqa: PLC0415 - needs msgpack
-
-        return FluentdSink(self, ctx.name, shared_key=key, password=password)
-
-
-SINK_TYPE = SinkType("fluentd", FluentdSinkConfig, Sdk(("msgpack",), "fluentd"))
+    def secrets(self) -> dict[str, SecretRef]:
+        return {"shared_key": (self.shared_key_env, self.shared_key_file),
+                "password": (self.password_env, self.password_file)}

@@ -4,6 +4,7 @@
 Both versions share this folder: the same line protocol (`encode.py`), the same answers
 to classify (`response.py`) and the same sink (`sink.py`); only the write request (path,
 auth) and what a 400 means differ. They need no optional library (urllib3 only).
+Pure data: this module imports no sink.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gpu_audit.config_section import Section
-from shipper.sinks.base import Sink
-from shipper.sinks.build import OPTIONAL_NAME_PATTERN, BuildContext, SinkType
-from shipper.sinks.credentials import only_one_of
-from shipper.sinks.tls import TlsConfig
+from gpu_audit.credentials import only_one_of
+from gpu_audit.tls import TlsConfig
+from shipper.sinks.build import OPTIONAL_NAME_PATTERN, SecretRef, SinkSection
 
 
-class InfluxConfigBase(Section):
+class InfluxConfigBase(SinkSection):
     name: str = Field(default="", pattern=OPTIONAL_NAME_PATTERN,
                       description="Sink name (cursor name).")
     url: str = Field(default="http://localhost:8086", pattern=r"^https?://",
@@ -59,12 +58,8 @@ class InfluxV1SinkConfig(InfluxConfigBase):
             raise ValueError("a password needs a username")
         return self
 
-    def build(self, ctx: BuildContext) -> Sink:
-        password = ctx.secret("password", self.password_env, self.password_file)
-        ctx.check()
-        from shipper.sinks.influxdb.sink import InfluxV1Sink  # noqa: PLC0415 - only when used
-
-        return InfluxV1Sink(self, ctx.name, password=password)
+    def secrets(self) -> dict[str, SecretRef]:
+        return {"password": (self.password_env, self.password_file)}
 
 
 class InfluxV2SinkConfig(InfluxConfigBase):
@@ -83,15 +78,5 @@ class InfluxV2SinkConfig(InfluxConfigBase):
         only_one_of([("token", self.token_env, self.token_file)])
         return self
 
-    def build(self, ctx: BuildContext) -> Sink:
-        token = ctx.secret("token", self.token_env, self.token_file)
-        ctx.check()
-        from shipper.sinks.influxdb.sink import InfluxV2Sink  # noqa: PLC0415 - only when used
-
-        return InfluxV2Sink(self, ctx.name, token=token)
-
-
-SINK_TYPES = (
-    SinkType("influxdb_v1", InfluxV1SinkConfig),
-    SinkType("influxdb_v2", InfluxV2SinkConfig),
-)
+    def secrets(self) -> dict[str, SecretRef]:
+        return {"token": (self.token_env, self.token_file)}

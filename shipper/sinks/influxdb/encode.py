@@ -136,10 +136,6 @@ def escape_string_field(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _float(value: float) -> str:
-    return repr(float(value))
-
-
 def _tag_value(value: Any) -> str | None:
     if value is None or isinstance(value, (dict, list)):
         return None

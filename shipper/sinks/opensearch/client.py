@@ -1,10 +1,10 @@
-"""OpenSearch's client for the search sink (shipper/sinks/elasticsearch/sink.py).
+"""OpenSearch's client for the search sink (shipper/sinks/elasticsearch/bulk.py).
 
 `opensearch-py` is the `gpu-audit[opensearch]` extra, imported only here, so an
 Elasticsearch-only install never imports it (and the other way round). The official
 `elasticsearch` client refuses OpenSearch servers (its product check), hence this one.
 Like ElasticClient it has its own retries off, maps every failure to HttpFailure or
-ConnFailure and takes its TLS from shipper/sinks/tls.py. It never logs the password it
+ConnFailure and takes its TLS from gpu_audit/tls.py. It never logs the password it
 is given.
 """
 
@@ -19,10 +19,10 @@ from opensearchpy.connection import Urllib3HttpConnection
 from pydantic import SecretStr
 from typing_extensions import override
 
+from gpu_audit.tls import ssl_context, uses_tls
 from shipper.sinks.elasticsearch.response import ConnFailure, HttpFailure
 from shipper.sinks.httputil import exception_reason
 from shipper.sinks.opensearch.config import OpenSearchSinkConfig
-from shipper.sinks.tls import ssl_context, uses_tls
 
 
 class _StatusConnection(Urllib3HttpConnection):

@@ -1,5 +1,6 @@
-"""The OpenSearch sink: Elasticsearch's search sink (shipper/sinks/elasticsearch/sink.py)
-with the OpenSearch client, since OpenSearch speaks the same `_bulk` API.
+"""The OpenSearch sink: the `_bulk` sink it shares with Elasticsearch
+(shipper/sinks/elasticsearch/bulk.py) with the OpenSearch client, since OpenSearch speaks
+the same `_bulk` API.
 
 What this folder holds is what differs from Elasticsearch: the configuration (no API
 keys, no cloud id) and the client (`opensearch-py`). It never imports the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from shipper.sinks.elasticsearch.sink import SearchClient, SearchSink
+from shipper.sinks.elasticsearch.bulk import SearchClient, SearchSink
 from shipper.sinks.opensearch.client import OpenSearchClient
 from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 

@@ -15,9 +15,9 @@ import pytest
 from pydantic import SecretStr
 
 from shipper.sinks.base import Outcome
+from shipper.sinks.elasticsearch.bulk import SearchSink
 from shipper.sinks.elasticsearch.client import ElasticClient
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
-from shipper.sinks.elasticsearch.sink import SearchSink
 from shipper.sinks.fluentd.config import FluentdSinkConfig
 from shipper.sinks.fluentd.sink import FluentdSink
 from shipper.sinks.influxdb.config import InfluxV2SinkConfig

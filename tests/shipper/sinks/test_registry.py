@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from gpu_audit.errors import ConfigError
 from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.config import SinkConfig
-from shipper.sinks.elasticsearch.sink import SearchSink
+from shipper.sinks.elasticsearch.bulk import SearchSink
 from shipper.sinks.fluentd.sink import FluentdSink
 from shipper.sinks.influxdb.sink import InfluxV1Sink, InfluxV2Sink
 from shipper.sinks.registry import create_sink
@@ -126,18 +126,40 @@ def test_archive_only_shipper_never_imports_sink_client_libraries(tmp_path: Path
 
 def test_the_registry_lists_exactly_the_configurable_sink_types() -> None:
     """Every `type:` the YAML accepts has one registry entry whose config class is the
-    union member for that type and builds its own sink; nothing else is registered."""
+    union member for that type and whose `module:Class` is a sink class in that sink's
+    own folder; nothing else is registered."""
     from typing import get_args
 
-    from shipper.sinks.registry import OPTIONAL_SDKS, SINK_TYPES
+    from shipper.sinks.registry import OPTIONAL_SDKS, SINK_TYPES, sink_class
 
     union_members = get_args(get_args(SinkConfig)[0])
     by_type = {cls.model_fields["type"].annotation.__args__[0]: cls for cls in union_members}
     assert set(SINK_TYPES) == set(by_type)
     for name, entry in SINK_TYPES.items():
         assert entry.type == name and entry.config is by_type[name]
-        assert callable(getattr(entry.config, "build", None)), name
+        folder = entry.config.__module__.rsplit(".", 1)[0]
+        assert entry.sink.startswith(f"{folder}.sink:"), (name, entry.sink)
+        assert isinstance(sink_class(name), type), name
     assert set(OPTIONAL_SDKS) == {"elasticsearch", "opensearch", "fluentd"}
+
+
+def test_sink_configurations_are_pure_data() -> None:
+    """No shipper/sinks/*/config.py imports a module of a sink (its own or another's)
+    other than configuration: building is the registry's, after the check."""
+    import ast
+
+    root = Path(__file__).resolve().parents[3] / "shipper" / "sinks"
+    configs = sorted(root.glob("*/config.py"))
+    assert len(configs) == 5
+    for path in configs:
+        tree = ast.parse(path.read_text())
+        imported = {node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for alias in node.names}
+        own = [m for m in imported if m.startswith("shipper.sinks.")
+               and m not in ("shipper.sinks.build",) and not m.endswith(".config")]
+        assert not own, f"{path.relative_to(root)} imports {own}"
 
 
 @pytest.mark.parametrize(

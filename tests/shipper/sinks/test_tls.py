@@ -1,4 +1,4 @@
-"""One TLS setup for every sink (shipper/sinks/tls.py), proved against a real TLS server
+"""One TLS setup for every sink (gpu_audit/tls.py), proved against a real TLS server
 on loopback: the InfluxDB sinks' urllib3 pool, the Elasticsearch and OpenSearch clients
 and the Fluentd forward connection each verify the server with the configured CA,
 refuse a server the CA does not vouch for, connect with `verify: false`, and present the

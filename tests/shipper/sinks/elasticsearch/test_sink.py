@@ -11,9 +11,9 @@ from pydantic import SecretStr
 
 from shipper.sinks.base import Outcome, SinkError
 from shipper.sinks.elasticsearch import response
+from shipper.sinks.elasticsearch.bulk import SearchSink
 from shipper.sinks.elasticsearch.client import ElasticClient
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig
-from shipper.sinks.elasticsearch.sink import SearchSink
 from shipper.sinks.opensearch.client import OpenSearchClient
 from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 from tests.shipper.sinks.records import BASE_NS, make_batch, make_record
@@ -191,7 +191,7 @@ def test_data_stream_mode_adds_timestamp_and_read_back_strips_it(server: SearchS
 
 def test_read_back_pages_with_search_after(server: SearchServer, monkeypatch: Any) -> None:
     """read_back pages through more hits than one page, in (stream, seq) order, in range."""
-    monkeypatch.setattr("shipper.sinks.elasticsearch.sink._PAGE", 4)
+    monkeypatch.setattr("shipper.sinks.elasticsearch.bulk._PAGE", 4)
     sink = make_sink(server)
     sink.send(make_batch(11))
     got = list(sink.read_back(BASE_NS + 1_000_000, BASE_NS + 10_000_000))
