@@ -7,10 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dashboards.defaults import DEFAULT_FOLDER, DEFAULT_FOLDER_UID
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-
-DEFAULT_FOLDER = "GPU"
-DEFAULT_FOLDER_UID = "gpu-audit"
 
 
 def add_push_arguments(p: argparse.ArgumentParser) -> None:

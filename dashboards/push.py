@@ -31,7 +31,7 @@ from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, TokenAuth
 
 from dashboards.build import GRAFANA_DIR
-from dashboards.cli_args import DEFAULT_FOLDER, DEFAULT_FOLDER_UID
+from dashboards.defaults import DEFAULT_FOLDER, DEFAULT_FOLDER_UID
 from dashboards.kibana import NDJSON
 
 TIMEOUT_S = 30.0
