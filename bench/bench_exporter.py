@@ -35,11 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.app import SimProcfs  # noqa: E402
 from exporter.attribution.config import AttributionConfig  # noqa: E402
 from exporter.attribution.resolver import Resolver  # noqa: E402
 from exporter.exposition.render import Renderer, RenderOptions  # noqa: E402
 from exporter.sim.backend import SimBackend  # noqa: E402
+from exporter.sim.fakeproc import SimProcfs  # noqa: E402
 from exporter.sim.scenario import load_scenario, shipped_path  # noqa: E402
 from gpu_audit.audit.config import AuditConfig  # noqa: E402
 from gpu_audit.audit.producer import AuditProducer  # noqa: E402

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import gc
 import logging
-import shutil
 import signal
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Protocol
 
@@ -32,13 +29,12 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.resolver import Resolver
 from exporter.audit_spool import ReopeningSpool, SplitModeGc, SpoolGcPlan
-from exporter.backends import BackendUnavailable, create_backend
+from exporter.backends import BackendHooks, BackendUnavailable, GpuBackend
 from exporter.config import ExporterConfig
 from exporter.endpoint import exporter_server
 from exporter.exposition.render import RenderOptions
 from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
-from exporter.sim.fakeproc import write_fake_proc
 from exporter.watch import GpuWatch, SummaryLog
 from gpu_audit import __version__
 from gpu_audit import selfmetrics as selfm
@@ -51,7 +47,6 @@ from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from gpu_audit.http.webconfig import WebConfig, load_web_config
 from gpu_audit.invocation import command
-from gpu_audit.model.samples import GpuSample
 from gpu_audit.spool import (
     SpoolReader,
     SpoolWriter,
@@ -66,6 +61,12 @@ NO_GPU_HINT = (
     "(shipped scenarios: busy, idle, leak, hot, xid, mig, large; every GPU and process "
     'series made from simulated data carries simulated="true").'
 )
+
+
+BackendFactory = Callable[[ExporterConfig], tuple[GpuBackend, BackendHooks | None]]
+"""The backend the configuration names, not yet open, and the hooks it brings (None for
+the hardware backends). The app layer supplies it (gpu_audit_app.run.open_backend): this
+module never chooses the simulator."""
 
 
 class ExporterSettings(Protocol):
@@ -119,27 +120,6 @@ class ListenError(Exception):
         super().__init__(f"cannot listen on {listen}: {cause.strerror or cause}")
 
 
-class SimProcfs:
-    """A fake /proc mirroring the simulated processes, so attribution runs for real on
-    simulated data (the demo shows users, projects and jobs). Lives in a temp dir that is
-    removed at exit; used only with `--backend sim` and the default procfs root."""
-
-    def __init__(self) -> None:
-        self._base = Path(tempfile.mkdtemp(prefix="gpu-audit-simproc-"))
-        self.root = self._base / "proc"
-        self.root.mkdir()
-        # An empty user database: simulated uids must not borrow this host's user names,
-        # so the owner source answers "uid:<n>" unless the scenario's environ says more.
-        self.passwd = self._base / "passwd"
-        self.passwd.write_text("")
-
-    def update(self, gpus: Sequence[GpuSample]) -> None:
-        write_fake_proc(self.root, (p for g in gpus for p in g.processes), prune=True)
-
-    def remove(self) -> None:
-        shutil.rmtree(self._base, ignore_errors=True)
-
-
 class SamplerCollector(Collector):
     """Cumulative counters of the sampling loop and attribution, for the live registry."""
 
@@ -163,13 +143,16 @@ class ExporterApp:
     """One exporter process. `start()` raises ConfigError, BackendUnavailable, LockHeld,
     ListenError or OSError, and when it does no audit record has been written.
 
+    `backends` makes the backend (and its hooks) once the configuration checks passed;
     `companion` runs beside it in this process (the app layer's shipper); `spool_gc`
     makes it delete shipped segments itself when a shipper runs in another process.
     """
 
-    def __init__(self, config: ExporterSettings, *, companion: Companion | None = None,
+    def __init__(self, config: ExporterSettings, *, backends: BackendFactory,
+                 companion: Companion | None = None,
                  spool_gc: SpoolGcPlan | None = None) -> None:
         self.config = config
+        self.backends = backends
         self.companion = companion
         self.spool_gc = spool_gc
         self.server: MetricsServer | None = None
@@ -177,10 +160,9 @@ class ExporterApp:
         self.producer: AuditProducer | None = None
         self.spool: ReopeningSpool | None = None
         self._companion_open = False
-        self._simproc: SimProcfs | None = None
-        self._simkubelet: Any = None
         self._resolver: Resolver | None = None
-        self._backend: Any = None
+        self._backend: GpuBackend | None = None
+        self._hooks: BackendHooks | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -191,42 +173,14 @@ class ExporterApp:
         if self.companion is not None:
             self.companion.prepare()
 
-        if ex.compat.dcgm_exact:
-            log.warning("exporter.compat.dcgm_exact is deprecated and has no effect: the "
-                        "compat profile now emits modelName and "
-                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER by default "
-                        "(exporter.compat.promtool_clean leaves them out)")
         # 2. the backend (exit 1 with a hint when there is no GPU)
-        backend = create_backend(ex)
+        backend, hooks = self.backends(ex)
+        self._hooks = hooks
         info = backend.open()
         self._backend = backend
-        if info.simulated:
-            log.warning("SIMULATED DATA: backend 'sim' (%s); every GPU and process "
-                        'series carries simulated="true", every audit record '
-                        '"simulated": true', info.detail)
-
         attribution = cfg.attribution
-        before = None
-        if info.simulated and attribution.procfs_root == Path("/proc"):
-            self._simproc = SimProcfs()
-            attribution = attribution.model_copy(update={
-                "procfs_root": self._simproc.root,
-                "passwd_file": attribution.passwd_file or self._simproc.passwd,
-            })
-            before = self._simproc.update
-        if info.simulated and not attribution.kubelet.enabled:
-            # A scenario that declares pods brings its own Kubernetes node: a kubelet
-            # pod-resources API the real kubelet source reads.
-            scenario = getattr(backend, "scenario", None)
-            allocations = scenario.pod_allocations() if scenario is not None else []
-            if allocations:
-                from exporter.sim.kubelet import SimKubelet
-
-                self._simkubelet = SimKubelet(allocations)
-                kubelet = attribution.kubelet.model_copy(update={
-                    "enabled": True, "socket": self._simkubelet.socket,
-                    "refresh_seconds": max(ex.interval_seconds, 1.0)})
-                attribution = attribution.model_copy(update={"kubelet": kubelet})
+        if hooks is not None:
+            attribution = hooks.opened(info, attribution)
         resolver = Resolver(attribution)
         self._resolver = resolver
 
@@ -267,7 +221,6 @@ class ExporterApp:
         # Nothing can refuse the start any more: the first record may be written.
         if self.producer is not None:
             self.producer.start()
-        scenario_clock = getattr(backend, "scenario_time", None) if info.simulated else None
         self.sampler = Sampler(
             backend, info, resolver,
             host=cfg.host,
@@ -282,8 +235,8 @@ class ExporterApp:
             ),
             listeners=listeners,
             publish=state.publish,
-            scenario_clock=scenario_clock,
-            before_attribution=before,
+            scenario_clock=hooks.clock if hooks is not None else None,
+            before_attribution=hooks.before_attribution if hooks is not None else None,
         )
         registry.register(SamplerCollector(self.sampler, resolver))
         self.server.start()
@@ -319,10 +272,8 @@ class ExporterApp:
             self._backend.close()
         if self._resolver is not None:
             self._resolver.close()
-        if self._simkubelet is not None:
-            self._simkubelet.stop()
-        if self._simproc is not None:
-            self._simproc.remove()
+        if self._hooks is not None:
+            self._hooks.close()
 
 
 def run_exporter(app: ExporterApp) -> int:

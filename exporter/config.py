@@ -38,11 +38,6 @@ class CompatConfig(Section):
         description="Leave out the two dcgm-exporter items promtool's lint rejects (the "
         "camelCase modelName label, DCGM_FI_DEV_PCIE_REPLAY_COUNTER).",
     )
-    dcgm_exact: bool = Field(
-        False,
-        description="Deprecated, no effect: modelName and DCGM_FI_DEV_PCIE_REPLAY_COUNTER "
-        "are now emitted by default (promtool_clean leaves them out).",
-    )
 
     @field_validator("host_label")
     @classmethod

@@ -7,6 +7,10 @@ sinks' secrets are resolved before the backend opens, the shipper's locks are ta
 after the spool's, it ships what the exporter's writer has made durable, and at stop it
 drains the exporter_stop record before releasing its locks. `gpu-audit exporter` with a
 shipper enabled elsewhere gets the split-mode spool GC instead.
+
+The backend is chosen here too (`open_backend`): a hardware backend from
+exporter.backends, or the simulator with its harness (exporter/sim/harness.py) when the
+configuration names it; the exporter itself never chooses the simulator.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from prometheus_client.registry import Collector
 
 from exporter.app import ExporterApp, run_exporter
 from exporter.audit_spool import SpoolGcPlan
+from exporter.backends import BackendHooks, GpuBackend, create_backend
+from exporter.config import ExporterConfig
 from gpu_audit.spool import SpoolWriter
 from gpu_audit_app.config import Config
 
@@ -62,14 +68,25 @@ class EmbeddedShipper:
         return stats
 
 
+def open_backend(config: ExporterConfig) -> tuple[GpuBackend, BackendHooks | None]:
+    """The backend `exporter.backend` names and the hooks it brings: the simulator only
+    when asked for by name, never as a fallback."""
+    if config.backend == "sim":
+        # Imported here: a hardware exporter never loads the simulator.
+        from exporter.sim.harness import sim_backend  # noqa: PLC0415
+
+        return sim_backend(config)
+    return create_backend(config), None
+
+
 def exporter_app(config: Config, *, with_shipper: bool) -> ExporterApp:
     """The exporter process `gpu-audit run` (with_shipper) or `gpu-audit exporter` runs."""
     if not config.shipper.enabled:
-        return ExporterApp(config)
+        return ExporterApp(config, backends=open_backend)
     if with_shipper:
-        return ExporterApp(config, companion=EmbeddedShipper(config))
+        return ExporterApp(config, backends=open_backend, companion=EmbeddedShipper(config))
     plan = SpoolGcPlan(tuple(config.shipper.sink_names()), config.shipper.gc_interval_s)
-    return ExporterApp(config, spool_gc=plan)
+    return ExporterApp(config, backends=open_backend, spool_gc=plan)
 
 
 def run(config: Config, *, with_shipper: bool) -> int:

@@ -9,6 +9,10 @@ A backend turns hardware (or a scenario) into `GpuSample`s. It must:
 - leave unsupported fields out of `values` (listing them in `unsupported`), never NaN,
   0 or a sentinel.
 Only modules under exporter/backends import vendor libraries.
+
+A backend may bring `BackendHooks`: what it needs around the sampling loop besides its
+samples. The hardware backends bring none; the simulator brings its own /proc, kubelet
+and clock (exporter/sim/harness.py), so the exporter's start-up code has no branch for it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from exporter.attribution.config import AttributionConfig
 from gpu_audit.model.samples import BackendInfo, GpuSample
 
 
@@ -56,4 +61,26 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Release the library. Safe to call twice."""
+        ...
+
+
+class BackendHooks(Protocol):
+    """What a backend brings around the sampling loop besides its samples, called by the
+    exporter at fixed points (exporter/app.py). The hardware backends bring none."""
+
+    def opened(self, info: BackendInfo, attribution: AttributionConfig) -> AttributionConfig:
+        """Once the backend is open: the attribution configuration to resolve with (the
+        given one, or one pointed at what the backend provides)."""
+        ...
+
+    def clock(self) -> float:
+        """The time of a sampling cycle, in unix seconds (the backend's own time)."""
+        ...
+
+    def before_attribution(self, gpus: Sequence[GpuSample]) -> None:
+        """Each cycle, after sampling and before the resolver reads /proc."""
+        ...
+
+    def close(self) -> None:
+        """Release what `opened` made. Safe when `opened` was never called."""
         ...

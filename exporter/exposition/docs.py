@@ -193,9 +193,7 @@ def _compat_section() -> list[str]:
         "",
         "`exporter.compat.promtool_clean: true` leaves both out (no `modelName`, no",
         "`DCGM_FI_DEV_PCIE_REPLAY_COUNTER`; the model stays in `gpu_info{name}` and the",
-        "replay count in `gpu_pcie_replay_errors_total`) and promtool is silent again. The",
-        "old `exporter.compat.dcgm_exact` key is accepted and has no effect: what it turned",
-        "on is now the default.",
+        "replay count in `gpu_pcie_replay_errors_total`) and promtool is silent again.",
         "",
     ]
     return lines

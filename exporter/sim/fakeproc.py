@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gpu_audit.model.samples import ProcessSample
+from gpu_audit.model.samples import GpuSample, ProcessSample
 
 DEFAULT_BOOT_TIME = 1_700_000_000.0
 CLOCK_TICKS = 100  # USER_HZ on every mainstream Linux architecture
@@ -106,3 +107,25 @@ def write_fake_proc(
             if child.name.isdigit() and int(child.name) not in written and child.is_dir():
                 shutil.rmtree(child)
     return written
+
+
+class SimProcfs:
+    """A fake /proc mirroring the simulated processes, so attribution runs for real on
+    simulated data (the demo shows users, projects and jobs). Lives in a temporary
+    directory that `remove()` deletes; the simulator's harness uses it only when the
+    configured procfs root is the default /proc."""
+
+    def __init__(self) -> None:
+        self._base = Path(tempfile.mkdtemp(prefix="gpu-audit-simproc-"))
+        self.root = self._base / "proc"
+        self.root.mkdir()
+        # An empty user database: simulated uids must not borrow this host's user names,
+        # so the owner source answers "uid:<n>" unless the scenario's environ says more.
+        self.passwd = self._base / "passwd"
+        self.passwd.write_text("")
+
+    def update(self, gpus: Sequence[GpuSample]) -> None:
+        write_fake_proc(self.root, (p for g in gpus for p in g.processes), prune=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self._base, ignore_errors=True)
