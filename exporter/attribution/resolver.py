@@ -3,10 +3,10 @@ pod and Slurm job, and records which source gave each answer.
 
 Sources (exporter.attribution.sources, docs/ATTRIBUTION.md) are an ordered list of
 `AttributionSource` objects, asked in order of precedence, the first that knows a field
-winning it: by default the built-in ones the configuration names (the job-mapping
-directory, allow-listed environ keys, the cgroup path, the process owner, the kubelet's
-pod-resources map); `Resolver(config, sources=[...])` takes another list, so a component
-can put its own source among them.
+winning it: by default those the configuration names, built by name from
+exporter/attribution/registry.py (the job-mapping directory, allow-listed environ keys,
+the cgroup path, the process owner, the kubelet's pod-resources map), which is where a
+new source is added. `Resolver(config, sources=[...])` asks the given list instead.
 
 Cost per cycle is one stat(2) of /proc/<pid>/stat per process: a pid's environ,
 cgroup and owner never change during its lifetime, so they are read once and cached
@@ -39,6 +39,7 @@ from exporter.attribution import procfs
 from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
+from exporter.attribution.registry import build_sources
 from exporter.attribution.sources import (
     PROC_CGROUP,
     PROC_ENVIRON,
@@ -46,7 +47,6 @@ from exporter.attribution.sources import (
     AttributionSource,
     KubeletSource,
     Query,
-    build_sources,
     proc_needs,
 )
 from exporter.attribution.users import UserLookup
@@ -96,8 +96,10 @@ class Resolver:
         wall_clock: Callable[[], float] = time.time,
         sources: Sequence[AttributionSource] | None = None,
     ) -> None:
-        """`sources`: the ordered sources to ask; by default `build_sources(config)`
-        (which alone uses `clock`, `user_lookup` and `wall_clock`)."""
+        """`sources`: the ordered sources to ask, any objects implementing
+        `AttributionSource`; by default `build_sources(config)` (exporter/attribution/
+        registry.py: the sources `config.sources` names), which alone uses `clock`,
+        `user_lookup` and `wall_clock`."""
         self._config = config
         self._root = str(config.procfs_root)
         if sources is None:

@@ -1,12 +1,11 @@
 """Attribution sources: each one answers some identity fields of a GPU process.
 
 The resolver asks an ordered list of `AttributionSource`s, the first source that knows a
-field winning it (docs/ATTRIBUTION.md). The built-in sources are the job-mapping
-directory, allow-listed environ keys, the cgroup path, the process owner and the
-kubelet's pod-resources map; `build_sources` makes them in the configured order. Another
-component (the launcher) adds its own by implementing the protocol and passing the list
-to `Resolver(config, sources=...)`, for example
-`[LauncherSource(...), *build_sources(config)]`.
+field winning it (docs/ATTRIBUTION.md). This module holds the protocol and the sources
+that only look at the process itself (environ, cgroup, owner) or at the kubelet; the
+job-mapping source lives with its reader (jobmap.py). Which name builds which source is
+exporter/attribution/registry.py, the one place a source is added
+(docs/CONTRIBUTING.md has the recipe).
 
 What a source may read from /proc (uid, environ, cgroup) is read once per process
 lifetime by the resolver and cached; a source says which of those it needs
@@ -17,19 +16,15 @@ kubelet's does) and never return anything but cleaned, bounded values.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.jobmap import JobMap
 from exporter.attribution.sanitize import clean_text
-from exporter.attribution.users import CachedLookup, UserLookup, passwd_file_lookup, system_lookup
 from gpu_audit.model.attribution import (
     SOURCE_CGROUP,
     SOURCE_ENVIRON,
-    SOURCE_JOBMAP,
     SOURCE_KUBELET,
     SOURCE_OWNER,
 )
@@ -167,42 +162,6 @@ class OwnerSource(_ProcessOnlySource):
         return {"user": text or f"uid:{uid}"}
 
 
-class JobMapSource:
-    """The job-mapping directory written by the launcher and Slurm prologs."""
-
-    name = SOURCE_JOBMAP
-    proc_needs: frozenset[str] = frozenset()
-
-    def __init__(self, config: AttributionConfig, wall_clock: Callable[[], float]) -> None:
-        self._jobmap = JobMap(
-            config.jobmap_dir,
-            max_file_bytes=config.jobmap_max_file_bytes,
-            max_value_length=config.environ_value_max_length,
-            wall_clock=wall_clock,
-        )
-        self._ambiguous = 0
-
-    def begin_cycle(self) -> int:
-        self._jobmap.refresh()
-        return self._jobmap.generation
-
-    def resolve(self, query: Query) -> Mapping[str, str]:
-        record, ambiguous = self._jobmap.lookup(query.process.pid, query.uuids)
-        if ambiguous:
-            self._ambiguous += 1
-        return record.fields if record is not None else NO_ANSWER
-
-    def stats(self) -> Mapping[str, int]:
-        return {
-            "jobmap_errors": self._jobmap.errors,
-            "jobmap_reloads": self._jobmap.reloads,
-            "jobmap_ambiguous": self._ambiguous,
-        }
-
-    def close(self) -> None:
-        return None
-
-
 class KubeletSource:
     """The kubelet's pod-resources map, refreshed on its own thread."""
 
@@ -243,49 +202,6 @@ class KubeletSource:
 
     def close(self) -> None:
         self._watcher.close()
-
-
-def build_sources(
-    config: AttributionConfig,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    user_lookup: UserLookup | None = None,
-    wall_clock: Callable[[], float] = time.time,
-) -> list[AttributionSource]:
-    """The built-in sources named in `config.sources`, in that order of precedence.
-
-    The kubelet source is left out unless `kubelet.enabled` (it would never answer).
-    """
-    if user_lookup is None:
-        user_lookup = (
-            passwd_file_lookup(config.passwd_file) if config.passwd_file else system_lookup
-        )
-    out: list[AttributionSource] = []
-    for name in config.sources:
-        source = _build_one(name, config, clock, user_lookup, wall_clock)
-        if source is not None:
-            out.append(source)
-    return out
-
-
-def _build_one(
-    name: str,
-    config: AttributionConfig,
-    clock: Callable[[], float],
-    user_lookup: UserLookup,
-    wall_clock: Callable[[], float],
-) -> AttributionSource | None:
-    if name == SOURCE_JOBMAP:
-        return JobMapSource(config, wall_clock)
-    if name == SOURCE_ENVIRON:
-        return EnvironSource()
-    if name == SOURCE_CGROUP:
-        return CgroupSource()
-    if name == SOURCE_OWNER:
-        return OwnerSource(CachedLookup(user_lookup), config.environ_value_max_length)
-    if name == SOURCE_KUBELET:
-        return KubeletSource(config, clock) if config.kubelet.enabled else None
-    raise ValueError(f"unknown attribution source {name!r}")  # the config validates names
 
 
 def proc_needs(sources: Sequence[AttributionSource]) -> frozenset[str]:

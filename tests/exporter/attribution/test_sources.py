@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.attribution.jobmap import JobMapSource
+from exporter.attribution.registry import build_sources
 from exporter.attribution.resolver import Resolver
 from exporter.attribution.sources import (
     PROC_ENVIRON,
     CgroupSource,
     EnvironSource,
-    JobMapSource,
     OwnerSource,
     Query,
-    build_sources,
 )
 from tests.exporter.attribution.helpers import GPU0, USERS, config, gpu, make_tree, only, proc
 
