@@ -23,7 +23,6 @@ GREEN = "#009E73"
 VERMILLION = "#D55E00"
 SKY = "#56B4E9"
 GREY = "#999999"
-YELLOW = "#F0E442"
 
 _FONT = 'font-family="system-ui, sans-serif"'
 LABEL_CHARS = 26

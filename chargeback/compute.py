@@ -83,8 +83,8 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
     # idle: per model, up time minus time held (by anyone); energy nobody carries
     idle_seconds = 0.0
     idle_cost = 0.0
-    fleet_seconds = down_seconds = held_seconds = 0.0
-    fleet_energy = fleet_power_energy = fleet_busy = 0.0
+    fleet_seconds = down_seconds = 0.0
+    fleet_energy = fleet_power_energy = 0.0
     for model in models:
         f = data.fleet.get(model)
         if f is None:
@@ -94,10 +94,8 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
         idle_cost += idle / _H * rates.gpu_hour_price(model)
         fleet_seconds += f.gpu_seconds
         down_seconds += f.down_gpu_seconds
-        held_seconds += f.held_gpu_seconds
         fleet_energy += f.energy_joules
         fleet_power_energy += f.power_energy_joules
-        fleet_busy += f.busy_gpu_seconds
     rows_energy = sum(u.energy_joules for u in per_owner.values())
     idle_row = Row("idle", "", "", "", charged_gpu_hours=idle_seconds / _H,
                    energy_kwh=max(0.0, fleet_energy - rows_energy) / _KWH,

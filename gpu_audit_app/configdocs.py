@@ -65,7 +65,6 @@ class Table:
     path: tuple[str, ...]
     doc: str
     rows: tuple[Row, ...]
-    see: tuple[str, ...] = ()  # sub-sections listed after this table
 
 
 def _strip_annotated(annotation: Any) -> Any:

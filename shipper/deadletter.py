@@ -71,10 +71,6 @@ class DeadLetterFile:
         with self._lock:
             return len(self._offsets)
 
-    def contains(self, offset: int) -> bool:
-        with self._lock:
-            return offset in self._offsets
-
     def write(self, letters: Sequence[DeadLetter], time_ns: int) -> int:
         """Append the letters not already in the file, fsync, return how many were new."""
         with self._lock:

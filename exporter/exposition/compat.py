@@ -164,12 +164,10 @@ XID_SOURCE = "the last code of gpu_xid_errors_total (NVML nvmlEventSetWait)"
 
 COMPAT_NAMES: tuple[str, ...] = (*(f.name for f in COMPAT_FIELDS), XID_NAME)
 
-# Labels of a compat series, in dcgm-exporter's order; the conditional ones in brackets
-# of the docs. The host label's name is a setting (DEFAULT_HOST_LABEL).
+# Labels of every compat series, in dcgm-exporter's order (the docs list them); the host
+# label's name is a setting (DEFAULT_HOST_LABEL).
 GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", MODEL_LABEL)
-MIG_LABELS: tuple[str, ...] = ("GPU_I_PROFILE", "GPU_I_ID")
 TAIL_LABELS: tuple[str, ...] = ("DCGM_FI_DRIVER_VERSION",)
-POD_LABELS: tuple[str, ...] = ("pod", "namespace", "container")
 
 
 def _check() -> None:

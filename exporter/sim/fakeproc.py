@@ -20,7 +20,6 @@ from pathlib import Path
 from gpu_audit.model.samples import GpuSample, ProcessSample
 
 DEFAULT_BOOT_TIME = 1_700_000_000.0
-CLOCK_TICKS = 100  # USER_HZ on every mainstream Linux architecture
 
 
 def _comm(name: str, pid: int) -> str:

@@ -63,10 +63,6 @@ class ForwardConnection:
         self._sock: socket.socket | None = None
         self._unpacker = msgpack.Unpacker(raw=True)
 
-    @property
-    def connected(self) -> bool:
-        return self._sock is not None
-
     def connect(self) -> None:
         """Connect, wrap in TLS and authenticate, unless connected already."""
         if self._sock is not None:
