@@ -1,5 +1,6 @@
 """docs/ARCHITECTURE.md matches the tree: every path its "Where the code lives" table
-names exists, and every package of the tree has a row."""
+names exists, every package of the tree has a row, and the `tests/` row names every
+test folder there is and none that is not."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def test_every_package_has_a_row() -> None:
     unnamed = [str(p) for p in packages
                if not any(p == d or d in p.parents for d in named_dirs)]
     assert not unnamed, f"packages without a row in docs/ARCHITECTURE.md: {unnamed}"
+
+
+def test_the_tests_row_names_every_test_folder() -> None:
+    """The tests' layout as the doc tells it: each folder under tests/ (two levels down)
+    is named in the `tests/` row, and each `tests/...` folder the row names exists."""
+    text = DOC.read_text()
+    table = text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+    row = next(r for r in table.splitlines() if r.startswith("| `tests/` |"))
+    named = {n.rstrip("/") for n in re.findall(r"`(tests/[^`<]*)`", row)}
+    tests = ROOT / "tests"
+    folders = {str(d.relative_to(ROOT)) for d in [*tests.glob("*/"), *tests.glob("*/*/")]
+               if d.is_dir() and (d / "__init__.py").exists()}
+    assert folders - named == set(), f"test folders the doc does not name: {folders - named}"
+    gone = {n for n in named if not (ROOT / n).exists()}
+    assert not gone, f"docs/ARCHITECTURE.md names test paths that do not exist: {gone}"
