@@ -1,4 +1,4 @@
-"""Screenshot a chargeback report with headless Chromium: the README's picture.
+"""Screenshot a chargeback report with headless Chromium: docs/CHARGEBACK.md's picture.
 
     .venv/bin/python -m tests.chargeback.screenshot docs/img/chargeback-report.png
     .venv/bin/python -m tests.chargeback.screenshot --export BILL_DIR OUT.png

@@ -24,7 +24,7 @@ from tests.chargeback.fixtures import (
 )
 
 # `GPU_AUDIT_SCREENSHOT_DIR=DIR pytest tests/chargeback/test_report.py` keeps the test's
-# screenshot there (the README's picture comes from tests/chargeback/screenshot.py).
+# screenshot there (docs/CHARGEBACK.md's picture comes from tests/chargeback/screenshot.py).
 KEEP_DIR = os.environ.get("GPU_AUDIT_SCREENSHOT_DIR")
 
 

@@ -141,12 +141,17 @@ def test_the_documented_example_configuration_is_valid() -> None:
     assert config.exporter.interval_seconds == 5
 
 
-def test_every_yaml_example_in_the_readme_validates(tmp_path: Path) -> None:
-    """The configuration snippets a user copies from README.md are valid as written."""
+def test_every_yaml_example_in_the_docs_validates(tmp_path: Path) -> None:
+    """The configuration snippets a user copies from the README and the docs (each YAML
+    block marked `<!-- checked: gpu-audit-config -->` or `launcher-submission`) are
+    valid as written."""
     import re
 
     root = Path(__file__).resolve().parents[3]
-    blocks = re.findall(r"```yaml\n(.*?)```", (root / "README.md").read_text(), re.S)
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    blocks = [block for page in pages for block in re.findall(
+        r"<!-- checked: (?:gpu-audit-config|launcher-submission) -->\n```yaml\n(.*?)```",
+        page.read_text(), re.S)]
     assert len(blocks) >= 2
     from launcher.spec import load_submission
 
