@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from exporter.backends.base import GpuBackend
 from exporter.config import ExporterConfig
 from exporter.sim.device import SimDevice
 from exporter.sim.scenario import SHIPPED, Scenario, load_scenario
@@ -122,11 +121,6 @@ class SimBackend:
     def close(self) -> None:
         self._devices = []
         self._opened_at = None
-
-
-def _conforms(backend: SimBackend) -> GpuBackend:
-    """Never called: lets mypy prove SimBackend implements the GpuBackend protocol."""
-    return backend
 
 
 def create(config: ExporterConfig) -> SimBackend:
