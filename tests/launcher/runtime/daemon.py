@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import resource
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,9 @@ sys.exit(cli.main(sys.argv[4:]))
 
 class LauncherDaemon:
     def __init__(self, directory: Path, *, gpus: int = 2,
-                 core: Mapping[str, Any] | None = None, admin_group: str | None = None) -> None:
+                 core: Mapping[str, Any] | None = None, admin_group: str | None = None,
+                 extra: Mapping[str, Any] | None = None,
+                 nofile: int | None = None) -> None:
         self.dir = directory
         self.socket = directory / "launcher.sock"
         self.state = directory / "state"
@@ -68,6 +72,8 @@ class LauncherDaemon:
         }
         if admin_group:
             cfg["admin_group"] = admin_group
+        cfg.update(extra or {})
+        self.nofile = nofile  # RLIMIT_NOFILE (soft = hard) the daemon starts with
         self.config = directory / "launcher.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -77,12 +83,35 @@ class LauncherDaemon:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [*GPU_AUDIT, "launcher", "serve", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                preexec_fn=self._limits if self.nofile else None)  # noqa: PLW1509
         wait_for(lambda: self._answers() or self.proc.poll() is not None, 30,
                  "the launcher to answer on its socket")
         if self.proc.poll() is not None:
             raise AssertionError(f"launcher exited: {self.log.read_text()}")
         return self
+
+    def _limits(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    def alive(self) -> bool:
+        """The daemon process runs and its socket file is there."""
+        return self.proc is not None and self.proc.poll() is None and self.socket.exists()
+
+    def rss_bytes(self) -> int:
+        """The daemon's resident memory now (VmRSS)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in the daemon's status")
+
+    def scrape(self) -> str:
+        """The daemon's metrics endpoint, as text."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
 
     def _answers(self) -> bool:
         try:
