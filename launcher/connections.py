@@ -105,6 +105,7 @@ class ConnectionLoop:
         self._uid_bytes: dict[int, int] = {}
         self._buffered = 0
         self._all_paused = False
+        self._keepers: set[_Conn] = set()  # read even over a budget (see _budget)
         self._accept_resume = 0.0
         self._accept_backoff = 0.0
         self._accept_failures = 0
@@ -136,7 +137,7 @@ class ConnectionLoop:
                 self._accept()
                 continue
             conn: _Conn = key.data
-            if mask & _READ and not conn.writing and not conn.closed:
+            if mask & _READ and not conn.writing and not conn.closed and not conn.parked:
                 self._read(conn)
             if mask & _WRITE and conn.writing and not conn.closed:
                 self._write(conn)
@@ -229,6 +230,12 @@ class ConnectionLoop:
     # --- read, answer, write -------------------------------------------------------------
 
     def _read(self, conn: _Conn) -> None:
+        over = self._buffered >= self.limits.max_buffered_bytes or \
+            self._uid_over(conn.caller.uid)
+        if over and conn not in self._keepers:
+            self._sel.unregister(conn.sock)  # until _budget picks who is read
+            conn.parked = True
+            return
         room = self.limits.max_request_bytes + 1 - len(conn.rbuf)
         try:
             chunk = conn.sock.recv(min(65536, room))
@@ -325,10 +332,12 @@ class ConnectionLoop:
                 fullest[uid] = conn
         parked = {c for c in readers if self._uid_over(c.caller.uid)
                   and fullest[c.caller.uid] is not c}
+        self._keepers = set(fullest.values())
         if self._all_paused:
             candidates = [c for c in readers if c not in parked]
             keep = max(candidates, key=lambda c: len(c.rbuf), default=None)
             parked |= {c for c in candidates if c is not keep}
+            self._keepers = {keep} if keep is not None else set()
         for conn in readers:
             if conn in parked and not conn.parked:
                 self._sel.unregister(conn.sock)
@@ -367,6 +376,7 @@ class ConnectionLoop:
             conn.sock.close()
         self._hold(conn, -conn.held)
         self._conns.discard(conn)
+        self._keepers.discard(conn)
         uid = conn.caller.uid
         left = self._per_uid.get(uid, 1) - 1
         if left > 0:

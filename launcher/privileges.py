@@ -5,11 +5,13 @@ given only CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_CHOWN (systemd
 `AmbientCapabilities=`, deploy/systemd). `can_switch_users()` says whether it may start a
 job as another user (root, or both CAP_SETUID and CAP_SETGID in its effective set).
 
-`drop_ambient()` empties the ambient capability set at start. A job's process inherits
-it: with it, a job started by a non-root daemon would keep CAP_SETUID through execve and
-could make itself root. Without it, execve of a program without file capabilities
-clears every capability, so jobs (and fingerprint probes) hold none whatever the daemon
-holds. `raise_nofile()` lifts RLIMIT_NOFILE to its hard limit (connections are files).
+`drop_ambient()` empties the ambient and inheritable capability sets at start. A job's
+process inherits both: with the ambient set, a job started by a non-root daemon would
+keep CAP_SETUID through execve and could make itself root; with the inheritable set, a
+program carrying that capability as an inheritable file capability would get it.
+Without them, execve clears every capability, so jobs (and fingerprint probes) hold none
+whatever the daemon holds. `raise_nofile()` lifts RLIMIT_NOFILE to its hard limit
+(connections are files).
 
 This module must never add a capability, and never lower the file limit.
 """
@@ -65,17 +67,43 @@ def can_switch_users() -> bool:
     return has_capability(CAP_SETUID, sets) and has_capability(CAP_SETGID, sets)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32))
+
+
+_CAP_VERSION_3 = 0x20080522
+
+
 def drop_ambient() -> bool:
-    """Empty the ambient capability set (see the module docstring); True when it is
-    empty afterwards (also where the kernel has no ambient set)."""
-    if not capability_sets().get("CapAmb"):
+    """Empty the ambient and the inheritable capability sets (see the module docstring;
+    an inheritable capability would still pass to a job that runs a program carrying it
+    as a file capability); True when both are empty afterwards."""
+    sets = capability_sets()
+    if not sets.get("CapAmb") and not sets.get("CapInh"):
         return True
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+    if sets.get("CapAmb") and libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0,
+                                         0) != 0:
         log.error("cannot clear the ambient capabilities (errno %d): jobs would inherit "
                   "them", ctypes.get_errno())
         return False
-    return not capability_sets().get("CapAmb")
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        log.error("capget failed (errno %d)", ctypes.get_errno())
+        return False
+    for half in data:
+        half.inheritable = 0
+    if libc.capset(ctypes.byref(header), data) != 0:
+        log.error("cannot clear the inheritable capabilities (errno %d)", ctypes.get_errno())
+        return False
+    after = capability_sets()
+    return not after.get("CapAmb") and not after.get("CapInh")
 
 
 def raise_nofile() -> tuple[int, int]:

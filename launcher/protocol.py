@@ -137,7 +137,7 @@ def parse_request(line: bytes) -> Request | dict[str, Any]:
     if not isinstance(doc, dict):
         return error("bad_request", "request is not a JSON object")
     op = doc.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         return error("bad_request", f"unknown op {_short(op)}; one of "
                                     f"{', '.join(sorted(OPS))}")
     problems: list[str] = []

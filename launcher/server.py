@@ -144,20 +144,7 @@ class Daemon:
         return 0
 
     def _handle(self, caller: Caller, line: bytes) -> dict[str, Any]:
-        """One request line -> its answer; nothing a client sends escapes as an error."""
-        request = protocol.parse_request(line)
-        if isinstance(request, dict):
-            self.stats.request("invalid", str(request.get("error")))
-            return request
-        try:
-            response = self.service.handle(caller, request)
-        except Exception:
-            log.exception("request %r from uid %d failed", request.op, caller.uid)
-            response = protocol.error("internal", "the launcher failed on this request; "
-                                                  "see its log")
-        self.stats.request(request.op, "ok" if response.get("ok") else
-                           str(response.get("error")))
-        return response
+        return handle_line(self.service, caller, line, self.stats)
 
     def _safe_tick(self) -> None:
         """One engine round; a failure is logged (once per distinct error) and the loop goes
@@ -188,6 +175,32 @@ class Daemon:
             os.close(self._dirfd)
         self.service.close()
         self._lock.release()
+
+
+def handle_line(service: Service, caller: Caller, line: bytes,
+                stats: LoopStats | None = None) -> dict[str, Any]:
+    """One request line -> its answer (the frame parser, then the service); nothing a
+    client sends escapes as an exception. The protocol fuzz drives exactly this."""
+    try:
+        request = protocol.parse_request(line)
+    except Exception:  # a parser bug must not take the daemon down: the fuzz hunts them
+        log.exception("the request parser failed on a %d-byte request from uid %d",
+                      len(line), caller.uid)
+        request = protocol.error("internal", "the launcher failed on this request; see its "
+                                             "log")
+    if isinstance(request, dict):
+        if stats is not None:
+            stats.request("invalid", str(request.get("error")))
+        return request
+    try:
+        response = service.handle(caller, request)
+    except Exception:
+        log.exception("request %r from uid %d failed", request.op, caller.uid)
+        response = protocol.error("internal", "the launcher failed on this request; "
+                                              "see its log")
+    if stats is not None:
+        stats.request(request.op, "ok" if response.get("ok") else str(response.get("error")))
+    return response
 
 
 def prepare_process(limits: DaemonLimits) -> None:

@@ -58,7 +58,8 @@ class LauncherDaemon:
     def __init__(self, directory: Path, *, gpus: int = 2,
                  core: Mapping[str, Any] | None = None, admin_group: str | None = None,
                  extra: Mapping[str, Any] | None = None,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, account: str | None = None,
+                 capabilities: tuple[str, ...] = ()) -> None:
         self.dir = directory
         self.socket = directory / "launcher.sock"
         self.state = directory / "state"
@@ -74,6 +75,9 @@ class LauncherDaemon:
             cfg["admin_group"] = admin_group
         cfg.update(extra or {})
         self.nofile = nofile  # RLIMIT_NOFILE (soft = hard) the daemon starts with
+        # run as this account holding these capabilities (ambient, bounding), as
+        # deploy/systemd/gpu-audit-launcher-dedicated.service does, through setpriv
+        self.account, self.capabilities = account, capabilities
         self.config = directory / "launcher.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -82,7 +86,8 @@ class LauncherDaemon:
     def start(self) -> LauncherDaemon:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [*GPU_AUDIT, "launcher", "serve", "--config", str(self.config)],
+                [*self._as_account(), *GPU_AUDIT, "launcher", "serve", "--config",
+                 str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                 preexec_fn=self._limits if self.nofile else None)  # noqa: PLW1509
         wait_for(lambda: self._answers() or self.proc.poll() is not None, 30,
@@ -90,6 +95,14 @@ class LauncherDaemon:
         if self.proc.poll() is not None:
             raise AssertionError(f"launcher exited: {self.log.read_text()}")
         return self
+
+    def _as_account(self) -> list[str]:
+        if self.account is None:
+            return []
+        caps = ",".join("+" + c.lower().removeprefix("cap_") for c in self.capabilities)
+        return ["setpriv", f"--reuid={self.account}", f"--regid={self.account}",
+                "--init-groups", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+                f"--bounding-set=-all,{caps}", "--"]
 
     def _limits(self) -> None:
         assert self.nofile is not None

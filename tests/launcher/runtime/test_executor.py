@@ -200,3 +200,40 @@ def test_an_ended_jobs_pids_are_only_those_still_alive(tmp_path: Path) -> None:
     # a pid of the job that is still alive (here: pretend this test process was one)
     ex._ended_pids[4] = seen | {os.getpid()}
     assert ex.pids(4) == {os.getpid()}
+
+
+def test_the_jobs_directory_is_entered_as_its_user(tmp_path: Path) -> None:
+    """A job whose cwd is a directory only root may enter does not start there: the
+    wrapper enters it as the job's user (Popen's cwd= would chdir as root, before the
+    identity changes) and the job fails with 126 and the shell's message."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    ex = ProcessExecutor(tmp_path / "state")
+    ex.start(12, 1, _spec([PY, "-c", "import os; print(os.getcwd())"], private), [], {},
+             ALICE_UID())
+    (exit_,) = _wait_exit(ex, 12)
+    out, err = ex.log_paths(12, 1)
+    assert exit_.code == 126, (exit_, out.read_text(), err.read_text())
+    assert out.read_text() == "" and "can't cd" in err.read_text()
+
+
+def test_a_hostile_interpreter_never_stalls_the_start(tmp_path: Path) -> None:
+    """The job's 'python' is the user's own program that hangs (and floods) when asked
+    for its versions: start() returns at once, the probe is killed at its deadline and
+    the fingerprint is simply unknown (the old synchronous probe waited 10 s)."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = -I ]; then yes; sleep 60; fi\nexec sleep 60\n")
+    fake.chmod(0o755)
+    ex = ProcessExecutor(tmp_path / "state")
+    ex._probes._timeout = 1.0
+    started = time.monotonic()
+    ex.start(13, 1, _spec([str(fake)], tmp_path), [], {}, ALICE_UID())
+    assert time.monotonic() - started < 5, "start waited for the job's interpreter"
+    deadline = time.monotonic() + 20
+    while ex.fingerprint_pending(13):
+        assert time.monotonic() < deadline, "the probe was never ended"
+        time.sleep(0.05)
+    assert "python" not in ex.fingerprint(13)
+    ex.kill_group(13)
+    _wait_exit(ex, 13)
