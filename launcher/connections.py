@@ -42,7 +42,9 @@ from launcher.peer import Caller
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Caller, bytes], dict[str, Any]]
+# A handler answers at once (a dict), or returns None and answers later with
+# ConnectionLoop.reply(token, answer); the token is the handler's second argument.
+Handler = Callable[[Caller, bytes, object], dict[str, Any] | None]
 Identify = Callable[[socket.socket], Caller]
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -60,6 +62,7 @@ class _Conn:
     out: bytes = b""
     sent: int = 0
     writing: bool = False
+    waiting: bool = False  # the request is read; its answer comes later (reply())
     parked: bool = False  # reading: left out of the selector while over a byte budget
     closed: bool = False
 
@@ -136,6 +139,9 @@ class ConnectionLoop:
             if key.data is None:
                 self._accept()
                 continue
+            if callable(key.data):
+                key.data()
+                continue
             conn: _Conn = key.data
             if mask & _READ and not conn.writing and not conn.closed and not conn.parked:
                 self._read(conn)
@@ -147,6 +153,18 @@ class ConnectionLoop:
             self._next_sweep = now + _SWEEP_EVERY
         self._budget()
         self.stats.gauges(len(self._conns), self._buffered)
+
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call `callback` from poll() whenever `fd` is readable (a worker's wake-up)."""
+        self._sel.register(fd, _READ, callback)
+
+    def reply(self, token: object, response: dict[str, Any]) -> None:
+        """The later answer to a request whose handler returned None (dropped when the
+        client is gone meanwhile)."""
+        if isinstance(token, _Conn) and token.waiting and not token.closed:
+            token.waiting = False
+            self._sel.register(token.sock, _WRITE, token)
+            self._answer(token, response, registered=True)
 
     def close(self) -> None:
         """Close every client connection (the listener is the caller's)."""
@@ -260,7 +278,12 @@ class ConnectionLoop:
         if len(line) > self.limits.max_request_bytes:
             self._too_large(conn)
             return
-        self._answer(conn, self._handle(conn.caller, line))
+        response = self._handle(conn.caller, line, conn)
+        if response is not None:
+            self._answer(conn, response)
+            return
+        conn.waiting = True  # answered by reply(); its deadline still holds
+        self._sel.unregister(conn.sock)
 
     def _too_large(self, conn: _Conn) -> None:
         self.stats.dropped("too_large")
@@ -273,7 +296,8 @@ class ConnectionLoop:
         self._answer(conn, protocol.error(
             "too_large", f"request too large: more than {limit} bytes", limit=limit))
 
-    def _answer(self, conn: _Conn, response: dict[str, Any]) -> None:
+    def _answer(self, conn: _Conn, response: dict[str, Any], *,
+                registered: bool = False) -> None:
         data = protocol.encode(response)
         conn.out, conn.sent, conn.writing = data, 0, True
         conn.deadline = self._clock() + self.limits.write_timeout_seconds
@@ -281,7 +305,7 @@ class ConnectionLoop:
         if conn.parked:
             self._sel.register(conn.sock, _WRITE, conn)
             conn.parked = False
-        else:
+        elif not registered:
             self._sel.modify(conn.sock, _WRITE, conn)
         self._write(conn)
 
@@ -323,7 +347,7 @@ class ConnectionLoop:
                         self._buffered, cap)
         elif self._all_paused and self._buffered <= cap * 3 // 4:
             self._all_paused = False
-        readers = [c for c in self._conns if not c.writing]
+        readers = [c for c in self._conns if not c.writing and not c.waiting]
         fullest: dict[int, _Conn] = {}
         for conn in readers:
             uid = conn.caller.uid
@@ -347,7 +371,7 @@ class ConnectionLoop:
                 conn.parked = False
 
     def _sweep(self, now: float) -> None:
-        for conn in [c for c in self._conns if now > c.deadline]:
+        for conn in [c for c in self._conns if now > c.deadline and not c.waiting]:
             if conn.writing:
                 self._drop(conn, "write_timeout")
             else:
@@ -369,7 +393,7 @@ class ConnectionLoop:
         if conn.closed:
             return
         conn.closed = True
-        if not conn.parked:
+        if not conn.parked and not conn.waiting:
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(conn.sock)
         with contextlib.suppress(OSError):

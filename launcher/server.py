@@ -46,6 +46,7 @@ from launcher.peer import Caller, admin_gid, peer_of
 from launcher.privileges import drop_ambient, raise_nofile
 from launcher.safefs import UnsafePath, open_dir
 from launcher.service import Service
+from launcher.submissions import SubmissionReader
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Daemon:
         self._dirfd: int | None = None
         self._bound_ino: int | None = None
         self._loop: ConnectionLoop | None = None
+        self._reader: SubmissionReader | None = None
+        self._pending: dict[object, tuple[Caller, protocol.Request]] = {}
         self._last_tick_error: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -128,6 +131,8 @@ class Daemon:
             self._listener, self._handle,
             lambda sock: peer_of(sock, admin=self._admin),
             limits=self.limits, stats=self.stats)
+        self._reader = SubmissionReader(timeout_seconds=self.limits.submit_timeout_seconds)
+        self._loop.watch(self._reader.wakeup_fd, self._submissions_read)
         log.info("launcher listening on %s (tick %.2g s; at most %d connections, %d per "
                  "uid)", self.socket_path, self._tick, self.limits.max_connections,
                  self.limits.per_uid_connections)
@@ -143,8 +148,37 @@ class Daemon:
             self._shutdown()
         return 0
 
-    def _handle(self, caller: Caller, line: bytes) -> dict[str, Any]:
-        return handle_line(self.service, caller, line, self.stats)
+    def _handle(self, caller: Caller, line: bytes, token: object) -> dict[str, Any] | None:
+        """One request line -> its answer, or None for a submission handed to the reader
+        (answered by _submissions_read when it is read)."""
+        request = _parse(caller, line)
+        if isinstance(request, protocol.Request) and request.op == "submit" \
+                and self._reader is not None:
+            refused = self.service.refuse_submission(caller, request)
+            if refused is None:
+                busy = self._reader.submit(token, caller.uid, request.spec or "",
+                                           request.path)
+                if busy is None:
+                    self._pending[token] = (caller, request)
+                    return None
+                refused = protocol.error("busy", busy)
+            self.stats.request("submit", str(refused.get("error")))
+            return refused
+        return handle_line(self.service, caller, line, self.stats, parsed=request)
+
+    def _submissions_read(self) -> None:
+        assert self._reader is not None and self._loop is not None
+        for token, parsed in self._reader.results():
+            caller, request = self._pending.pop(token)
+            try:
+                response = self.service.finish_submission(caller, request, parsed)
+            except Exception:
+                log.exception("submission from uid %d failed", caller.uid)
+                response = protocol.error("internal", "the launcher failed on this "
+                                                      "request; see its log")
+            self.stats.request("submit", "ok" if response.get("ok") else
+                               str(response.get("error")))
+            self._loop.reply(token, response)
 
     def _safe_tick(self) -> None:
         """One engine round; a failure is logged (once per distinct error) and the loop goes
@@ -165,6 +199,8 @@ class Daemon:
         log.info("launcher stopping; running jobs keep running and are adopted on restart")
         if self._loop is not None:
             self._loop.close()
+        if self._reader is not None:
+            self._reader.close()
         if self._listener is not None:
             self._listener.close()
         if self._dirfd is not None:
@@ -177,17 +213,23 @@ class Daemon:
         self._lock.release()
 
 
-def handle_line(service: Service, caller: Caller, line: bytes,
-                stats: LoopStats | None = None) -> dict[str, Any]:
-    """One request line -> its answer (the frame parser, then the service); nothing a
-    client sends escapes as an exception. The protocol fuzz drives exactly this."""
+def _parse(caller: Caller, line: bytes) -> protocol.Request | dict[str, Any]:
     try:
-        request = protocol.parse_request(line)
+        return protocol.parse_request(line)
     except Exception:  # a parser bug must not take the daemon down: the fuzz hunts them
         log.exception("the request parser failed on a %d-byte request from uid %d",
                       len(line), caller.uid)
-        request = protocol.error("internal", "the launcher failed on this request; see its "
-                                             "log")
+        return protocol.error("internal", "the launcher failed on this request; see its "
+                                          "log")
+
+
+def handle_line(service: Service, caller: Caller, line: bytes,
+                stats: LoopStats | None = None, *,
+                parsed: protocol.Request | dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request line -> its answer (the frame parser, then the service); nothing a
+    client sends escapes as an exception. The protocol fuzz drives exactly this (a
+    submission is read inline here; the daemon reads it in a worker process)."""
+    request = _parse(caller, line) if parsed is None else parsed
     if isinstance(request, dict):
         if stats is not None:
             stats.request("invalid", str(request.get("error")))

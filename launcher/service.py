@@ -33,6 +33,7 @@ from launcher.protocol import Request
 from launcher.safefs import RefusedFile
 from launcher.spec import load_submission
 from launcher.store import ACTIVE, TERMINAL, Event, JobRecord, Store
+from launcher.submissions import Parsed
 from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -253,20 +254,39 @@ class Service:
         return self._control(caller, op, req)
 
     def _submit(self, caller: Caller, req: Request) -> dict[str, Any]:
-        text, source = req.spec, req.path
-        if text is None:
-            return protocol.error("bad_request", "submit needs `spec`: the YAML text")
+        """A submission read here, on the caller's thread (tests, the fuzz); the daemon
+        reads them in a worker process (launcher/submissions.py) and calls
+        refuse_submission / finish_submission around it."""
+        refused = self.refuse_submission(caller, req)
+        if refused is not None:
+            return refused
         try:
-            specs = load_submission(text, source=source)
+            parsed = Parsed(load_submission(req.spec or "", source=req.path), [])
         except ConfigError as exc:
+            parsed = Parsed(None, list(exc.problems))
+        return self.finish_submission(caller, req, parsed)
+
+    def refuse_submission(self, caller: Caller, req: Request) -> dict[str, Any] | None:
+        """The answer to a submission that is refused before it is read, else None."""
+        if req.spec is None:
+            return protocol.error("bad_request", "submit needs `spec`: the YAML text")
+        if caller.uid == 0 and not self.executor.allow_root_jobs:
+            return protocol.error("invalid", f"{req.path}: the submission is invalid", [
+                "root may not submit jobs (they would run as root); submit as the user "
+                "the job should run as"])
+        return None
+
+    def finish_submission(self, caller: Caller, req: Request,
+                          parsed: Parsed) -> dict[str, Any]:
+        """Queue a submission that was read (or list every problem with it)."""
+        source = req.path
+        if parsed.specs is None:
             return protocol.error("invalid", f"{source}: the submission is invalid",
-                                  list(exc.problems))
+                                  parsed.problems)
+        specs = parsed.specs
         problems = [f"{s.name}: user: {s.user!r} is not you ({caller.user}); a job always "
                     "runs as the user who submits it"
                     for s in specs if s.user is not None and s.user != caller.user]
-        if caller.uid == 0 and not self.executor.allow_root_jobs:
-            problems.append("root may not submit jobs (they would run as root); submit as "
-                            "the user the job should run as")
         if problems:
             return protocol.error("invalid", f"{source}: the submission is invalid", problems)
         if req.cwd:

@@ -2,12 +2,14 @@
 and every request handler (launcher.server.handle_line), shared by the CI test (a short
 budget) and bench/bench_launcher_fuzz.py (100,000+ inputs).
 
-Frames come from three strategies: bytes of any kind; JSON objects built from the
+Frames come from four strategies: bytes of any kind; JSON objects built from the
 protocol's ops and keys with hostile values (huge and negative integers, floats, NaN
 text, long and NUL-laden strings, nested lists and objects, YAML specs with out-of-range
-numbers); and byte-level mutations (flips, cuts, insertions, duplications) of valid
-requests. `check(answer)` is the property: every frame gets a JSON-encodable answer
-object, never an exception and never an internal error, with bounded text.
+numbers); well-formed requests with plausible values (so every handler is reached:
+submissions good and bad, logs and controls of jobs that exist or not); and byte-level
+mutations (flips, cuts, insertions, duplications) of requests. `check(answer)` is the
+property: every frame gets a JSON-encodable answer object, never an exception and never
+an internal error, with bounded text.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ ERRORS = {"invalid", "denied", "not_found", "bad_request", "too_large", "busy"}
 ROOT = Caller(pid=1, uid=0, gid=0, groups=frozenset({0}), user="root", admin=True)
 USER = Caller(pid=2, uid=os.getuid() or 4242, gid=4242, groups=frozenset({4242}),
               user="fuzz-user", admin=False)
+OTHER = Caller(pid=3, uid=4343, gid=4343, groups=frozenset({4343}), user="fuzz-other",
+               admin=False)
 
 
 def service(state: Path) -> Service:
@@ -45,7 +49,7 @@ def service(state: Path) -> Service:
                     lambda: 1_000_000.0)
     svc = Service(engine, store, executor, jobmap=None, audit=None, telemetry=Telemetry(),
                   clock=lambda: 1_000_000.0)
-    for caller in (USER, USER):
+    for caller in (USER, OTHER, USER, OTHER):  # jobs 1-4: the user may act on 1 and 3
         svc.handle(caller, _parsed({"op": "submit", "spec": "{name: a, command: [x]}"}))
     return svc
 
@@ -86,6 +90,25 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+@st.composite
+def well_formed(draw: st.DrawFn) -> dict[str, Any]:
+    """A request of the right shape with plausible values, so the frames reach every
+    handler (submit with good and bad specs, logs of jobs that exist or not, controls)."""
+    op = draw(st.sampled_from(sorted(OPS)))
+    doc: dict[str, Any] = {"op": op}
+    for key in sorted(KEYS[op]):
+        if not draw(st.booleans()) and key not in ("spec", "id"):
+            continue
+        doc[key] = draw({
+            "id": st.one_of(st.integers(1, 4), st.sampled_from(["1", "2", "9"])),
+            "offset": st.integers(0, 1 << 20), "attempt": st.integers(1, 3),
+            "stream": st.sampled_from(["out", "err"]), "spec": _SPECS,
+            "path": st.sampled_from(["a.yaml", "/x/b.yaml"]),
+            "cwd": st.sampled_from(["/tmp", "/", "rel"]),
+        }[key])
+    return doc
+
+
 def _encode(doc: dict[str, Any]) -> bytes:
     try:
         return orjson.dumps(doc)
@@ -114,7 +137,8 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-frames = st.one_of(st.binary(max_size=256), requests().map(_encode), mutated())
+frames = st.one_of(st.binary(max_size=256), requests().map(_encode),
+                   well_formed().map(_encode), mutated())
 callers = st.sampled_from([ROOT, USER])
 
 

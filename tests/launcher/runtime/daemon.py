@@ -59,7 +59,7 @@ class LauncherDaemon:
                  core: Mapping[str, Any] | None = None, admin_group: str | None = None,
                  extra: Mapping[str, Any] | None = None,
                  nofile: int | None = None, account: str | None = None,
-                 capabilities: tuple[str, ...] = ()) -> None:
+                 capabilities: tuple[str, ...] = (), repo: Path = REPO) -> None:
         self.dir = directory
         self.socket = directory / "launcher.sock"
         self.state = directory / "state"
@@ -78,6 +78,7 @@ class LauncherDaemon:
         # run as this account holding these capabilities (ambient, bounding), as
         # deploy/systemd/gpu-audit-launcher-dedicated.service does, through setpriv
         self.account, self.capabilities = account, capabilities
+        self.repo = repo  # the checkout whose daemon and client run (bench: an older one)
         self.config = directory / "launcher.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -88,7 +89,8 @@ class LauncherDaemon:
             self.proc = subprocess.Popen(
                 [*self._as_account(), *GPU_AUDIT, "launcher", "serve", "--config",
                  str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.repo,
+                env={**os.environ, "PYTHONPATH": str(self.repo)},
                 preexec_fn=self._limits if self.nofile else None)  # noqa: PLW1509
         wait_for(lambda: self._answers() or self.proc.poll() is not None, 30,
                  "the launcher to answer on its socket")
@@ -156,7 +158,7 @@ class LauncherDaemon:
                timeout: float = 60) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(user)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8",
-               "GPU_AUDIT_LAUNCHER_SOCKET": str(self.socket)}
+               "GPU_AUDIT_LAUNCHER_SOCKET": str(self.socket), "PYTHONPATH": str(self.repo)}
         # The client process becomes `user` before it connects (the kernel records the
         # peer's credentials at connect). It imports what it needs first: the test venv's
         # interpreter may live under /root, which the user cannot read.

@@ -274,3 +274,41 @@ def test_too_large_submission_is_reported_by_the_client(daemon: LauncherDaemon,
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "request too large: " in r.stderr and " bytes, limit " in r.stderr, r.stderr
     assert daemon.alive()
+
+
+# ------------------------------------------------------ 7. submissions slow to read
+
+
+def test_a_submission_slow_to_read_never_stalls_the_daemon(home: Path) -> None:
+    """A megabyte of YAML (a 250,000-word command) takes many seconds to parse: the
+    daemon reads it in a worker process, answers everyone else meanwhile, and refuses
+    it once it has taken longer than submit_timeout_seconds."""
+    import subprocess
+    import threading
+
+    d = LauncherDaemon(home, gpus=1, extra={"limits": {"submit_timeout_seconds": 3}})
+    d.start()
+    try:
+        spec = home / "slow.yaml"
+        spec.write_text("name: slow\ncommand: [" + ", ".join(["x"] * 250_000) + "]\n")
+        spec.chmod(0o644)
+        result: list[subprocess.CompletedProcess[str]] = []
+        t = threading.Thread(target=lambda: result.append(
+            d.client(ALICE, "submit", spec.name, check=False, timeout=120)))
+        t.start()
+        time.sleep(1.0)  # the submission is being read
+        started = time.monotonic()
+        assert call(d.socket, {"op": "ping"}, timeout=5)["ok"]
+        assert time.monotonic() - started < 5
+        t.join(120)
+        (r,) = result
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert "took more than 3 s to read" in r.stderr, r.stderr
+        assert d.alive()
+        quick = home / "quick.yaml"
+        quick.write_text(yaml.safe_dump({"name": "quick", "gpus": 0, "command": ["true"]}))
+        quick.chmod(0o644)
+        assert d.client(ALICE, "submit", quick.name).stdout.startswith("submitted 1 job")
+    finally:
+        d.stop()
+        d.kill_jobs()

@@ -43,7 +43,7 @@ class _Running:
         self._thread.start()
 
     @staticmethod
-    def _answer(caller: Caller, line: bytes) -> dict[str, Any]:
+    def _answer(caller: Caller, line: bytes, token: object) -> dict[str, Any]:
         return {"ok": True, "bytes": len(line)}
 
     def _run(self) -> None:
