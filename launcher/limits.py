@@ -85,8 +85,8 @@ class DaemonLimits(BaseModel):
     submit_timeout_seconds: float = Field(
         default=10.0, gt=0, le=600,
         description="Seconds a submission's YAML may take to read (in a worker process, "
-        "off the daemon's loop); a longer one is refused as too large or too nested. One "
-        "submission per uid is read at a time.")
+        "off the daemon's loop); a longer one is refused as too large or too nested. The "
+        "uids' submissions are read in turn, at most 8 waiting per uid.")
     write_timeout_seconds: float = Field(
         default=5.0, gt=0, le=3600,
         description="Seconds a client has to read its answer once it is ready; a client "

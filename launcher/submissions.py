@@ -1,9 +1,10 @@
 """Submissions are read off the daemon's loop: a worker process parses the YAML, a thread
 talks to it, the loop only hands over and picks up.
 
-`SubmissionReader.submit(token, uid, text, source)` queues a submission (at most one in
-flight per uid, at most `max_pending` in all: the next is refused, so no user can queue
-the others out) and returns at once; the thread writes it to the worker process
+`SubmissionReader.submit(token, uid, text, source)` queues a submission (at most
+`per_uid` waiting per uid and `max_pending` in all: the next is refused) and returns at
+once. The thread takes the uids in turn (round robin), so a user with many large
+submissions delays another user's by at most one read; it writes each to the worker process
 (launcher/parseworker.py: unprivileged, memory-capped), waits for its answer up to
 `timeout_seconds` (then kills the worker, answers "took too long to read" and starts a
 new one), and leaves the result for the loop, which it wakes through a pipe
@@ -19,7 +20,6 @@ import collections
 import contextlib
 import logging
 import os
-import queue
 import select
 import signal
 import subprocess
@@ -56,11 +56,15 @@ class _Job:
 class SubmissionReader:
     """See the module docstring."""
 
-    def __init__(self, *, timeout_seconds: float = 10.0, max_pending: int = 64) -> None:
+    def __init__(self, *, timeout_seconds: float = 10.0, max_pending: int = 64,
+                 per_uid: int = 8) -> None:
         self._timeout = timeout_seconds
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_pending)
-        self._lock = threading.Lock()
-        self._in_flight: set[int] = set()
+        self._max_pending, self._per_uid = max_pending, per_uid
+        self._lock = threading.Condition()
+        self._waiting: collections.OrderedDict[int, collections.deque[_Job]] = \
+            collections.OrderedDict()  # uid -> its submissions; the first uid goes next
+        self._pending = 0
+        self._closing = False
         self._done: collections.deque[tuple[object, Parsed]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._worker: subprocess.Popen[bytes] | None = None
@@ -75,15 +79,33 @@ class SubmissionReader:
     def submit(self, token: object, uid: int, text: str, source: str) -> str | None:
         """Queue a submission; None when queued, else why it was refused."""
         with self._lock:
-            if uid in self._in_flight:
-                return (f"a submission of uid {uid} is still being read; submit again "
-                        "when it is answered")
-            try:
-                self._queue.put_nowait(_Job(token, uid, text, source))
-            except queue.Full:
-                return "too many submissions are being read; try again in a moment"
-            self._in_flight.add(uid)
+            mine = self._waiting.get(uid)
+            if mine is not None and len(mine) >= self._per_uid:
+                return (f"{self._per_uid} submissions of uid {uid} are waiting to be read; "
+                        "submit again when they are answered")
+            if self._pending >= self._max_pending:
+                return "too many submissions are waiting to be read; try again in a moment"
+            self._waiting.setdefault(uid, collections.deque()).append(
+                _Job(token, uid, text, source))
+            self._pending += 1
+            self._lock.notify()
         return None
+
+    def _next(self) -> _Job | None:
+        """The next submission, the uids taken in turn; None when closing."""
+        with self._lock:
+            while not self._pending and not self._closing:
+                self._lock.wait()
+            if self._closing:
+                return None
+            uid, mine = next(iter(self._waiting.items()))
+            job = mine.popleft()
+            if mine:
+                self._waiting.move_to_end(uid)
+            else:
+                del self._waiting[uid]
+            self._pending -= 1
+            return job
 
     def results(self) -> list[tuple[object, Parsed]]:
         """The submissions read since the last call (and empty the wake-up pipe)."""
@@ -97,7 +119,9 @@ class SubmissionReader:
         return out
 
     def close(self) -> None:
-        self._queue.put(None)
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
         self._thread.join(timeout=self._timeout + 5)
         self._stop_worker()
         for fd in (self._wake_r, self._wake_w):
@@ -108,7 +132,7 @@ class SubmissionReader:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._next()
             if job is None:
                 return
             try:
@@ -118,7 +142,6 @@ class SubmissionReader:
                 parsed = Parsed(None, [f"the launcher could not read it: {exc}"])
                 self._stop_worker()
             with self._lock:
-                self._in_flight.discard(job.uid)
                 self._done.append((job.token, parsed))
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"x")
