@@ -11,7 +11,9 @@ a checkout, and attacks it as real unix users through its socket
 - latency: a job writes 4 MiB to stdout; then 1,000 idle connections and 5 clients that
   ask for 256 KiB log chunks and never read; 250 pings sent open-loop every 20 ms
   (each timed from when it was due, so a stall shows in every ping it delays): p50,
-  p99, max, failures (and the same pings on a quiet daemon first).
+  p99, max, failures (and the same pings on a quiet daemon first);
+- submission: a user submits a 1 MiB YAML (a 250,000-word command) that takes many
+  seconds to parse; the same open-loop pings meanwhile, and what the submitter is told.
 
 "after" runs with the default limits and again with the per-uid cap raised (so that all
 60 lines / all 1,000 idle connections are admitted and the byte budget and the loop
@@ -30,6 +32,7 @@ import argparse
 import json
 import shutil
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -170,8 +173,30 @@ def latency(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
         _done(d, home)
 
 
+def submission(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    d, home = _daemon(repo, extra)
+    try:
+        spec = home / "slow.yaml"
+        spec.write_text("name: slow\ncommand: [" + ", ".join(["x"] * 250_000) + "]\n")
+        spec.chmod(0o644)
+        done: list[Any] = []
+        t = threading.Thread(target=lambda: done.append(
+            d.client(ALICE, "submit", spec.name, check=False, timeout=300)))
+        started = time.monotonic()
+        t.start()
+        time.sleep(0.5)
+        pings = _pings(d.socket, 250, 0.02)
+        t.join(300)
+        r = done[0]
+        return {"pings": pings, "submit_seconds": round(time.monotonic() - started, 1),
+                "submit_exit": r.returncode, "submit_said": r.stderr.strip()[-160:],
+                "alive": d.alive()}
+    finally:
+        _done(d, home)
+
+
 SCENARIOS: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {
-    "memory": memory, "flood": flood, "latency": latency}
+    "memory": memory, "flood": flood, "latency": latency, "submission": submission}
 
 
 def main() -> None:
