@@ -22,8 +22,10 @@ def test_peer_is_this_process_with_its_groups() -> None:
 
 
 def test_admin_by_supplementary_group_from_proc() -> None:
-    """A non-root caller is an admin exactly when the admin gid is among the groups its
-    /proc/<pid>/status lists (read here from a fake procfs root for a real peer)."""
+    """A non-root caller is an admin exactly when the admin gid is among its groups: the
+    kernel's (SO_PEERGROUPS) or, where that is missing, those /proc/<pid>/status lists
+    (a fake procfs root here) only while its Uid is the socket's: a pid reused by
+    another user's process lends the caller nothing."""
     if os.geteuid() != 0:
         pytest.skip("needs root: connects as another uid (nobody)")
     d = shared_dir()
