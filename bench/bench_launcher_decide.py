@@ -25,10 +25,11 @@ from collections.abc import Callable
 
 from launcher.config import LauncherCoreConfig, PolicyConfig
 from launcher.engine import Engine
-from launcher.gpustate import GIB, GpuInfo, SimGpuSource
+from launcher.gpustate import GIB, GpuInfo
 from launcher.policy import FairShareLedger
 from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour, SimExecutor
+from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
 from launcher.store import JobRecord, Store
 

@@ -1,5 +1,6 @@
 """The catalogue of gpu-audit's own metrics: every `gpu_audit_*` family any component
-serves (sampler, renderer, HTTP endpoint, audit producer, spool, shipper).
+serves (sampler, renderer, HTTP endpoint, audit producer, spool, shipper, the launcher daemon's
+socket).
 
 It lives in core because the shipper must not import the exporter: each collector takes
 its name, type, HELP and label names from here, and `python -m exporter.exposition.docs` writes
@@ -24,7 +25,8 @@ from prometheus_client.core import (
 )
 
 SelfMetricType = Literal["gauge", "counter", "histogram"]
-Component = Literal["sampler", "renderer", "endpoint", "audit", "spool", "shipper"]
+Component = Literal["sampler", "renderer", "endpoint", "audit", "spool", "shipper",
+                    "launcher"]
 
 COMPONENT_TITLES: dict[Component, str] = {
     "sampler": "Sampling loop and attribution",
@@ -33,6 +35,7 @@ COMPONENT_TITLES: dict[Component, str] = {
     "audit": "Audit producer",
     "spool": "Spool",
     "shipper": "Shipper (one series per sink)",
+    "launcher": "Launcher daemon socket (on the launcher's metrics_listen endpoint)",
 }
 
 _NAME_RE = re.compile(r"^gpu_audit_[a-z0-9_]+$")
@@ -211,6 +214,33 @@ SHIPPER_BATCH_DURATION = _metric("gpu_audit_shipper_batch_duration_seconds", "hi
                                  "Time of one send of a batch to the sink, whatever its outcome.",
                                  "shipper", _SINK, unit="seconds")
 
+LAUNCHER_CONNECTIONS = _metric("gpu_audit_launcher_connections", "gauge",
+                               "Client connections the launcher daemon holds open.",
+                               "launcher")
+LAUNCHER_BUFFERED = _metric("gpu_audit_launcher_buffered_bytes", "gauge",
+                            "Bytes of requests and answers the launcher holds for its clients "
+                            "(bounded by limits.max_buffered_bytes).", "launcher",
+                            unit="bytes")
+LAUNCHER_REQUESTS = _metric("gpu_audit_launcher_requests_total", "counter",
+                            "Requests answered, by operation and outcome (ok or the error "
+                            "code).", "launcher", ("op", "outcome"))
+LAUNCHER_REFUSED = _metric("gpu_audit_launcher_connections_refused_total", "counter",
+                           "Connections answered \"too many connections\" and closed, by the "
+                           "cap they hit (per_uid, total).", "launcher", ("reason",))
+LAUNCHER_DROPPED = _metric("gpu_audit_launcher_connections_dropped_total", "counter",
+                           "Connections closed by the daemon before a normal end, by reason: "
+                           "read_timeout (no whole request in time), write_timeout (the client "
+                           "did not read its answer), too_large (request over the limit), "
+                           "error (the connection failed).", "launcher", ("reason",))
+LAUNCHER_ACCEPT_ERRORS = _metric("gpu_audit_launcher_accept_errors_total", "counter",
+                                 "accept() failures on the launcher's socket, by errno "
+                                 "(EMFILE, ENFILE, ENOBUFS, ENOMEM...); the daemon backs off "
+                                 "and keeps serving.", "launcher", ("errno",))
+LAUNCHER_READ_PAUSES = _metric("gpu_audit_launcher_read_pauses_total", "counter",
+                               "Times the daemon stopped reading requests because the bytes "
+                               "held for clients reached limits.max_buffered_bytes.",
+                               "launcher")
+
 SELF_METRICS: tuple[SelfMetric, ...] = (
     SAMPLE_CYCLES, SAMPLE_FAILED_CYCLES, SAMPLE_CPU_SECONDS, SNAPSHOT_LISTENER_ERRORS,
     ATTRIBUTION_EVENTS,
@@ -223,6 +253,8 @@ SELF_METRICS: tuple[SelfMetric, ...] = (
     SHIPPER_DROPPED, SHIPPER_LAG_RECORDS, SHIPPER_LAG_SECONDS, SHIPPER_CURSOR,
     SHIPPER_LAST_SUCCESS, SHIPPER_BLOCKED, SHIPPER_SINK_UP, SHIPPER_CONSERVATION,
     SHIPPER_BATCH_DURATION,
+    LAUNCHER_CONNECTIONS, LAUNCHER_BUFFERED, LAUNCHER_REQUESTS, LAUNCHER_REFUSED,
+    LAUNCHER_DROPPED, LAUNCHER_ACCEPT_ERRORS, LAUNCHER_READ_PAUSES,
 )
 
 

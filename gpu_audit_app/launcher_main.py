@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from launcher.config import LauncherCoreConfig
-from launcher.protocol import DEFAULT_SOCKET, ProtocolError, call
+from launcher.limits import DaemonLimits
+from launcher.protocol import DEFAULT_SOCKET, ProtocolError, RequestTooLarge, call
 
 
 class LauncherConfig(BaseModel):
@@ -75,6 +76,11 @@ class LauncherConfig(BaseModel):
     core: LauncherCoreConfig = Field(default_factory=LauncherCoreConfig,
                                      description="Scheduling policy and engine timings "
                                      "(launcher/config.py), the same model replay uses.")
+    limits: DaemonLimits = Field(default_factory=DaemonLimits,
+                                 description="What clients may cost the daemon: connections "
+                                 "per uid and in total, bytes per request and in all, "
+                                 "deadlines to send a request and to read an answer "
+                                 "(launcher/limits.py).")
 
 
 def load_config(path: Path | None, overrides: Mapping[str, Any]) -> LauncherConfig:
@@ -143,6 +149,9 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _serve(args)
     try:
         return _client(cmd, args)
+    except RequestTooLarge as exc:
+        print(f"gpu-audit launcher {cmd}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ProtocolError as exc:
         print(f"gpu-audit launcher {cmd}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -154,29 +163,40 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gpu_audit.errors import LockHeld
     from gpu_audit.logredact import setup_logging
+    from launcher.loopstats import LoopStats
+    from launcher.safefs import UnsafePath
     from launcher.server import run_daemon
 
     config = load_config(args.config, {key: getattr(args, key) for key in serve_options()})
     setup_logging(config.log_level)
     _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    # the daemon's own files are private unless made otherwise (the socket, the job
+    # directories and the job-mapping files set their modes); jobs get the umask it had
+    job_umask = os.umask(0o077)
+    stats = LoopStats()
     try:
-        return run_daemon(lambda: _build(config), state_dir=config.state_dir,
-                          socket_path=config.socket, socket_mode=config.socket_mode,
-                          socket_group=config.socket_group, admin_group=config.admin_group,
-                          tick_seconds=config.tick_seconds)
+        return run_daemon(lambda: _build(config, stats, job_umask),
+                          state_dir=config.state_dir, socket_path=config.socket,
+                          socket_mode=config.socket_mode, socket_group=config.socket_group,
+                          admin_group=config.admin_group, tick_seconds=config.tick_seconds,
+                          limits=config.limits, stats=stats)
     except LockHeld as exc:
         print(f"gpu-audit launcher serve: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except UnsafePath as exc:
+        print(f"gpu-audit launcher serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _gpu_source(text: str) -> Any:
-    from launcher.gpustate import ExporterStatusSource, NvmlSource, SimGpuSource
+    from launcher.gpustate import ExporterStatusSource, NvmlSource
 
     kind, _, arg = text.partition(":")
     if kind == "sim":
         if not arg.isdigit() or not 0 < int(arg) <= 64:
             raise ConfigError("launcher", [f"gpus: {text!r}: sim:N needs 1 <= N <= 64"])
+        from launcher.sim.gpus import SimGpuSource  # only when asked for by name
+
         return SimGpuSource(int(arg))
     if kind == "exporter" and arg:
         return ExporterStatusSource(arg)
@@ -185,7 +205,7 @@ def _gpu_source(text: str) -> Any:
     raise ConfigError("launcher", [f"gpus: {text!r}: one of nvml, sim:N, exporter:URL"])
 
 
-def _build(config: LauncherConfig) -> Any:
+def _build(config: LauncherConfig, stats: Any = None, job_umask: int = 0o022) -> Any:
     from prometheus_client import CollectorRegistry
 
     from gpu_audit.http.config import parse_listen
@@ -194,8 +214,7 @@ def _build(config: LauncherConfig) -> Any:
     from gpu_audit.http.webconfig import WebConfig, load_web_config
     from launcher.audit import LauncherAudit
     from launcher.engine import Engine
-    from launcher.executor import ProcessExecutor, SimGpuBinding, SimGpuView
-    from launcher.gpustate import SimGpuSource
+    from launcher.executor import ProcessExecutor
     from launcher.jobmap import JobMapWriter
     from launcher.scheduler import Scheduler
     from launcher.service import Service
@@ -203,13 +222,17 @@ def _build(config: LauncherConfig) -> Any:
     from launcher.telemetry import Telemetry
 
     gpus = _gpu_source(config.gpus)
-    sim = isinstance(gpus, SimGpuSource)
+    sim = config.gpus.startswith("sim:")
     executor: ProcessExecutor
     if sim:
-        executor = SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs)
-        gpus = SimGpuView(gpus, executor)
+        from launcher.sim.binding import SimGpuBinding, SimGpuView  # asked for by name
+
+        binding = SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs,
+                                job_umask=job_umask)
+        executor, gpus = binding, SimGpuView(gpus, binding)
     else:
-        executor = ProcessExecutor(config.state_dir, allow_root_jobs=config.allow_root_jobs)
+        executor = ProcessExecutor(config.state_dir, allow_root_jobs=config.allow_root_jobs,
+                                   job_umask=job_umask)
     store = Store(config.state_dir / "launcher.db")
     engine = Engine(store, Scheduler(config.core.policy), gpus, executor, time.time,
                     config.core)
@@ -227,6 +250,8 @@ def _build(config: LauncherConfig) -> Any:
                else WebConfig())
         registry = CollectorRegistry(auto_describe=True)
         registry.register(telemetry)
+        if stats is not None:
+            registry.register(stats)
         state = LatestState(math.inf, snapshots_expected=False)
         try:
             server = MetricsServer(host, port, state, web, registry,
@@ -236,6 +261,10 @@ def _build(config: LauncherConfig) -> Any:
                                            f"cannot listen: {exc.strerror or exc}"]) from exc
         server.start()
         state.set_backend(True)
+    if config.spool_dir is not None:  # inside state_dir it was checked with it
+        from launcher.safefs import open_dir
+
+        os.close(open_dir(config.spool_dir, mode=None))
     audit = LauncherAudit(config.spool_dir or config.state_dir / "spool", simulated=sim)
     jobmap = JobMapWriter(config.jobmap_dir) if config.jobmap_dir is not None else None
     return Service(engine, store, executor, jobmap=jobmap, audit=audit, telemetry=telemetry)
@@ -249,7 +278,8 @@ def _refused(cmd: str, resp: Mapping[str, Any]) -> int:
           file=sys.stderr)
     for p in resp.get("problems", []) or []:
         print(f"  - {p}", file=sys.stderr)
-    return EXIT_USAGE if resp.get("error") in ("invalid", "bad_request") else EXIT_FAILURE
+    return EXIT_USAGE if resp.get("error") in ("invalid", "bad_request", "too_large") \
+        else EXIT_FAILURE
 
 
 def _client(cmd: str, args: argparse.Namespace) -> int:

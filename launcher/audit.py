@@ -81,7 +81,7 @@ def fingerprint_from(
     out: dict[str, str] = {}
     for key in ("python", "torch", "cuda"):
         value = (probe or {}).get(key)
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and value and len(value) <= 64:  # a user's program said it
             out[key] = value
     torch_version = out.get("torch", "")
     if "cuda" not in out and "+cu" in torch_version:

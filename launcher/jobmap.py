@@ -4,7 +4,10 @@ One `<job>.json` per running attempt in the job-mapping directory: job id, user,
 project, the GPU UUIDs the attempt holds and the pid of its process group leader, with
 `start_time`; `end_time` is set when the attempt ends (the exporter then stops
 attributing to it) and the file is removed after `keep_seconds`. Files are replaced
-atomically (gpu_audit.atomicfile), so the exporter never reads a half-written one.
+atomically (a new hidden temporary, fsync'd, renamed over the file), so the exporter
+never reads a half-written one. The directory is opened once, checked from `/` down
+(launcher.safefs: nobody but root or the launcher can swap it), and every file is made,
+renamed, read and removed relative to that descriptor, never by a path.
 
 This module must never write outside its directory, and never name a job that is not
 running as live (an attempt that ended gets its end_time before anything else).
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import orjson
 
-from gpu_audit import atomicfile
+from gpu_audit.atomicfile import write_all
+from launcher.safefs import RefusedFile, create_new, open_checked, open_dir, read_at
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +53,12 @@ class JobMapWriter:
         self._keep = keep_seconds
         self._clock = clock
         self._ended: dict[str, float] = {}
-        self.directory.mkdir(parents=True, exist_ok=True)
         # the exporter may run as another user: the directory and files are world-readable
+        self._fd = open_dir(self.directory, mode=0o755)
+
+    def close(self) -> None:
         with contextlib.suppress(OSError):
-            os.chmod(self.directory, 0o755)  # noqa: S103 - the exporter reads it
+            os.close(self._fd)
 
     def path(self, job_id: str) -> Path:
         return self.directory / file_name(job_id)
@@ -85,11 +91,16 @@ class JobMapWriter:
 
     def ended(self, job_id: str, end_time: float | None = None) -> None:
         """Mark the job's file ended (the exporter stops attributing to it)."""
-        path = self.path(job_id)
         try:
-            doc = orjson.loads(path.read_bytes())
+            fd, _ = open_checked(self._fd, file_name(job_id), owner=os.geteuid())
+        except (OSError, RefusedFile):
+            return
+        try:
+            doc = orjson.loads(read_at(fd, 1 << 20, 0))
         except (OSError, orjson.JSONDecodeError):
             return
+        finally:
+            os.close(fd)
         if not isinstance(doc, dict):
             return
         doc["end_time"] = self._clock() if end_time is None else end_time
@@ -102,12 +113,19 @@ class JobMapWriter:
         gone = [j for j, t in self._ended.items() if now - t >= self._keep]
         for job_id in gone:
             with contextlib.suppress(FileNotFoundError):
-                self.path(job_id).unlink()
+                os.unlink(file_name(job_id), dir_fd=self._fd)
             del self._ended[job_id]
         return gone
 
     def _write(self, job_id: str, doc: dict[str, object]) -> None:
-        path = self.path(job_id)
-        atomicfile.replace_file(path, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o644)
+        name = file_name(job_id)
+        tmp = f".{name}.tmp"  # hidden: the exporter reads *.json without a leading dot
+        fd = create_new(self._fd, tmp, mode=0o644, uid=os.geteuid(), gid=os.getegid(),
+                        flags=os.O_WRONLY)
+        try:
+            write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        os.fsync(self._fd)

@@ -1,9 +1,11 @@
 """Who is on the other end of the launcher's unix socket, from the kernel, not the client.
 
 `peer_of(sock)` reads SO_PEERCRED (struct ucred: pid, uid, gid) and the peer's
-supplementary groups from /proc/<pid>/status (`Groups:`), falling back to the passwd
-and group databases when the process is gone. A caller is an admin when the configured
-admin group's gid is its primary gid or one of its groups.
+supplementary groups as the kernel recorded them at connect (SO_PEERGROUPS, Linux 4.13+).
+Where that is missing it reads /proc/<pid>/status (`Groups:`) and trusts it only when
+the `Uid:` line there is the socket's uid (the pid may have been reused by another
+process since), else the passwd and group databases. A caller is an admin when the
+configured admin group's gid is its primary gid or one of its groups.
 
 This module must never take an identity from anything the client sends: the uid in a
 request or a job spec is ignored; only the kernel's answer counts.
@@ -11,6 +13,7 @@ request or a job spec is ignored; only the kernel's answer counts.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _UCRED = struct.Struct("3i")  # pid_t pid; uid_t uid; gid_t gid (Linux)
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python names it in 3.12+
+_MAX_GROUPS = 65536  # NGROUPS_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +49,34 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _proc_groups(pid: int, proc: Path) -> frozenset[int] | None:
+def _socket_groups(sock: socket.socket) -> frozenset[int] | None:
+    """The peer's supplementary groups as the kernel recorded them at connect."""
+    size = 4 * 64
+    while size <= 4 * _MAX_GROUPS:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:
+                size *= 4
+                continue
+            return None  # ENOPROTOOPT: an older kernel
+        return frozenset(struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
+    return None
+
+
+def _proc_groups(pid: int, uid: int, proc: Path) -> frozenset[int] | None:
     try:
         text = (proc / str(pid) / "status").read_text()
     except OSError:
         return None
+    groups: frozenset[int] | None = None
+    same_process = False
     for line in text.splitlines():
         if line.startswith("Groups:"):
-            return frozenset(int(g) for g in line.split()[1:])
-    return None
+            groups = frozenset(int(g) for g in line.split()[1:])
+        elif line.startswith("Uid:"):
+            same_process = line.split()[1:2] == [str(uid)]
+    return groups if same_process else None
 
 
 def _db_groups(uid: int, gid: int) -> frozenset[int]:
@@ -75,11 +99,15 @@ def admin_gid(group: str | int | None) -> int | None:
         return None
 
 
-def peer_of(sock: socket.socket, *, admin: int | None, proc: Path = Path("/proc")) -> Caller:
-    """The caller on `sock` (an AF_UNIX stream socket), with its admin standing."""
+def peer_of(sock: socket.socket, *, admin: int | None, proc: Path = Path("/proc"),
+            kernel_groups: bool = True) -> Caller:
+    """The caller on `sock` (an AF_UNIX stream socket), with its admin standing.
+    `kernel_groups=False` skips SO_PEERGROUPS (tests of the /proc fallback)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     pid, uid, gid = _UCRED.unpack(raw)
-    groups = _proc_groups(pid, proc)
+    groups = _socket_groups(sock) if kernel_groups else None
+    if groups is None:
+        groups = _proc_groups(pid, uid, proc)
     if groups is None:
         groups = _db_groups(uid, gid)
     groups = groups | {gid}

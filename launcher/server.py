@@ -1,21 +1,27 @@
 """The launcher daemon: the engine's tick loop, the unix socket, and what watches them.
 
-`Daemon.serve()` takes the single-instance lock (`<state>/launcher.lock`), opens the
-SQLite store, recovers (attempts recorded as running whose process is gone are requeued
-by the engine's recovery, never started twice), binds the socket and then loops: accept
-and answer requests (one JSON line each way, launcher.protocol), run `engine.tick()`
-every `tick_seconds`, turn what changed into audit records, job-mapping files and
-telemetry. SIGTERM / SIGINT end the loop after the current step; running jobs keep
-running and are found again by the next daemon (their process group ids are in the
-store's events).
+`run_daemon()` checks the state directory (no component another user could swap:
+launcher.safefs), takes the single-instance lock (`<state>/launcher.lock`), raises the
+file limit to its hard limit, empties the ambient capability set (jobs must inherit no
+capability), opens the SQLite store, recovers (attempts recorded as running whose
+process is gone are requeued by the engine's recovery, never started twice), binds the
+socket and then loops: answer clients (launcher.connections: one JSON line each way,
+bounded in connections, bytes and time), run `engine.tick()` every `tick_seconds`, turn
+what changed into audit records, job-mapping files and telemetry. SIGTERM / SIGINT end
+the loop after the current step; running jobs keep running and are found again by the
+next daemon (their process group ids are in the store's events).
 
 Who may do what: the caller is whoever the kernel says (SO_PEERCRED); a user may cancel,
 hold, release and read the logs of their own jobs; members of the configured admin group
 (and root) may act on all. Nothing in a request names the caller.
 
+The socket is created through a descriptor of its checked directory: a stale socket
+there is removed by name relative to it (never following a link), the mode comes from
+the umask at bind and the group from fchownat without following links.
+
 This module must never run a job or a client request as root on someone's behalf, never
-block the loop on one slow client (each connection has a deadline), and never let a bad
-request take the daemon down (it gets an error answer).
+wait on a client, and never let a bad request take the daemon down (it gets an error
+answer).
 """
 
 from __future__ import annotations
@@ -23,33 +29,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
 import signal
 import socket
+import stat
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from gpu_audit.lockfile import ProcessLock
 from launcher import protocol
+from launcher.connections import ConnectionLoop
+from launcher.limits import DaemonLimits
+from launcher.loopstats import LoopStats
 from launcher.peer import Caller, admin_gid, peer_of
+from launcher.privileges import drop_ambient, raise_nofile
+from launcher.safefs import UnsafePath, open_dir
 from launcher.service import Service
+from launcher.submissions import SubmissionReader
 
 log = logging.getLogger(__name__)
 
-_CLIENT_DEADLINE = 10.0
-
-
-@dataclass
-class _Conn:
-    sock: socket.socket
-    caller: Caller
-    deadline: float
-    buf: bytearray = field(default_factory=bytearray)
+_RESERVED_FILES = 64  # descriptors kept for the store, spool, jobs and the metrics server
 
 
 class Daemon:
@@ -65,10 +66,11 @@ class Daemon:
         admin_group: str | None = None,
         tick_seconds: float = 1.0,
         lock: ProcessLock,
-        clock: Callable[[], float] = time.time,
+        limits: DaemonLimits | None = None,
+        stats: LoopStats | None = None,
     ) -> None:
         self.service = service
-        self.socket_path = Path(socket_path)
+        self.socket_path = Path(os.path.abspath(socket_path))
         self._mode = socket_mode
         self._group = socket_group
         self._admin = admin_gid(admin_group)
@@ -77,10 +79,15 @@ class Daemon:
                         admin_group)
         self._tick = tick_seconds
         self._lock = lock
-        self._clock = clock
+        self.limits = limits or DaemonLimits()
+        self.stats = stats or LoopStats()
         self._stop = False
-        self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
+        self._dirfd: int | None = None
+        self._bound_ino: int | None = None
+        self._loop: ConnectionLoop | None = None
+        self._reader: SubmissionReader | None = None
+        self._pending: dict[object, tuple[Caller, protocol.Request]] = {}
         self._last_tick_error: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -89,19 +96,29 @@ class Daemon:
         self._stop = True
 
     def _bind(self) -> socket.socket:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        # we hold the instance lock, so a socket file left here is a dead daemon's
+        name = self.socket_path.name
+        dirfd = open_dir(self.socket_path.parent, mode=0o755, shared_final=True)
+        self._dirfd = dirfd
+        # we hold the instance lock, so a socket file left here is a dead daemon's; a
+        # link or anything else with its name is removed, never followed
         with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+            os.unlink(name, dir_fd=dirfd)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(self.socket_path))
+        old = os.umask(0o777 & ~self._mode)  # the mode is set as bind creates the file
+        try:
+            s.bind(f"/proc/self/fd/{dirfd}/{name}")  # through the checked directory
+        finally:
+            os.umask(old)
         if self._group:
             import grp  # noqa: PLC0415 - only with a restricted socket
 
-            os.chown(self.socket_path, 0 if os.geteuid() == 0 else -1,
-                     grp.getgrnam(self._group).gr_gid)
-        os.chmod(self.socket_path, self._mode)
-        s.listen(64)
+            os.chown(name, 0 if os.geteuid() == 0 else -1, grp.getgrnam(self._group).gr_gid,
+                     dir_fd=dirfd, follow_symlinks=False)
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise UnsafePath(f"{self.socket_path} is not the socket just bound")
+        self._bound_ino = st.st_ino
+        s.listen(128)
         s.setblocking(False)
         return s
 
@@ -110,8 +127,15 @@ class Daemon:
             signal.signal(signum, self.request_stop)
         self.service.start()
         self._listener = self._bind()
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
-        log.info("launcher listening on %s (tick %.2g s)", self.socket_path, self._tick)
+        self._loop = ConnectionLoop(
+            self._listener, self._handle,
+            lambda sock: peer_of(sock, admin=self._admin),
+            limits=self.limits, stats=self.stats)
+        self._reader = SubmissionReader(timeout_seconds=self.limits.submit_timeout_seconds)
+        self._loop.watch(self._reader.wakeup_fd, self._submissions_read)
+        log.info("launcher listening on %s (tick %.2g s; at most %d connections, %d per "
+                 "uid)", self.socket_path, self._tick, self.limits.max_connections,
+                 self.limits.per_uid_connections)
         next_tick = 0.0
         try:
             while not self._stop:
@@ -119,10 +143,42 @@ class Daemon:
                 if now >= next_tick:
                     self._safe_tick()
                     next_tick = now + self._tick
-                self._poll_io(max(0.0, min(next_tick - time.monotonic(), 0.5)))
+                self._loop.poll(max(0.0, min(next_tick - time.monotonic(), 0.5)))
         finally:
             self._shutdown()
         return 0
+
+    def _handle(self, caller: Caller, line: bytes, token: object) -> dict[str, Any] | None:
+        """One request line -> its answer, or None for a submission handed to the reader
+        (answered by _submissions_read when it is read)."""
+        request = _parse(caller, line)
+        if isinstance(request, protocol.Request) and request.op == "submit" \
+                and self._reader is not None:
+            refused = self.service.refuse_submission(caller, request)
+            if refused is None:
+                busy = self._reader.submit(token, caller.uid, request.spec or "",
+                                           request.path)
+                if busy is None:
+                    self._pending[token] = (caller, request)
+                    return None
+                refused = protocol.error("busy", busy)
+            self.stats.request("submit", str(refused.get("error")))
+            return refused
+        return handle_line(self.service, caller, line, self.stats, parsed=request)
+
+    def _submissions_read(self) -> None:
+        assert self._reader is not None and self._loop is not None
+        for token, parsed in self._reader.results():
+            caller, request = self._pending.pop(token)
+            try:
+                response = self.service.finish_submission(caller, request, parsed)
+            except Exception:
+                log.exception("submission from uid %d failed", caller.uid)
+                response = protocol.error("internal", "the launcher failed on this "
+                                                      "request; see its log")
+            self.stats.request("submit", "ok" if response.get("ok") else
+                               str(response.get("error")))
+            self._loop.reply(token, response)
 
     def _safe_tick(self) -> None:
         """One engine round; a failure is logged (once per distinct error) and the loop goes
@@ -141,93 +197,67 @@ class Daemon:
 
     def _shutdown(self) -> None:
         log.info("launcher stopping; running jobs keep running and are adopted on restart")
-        for key in list(self._sel.get_map().values()):
+        if self._loop is not None:
+            self._loop.close()
+        if self._reader is not None:
+            self._reader.close()
+        if self._listener is not None:
+            self._listener.close()
+        if self._dirfd is not None:
             with contextlib.suppress(OSError):
-                key.fileobj.close()  # type: ignore[union-attr]
-        self._sel.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+                st = os.stat(self.socket_path.name, dir_fd=self._dirfd, follow_symlinks=False)
+                if st.st_ino == self._bound_ino:
+                    os.unlink(self.socket_path.name, dir_fd=self._dirfd)
+            os.close(self._dirfd)
         self.service.close()
         self._lock.release()
 
-    # --- I/O -----------------------------------------------------------------------------
 
-    def _poll_io(self, timeout: float) -> None:
-        for key, _ in self._sel.select(timeout):
-            if key.data is None:
-                self._accept()
-            else:
-                self._read(key.data)
-        now = time.monotonic()
-        for key in list(self._sel.get_map().values()):
-            conn = key.data
-            if isinstance(conn, _Conn) and now > conn.deadline:
-                self._close(conn)
+def _parse(caller: Caller, line: bytes) -> protocol.Request | dict[str, Any]:
+    try:
+        return protocol.parse_request(line)
+    except Exception:  # a parser bug must not take the daemon down: the fuzz hunts them
+        log.exception("the request parser failed on a %d-byte request from uid %d",
+                      len(line), caller.uid)
+        return protocol.error("internal", "the launcher failed on this request; see its "
+                                          "log")
 
-    def _accept(self) -> None:
-        assert self._listener is not None
-        try:
-            sock, _ = self._listener.accept()
-        except BlockingIOError:
-            return
-        try:
-            caller = peer_of(sock, admin=self._admin)
-        except OSError as exc:
-            log.warning("client without peer credentials refused: %s", exc)
-            sock.close()
-            return
-        sock.setblocking(False)
-        conn = _Conn(sock, caller, time.monotonic() + _CLIENT_DEADLINE)
-        self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _close(self, conn: _Conn) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.unregister(conn.sock)
-        conn.sock.close()
+def handle_line(service: Service, caller: Caller, line: bytes,
+                stats: LoopStats | None = None, *,
+                parsed: protocol.Request | dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request line -> its answer (the frame parser, then the service); nothing a
+    client sends escapes as an exception. The protocol fuzz drives exactly this (a
+    submission is read inline here; the daemon reads it in a worker process)."""
+    request = _parse(caller, line) if parsed is None else parsed
+    if isinstance(request, dict):
+        if stats is not None:
+            stats.request("invalid", str(request.get("error")))
+        return request
+    try:
+        response = service.handle(caller, request)
+    except Exception:
+        log.exception("request %r from uid %d failed", request.op, caller.uid)
+        response = protocol.error("internal", "the launcher failed on this request; "
+                                              "see its log")
+    if stats is not None:
+        stats.request(request.op, "ok" if response.get("ok") else str(response.get("error")))
+    return response
 
-    def _read(self, conn: _Conn) -> None:
-        try:
-            chunk = conn.sock.recv(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._close(conn)
-            return
-        if not chunk:
-            self._close(conn)
-            return
-        conn.buf += chunk
-        if len(conn.buf) > protocol.MAX_LINE:
-            self._answer(conn, protocol.error("bad_request", "request too large"))
-            return
-        if b"\n" not in conn.buf:
-            return
-        line = bytes(conn.buf.split(b"\n", 1)[0])
-        try:
-            request = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            self._answer(conn, protocol.error("bad_request", "request is not JSON"))
-            return
-        if not isinstance(request, dict):
-            self._answer(conn, protocol.error("bad_request", "request is not an object"))
-            return
-        try:
-            response = self.service.handle(conn.caller, request)
-        except Exception:
-            log.exception("request %r from uid %d failed", request.get("op"), conn.caller.uid)
-            response = protocol.error("internal", "the launcher failed on this request; "
-                                                  "see its log")
-        self._answer(conn, response)
 
-    def _answer(self, conn: _Conn, response: Mapping[str, Any]) -> None:
-        data = protocol.encode(dict(response))
-        try:
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(_CLIENT_DEADLINE)
-            conn.sock.sendall(data)
-        except OSError:
-            pass
-        self._close(conn)
+def prepare_process(limits: DaemonLimits) -> None:
+    """Process-wide settings before anything starts: the file limit raised to its hard
+    limit (warned about when the connection cap does not fit under it) and no ambient
+    capability for the jobs to inherit."""
+    soft, _ = raise_nofile()
+    if limits.max_connections + _RESERVED_FILES > soft:
+        log.warning("limits.max_connections %d does not fit under the file limit %d (minus "
+                    "%d for the daemon's own files): accept() will fail first; the daemon "
+                    "then pauses accepting and keeps serving", limits.max_connections, soft,
+                    _RESERVED_FILES)
+    if not drop_ambient():
+        raise RuntimeError("cannot clear the ambient capability set: refusing to start "
+                           "jobs that would inherit the daemon's capabilities")
 
 
 def run_daemon(
@@ -239,16 +269,23 @@ def run_daemon(
     socket_group: str | None,
     admin_group: str | None,
     tick_seconds: float,
+    limits: DaemonLimits | None = None,
+    stats: LoopStats | None = None,
 ) -> int:
-    """Take the single-instance lock, then build the service (opening the store only
-    under the lock) and serve until SIGTERM/SIGINT."""
-    lock = ProcessLock.acquire(state_dir / "launcher.lock", f"launcher state {state_dir}")
+    """Check the state directory, take the single-instance lock, then build the service
+    (opening the store only under the lock) and serve until SIGTERM/SIGINT. Raises
+    UnsafePath when a directory could be swapped by another user."""
+    limits = limits or DaemonLimits()
+    os.close(open_dir(state_dir, mode=0o711))  # trusted from / down, created if missing
+    lock = ProcessLock.acquire(Path(state_dir) / "launcher.lock",
+                               f"launcher state {state_dir}")
     try:
+        prepare_process(limits)
         service = build()
     except BaseException:
         lock.release()
         raise
     daemon = Daemon(service, socket_path=socket_path, socket_mode=socket_mode,
                     socket_group=socket_group, admin_group=admin_group,
-                    tick_seconds=tick_seconds, lock=lock)
+                    tick_seconds=tick_seconds, lock=lock, limits=limits, stats=stats)
     return daemon.serve()

@@ -27,14 +27,18 @@ from launcher.audit import LauncherAudit
 from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
 from launcher.executor import ProcessExecutor
 from launcher.jobmap import JobMapWriter
+from launcher.limits import LOG_CHUNK_BYTES
 from launcher.peer import Caller
+from launcher.protocol import Request
+from launcher.safefs import RefusedFile
 from launcher.spec import load_submission
 from launcher.store import ACTIVE, TERMINAL, Event, JobRecord, Store
+from launcher.submissions import Parsed
 from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
-_LOG_CHUNK = 256 * 1024
+MAX_STATUS_ROWS = 5000  # `status` without an id lists at most the newest this many jobs
 
 
 class Service:
@@ -60,6 +64,9 @@ class Service:
         self._clock = clock
         self._events_seen = 0
         self._mapped: dict[int, set[int]] = {}  # job -> pids its mapping file lists
+        # audit records of a job whose job_started waits for its fingerprint (the probe of
+        # its interpreter runs in the background): emitted in order once it is known
+        self._held: dict[int, list[tuple[str, dict[str, Any], float]]] = {}
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -72,12 +79,12 @@ class Service:
         self._events_seen = self.store.last_event_seq()
         now = self._clock()
         for job in self.store.jobs(ACTIVE):
-            if self.executor.adopt(job.id, job.attempt):
+            if self.executor.adopt(job.id, job.attempt, job.uid):
                 self.telemetry.job_started(job.id, job.name, job.user, job.project,
                                            job.attempt)
                 self._mapped[job.id] = set()
                 continue
-            done = self.executor.finished_while_away(job.id, job.attempt)
+            done = self.executor.finished_while_away(job.id, job.attempt, job.uid)
             if done is not None:
                 self.executor.inject_exit(done)
                 continue
@@ -92,8 +99,13 @@ class Service:
         self._after_tick()
 
     def close(self) -> None:
+        for job_id in list(self._held):
+            self._release(job_id)
         if self.audit is not None:
             self.audit.close()
+        if self.jobmap is not None:
+            self.jobmap.close()
+        self.executor.close()
         self.store.close()
 
     def tick(self) -> None:
@@ -114,6 +126,18 @@ class Service:
                 break
         self.telemetry.set_states(self.store.state_counts())
         self._refresh_jobmap()
+        for job_id in [j for j in self._held if not self.executor.fingerprint_pending(j)]:
+            self._release(job_id)
+
+    def _release(self, job_id: int) -> None:
+        """Emit the held records of `job_id`, its job_started now with its fingerprint."""
+        records = self._held.pop(job_id, [])
+        if self.audit is None:
+            return
+        fingerprint = self.executor.fingerprint(job_id) or None
+        for i, (event, part, at) in enumerate(records):
+            fields = {**part, "fingerprint": fingerprint} if i == 0 and fingerprint else part
+            self.audit.emit(event, fields, at=at)
 
     def _refresh_jobmap(self) -> None:
         if self.jobmap is None:
@@ -140,9 +164,10 @@ class Service:
         if ev.kind == "queued":
             self._emit("job_queued", job, {"state": "queued"}, ev.time)
         elif ev.kind in ("started", "resumed"):
+            if self.audit is not None and job.id not in self._held:
+                self._held[job.id] = []  # until the fingerprint is known (see _release)
             self._emit(f"job_{ev.kind}", job, {
                 "attempt": d.get("attempt"), "gpus": d.get("gpus"),
-                "fingerprint": self.executor.fingerprint(job.id) or None,
                 "checkpoint_step": d.get("checkpoint_step"), "state": "running"}, ev.time)
             self.telemetry.job_started(job.id, job.name, job.user, job.project,
                                        int(d.get("attempt") or job.attempt))
@@ -205,15 +230,17 @@ class Service:
                 part[key] = max(0.0, float(part[key]))
         if not isinstance(part.get("checkpoint_step"), int) or part["checkpoint_step"] < 0:
             part.pop("checkpoint_step", None)
+        if job.id in self._held:
+            self._held[job.id].append((event, part, at))
+            return
         self.audit.emit(event, part, at=at)
 
     # --- requests ------------------------------------------------------------------------
 
-    def handle(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
-        op = req.get("op")
-        if op not in protocol.OPS:
-            return protocol.error("bad_request", f"unknown op {op!r}; one of "
-                                                 f"{', '.join(sorted(protocol.OPS))}")
+    def handle(self, caller: Caller, req: Request) -> dict[str, Any]:
+        """The answer to one request (already parsed and range-checked by
+        launcher.protocol.parse_request) from `caller`."""
+        op = req.op
         if op == "ping":
             return {"ok": True, "uid": caller.uid, "user": caller.user, "admin": caller.admin}
         if op == "submit":
@@ -224,39 +251,47 @@ class Service:
             return self._status(caller, req)
         if op == "logs":
             return self._logs(caller, req)
-        return self._control(caller, str(op), req)
+        return self._control(caller, op, req)
 
-    def _job_id(self, req: Mapping[str, Any]) -> int | None:
-        raw = req.get("id")
-        if isinstance(raw, bool):
-            return None
-        if isinstance(raw, int):
-            return raw
-        if isinstance(raw, str) and raw.isdigit():
-            return int(raw)
+    def _submit(self, caller: Caller, req: Request) -> dict[str, Any]:
+        """A submission read here, on the caller's thread (tests, the fuzz); the daemon
+        reads them in a worker process (launcher/submissions.py) and calls
+        refuse_submission / finish_submission around it."""
+        refused = self.refuse_submission(caller, req)
+        if refused is not None:
+            return refused
+        try:
+            parsed = Parsed(load_submission(req.spec or "", source=req.path), [])
+        except ConfigError as exc:
+            parsed = Parsed(None, list(exc.problems))
+        return self.finish_submission(caller, req, parsed)
+
+    def refuse_submission(self, caller: Caller, req: Request) -> dict[str, Any] | None:
+        """The answer to a submission that is refused before it is read, else None."""
+        if req.spec is None:
+            return protocol.error("bad_request", "submit needs `spec`: the YAML text")
+        if caller.uid == 0 and not self.executor.allow_root_jobs:
+            return protocol.error("invalid", f"{req.path}: the submission is invalid", [
+                "root may not submit jobs (they would run as root); submit as the user "
+                "the job should run as"])
         return None
 
-    def _submit(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
-        text, source = req.get("spec"), req.get("path") or "<submission>"
-        if not isinstance(text, str):
-            return protocol.error("bad_request", "submit needs `spec`: the YAML text")
-        try:
-            specs = load_submission(text, source=str(source))
-        except ConfigError as exc:
+    def finish_submission(self, caller: Caller, req: Request,
+                          parsed: Parsed) -> dict[str, Any]:
+        """Queue a submission that was read (or list every problem with it)."""
+        source = req.path
+        if parsed.specs is None:
             return protocol.error("invalid", f"{source}: the submission is invalid",
-                                  list(exc.problems))
+                                  parsed.problems)
+        specs = parsed.specs
         problems = [f"{s.name}: user: {s.user!r} is not you ({caller.user}); a job always "
                     "runs as the user who submits it"
                     for s in specs if s.user is not None and s.user != caller.user]
-        if caller.uid == 0 and not self.executor.allow_root_jobs:
-            problems.append("root may not submit jobs (they would run as root); submit as "
-                            "the user the job should run as")
         if problems:
             return protocol.error("invalid", f"{source}: the submission is invalid", problems)
-        cwd = req.get("cwd")
-        if isinstance(cwd, str) and cwd:
+        if req.cwd:
             specs = [s if s.cwd and Path(s.cwd).is_absolute() else
-                     s.model_copy(update={"cwd": str(Path(cwd) / (s.cwd or "."))})
+                     s.model_copy(update={"cwd": str(Path(req.cwd) / (s.cwd or "."))})
                      for s in specs]
         try:
             ids = self.engine.submit(specs, uid=caller.uid, user=caller.user)
@@ -278,15 +313,14 @@ class Service:
             rows.append(row)
         return {"ok": True, "jobs": rows}
 
-    def _status(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
-        if req.get("id") is None:
+    def _status(self, caller: Caller, req: Request) -> dict[str, Any]:
+        if req.id is None:
             jobs = [j for j in self.store.jobs()
-                    if caller.admin or j.uid == caller.uid]
+                    if caller.admin or j.uid == caller.uid][-MAX_STATUS_ROWS:]
             return {"ok": True, "jobs": [_summary(j) for j in jobs]}
-        job_id = self._job_id(req)
-        job = self.store.get(job_id) if job_id is not None else None
+        job = self.store.get(req.id)
         if job is None:
-            return protocol.error("not_found", f"no job {req.get('id')}")
+            return protocol.error("not_found", f"no job {req.id}")
         out = _summary(job)
         if not caller.may_act_on(job.uid):
             return {"ok": True, "job": out}  # like the queue: no spec, env or events
@@ -299,37 +333,30 @@ class Service:
         })
         return {"ok": True, "job": out}
 
-    def _logs(self, caller: Caller, req: Mapping[str, Any]) -> dict[str, Any]:
-        job_id = self._job_id(req)
-        job = self.store.get(job_id) if job_id is not None else None
+    def _logs(self, caller: Caller, req: Request) -> dict[str, Any]:
+        job = self.store.get(req.id) if req.id is not None else None
         if job is None:
-            return protocol.error("not_found", f"no job {req.get('id')}")
+            return protocol.error("not_found", f"no job {req.id}")
         if not caller.may_act_on(job.uid):
             return protocol.error("denied", f"job {job.id} belongs to {job.user}; you may "
                                             "read the logs of your own jobs only")
-        attempt = req.get("attempt")
-        if not isinstance(attempt, int) or isinstance(attempt, bool):
-            attempt = max(1, job.attempt)
-        stream = "err" if req.get("stream") == "err" else "out"
-        out_path, err_path = self.executor.log_paths(job.id, attempt)
-        path = err_path if stream == "err" else out_path
-        offset = req.get("offset", 0)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            offset = 0
+        attempt = req.attempt if req.attempt is not None else max(1, job.attempt)
         try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(_LOG_CHUNK)
-        except FileNotFoundError:
-            data = b""
+            data = self.executor.read_log(job.id, attempt, req.stream, owner=job.uid,
+                                          offset=req.offset, size=LOG_CHUNK_BYTES)
+        except RefusedFile as exc:
+            log.warning("job %d attempt %d: %s log refused: %s", job.id, attempt, req.stream,
+                        exc)
+            return protocol.error("denied", f"job {job.id}'s {req.stream} log is not the file "
+                                            f"the launcher made ({exc}): not read")
         return {"ok": True, "data": data.decode("utf-8", "replace"),
-                "offset": offset + len(data), "attempt": attempt, "state": job.state,
-                "done": job.state in TERMINAL and len(data) < _LOG_CHUNK}
+                "offset": req.offset + len(data), "attempt": attempt, "state": job.state,
+                "done": job.state in TERMINAL and len(data) < LOG_CHUNK_BYTES}
 
-    def _control(self, caller: Caller, op: str, req: Mapping[str, Any]) -> dict[str, Any]:
-        job_id = self._job_id(req)
+    def _control(self, caller: Caller, op: str, req: Request) -> dict[str, Any]:
+        job_id = req.id
         if job_id is None or self.store.get(job_id) is None:
-            return protocol.error("not_found", f"no job {req.get('id')}")
+            return protocol.error("not_found", f"no job {req.id}")
         action = {"cancel": self.engine.cancel, "hold": self.engine.hold,
                   "release": self.engine.release}[op]
         try:

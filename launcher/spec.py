@@ -15,6 +15,7 @@ names and dependency cycles, each with its line.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -27,16 +28,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, validation_problems
+from launcher.limits import SPEC
 
 URGENCY_LEVELS: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
-URGENCY_NAMES: dict[int, str] = {v: k for k, v in URGENCY_LEVELS.items()}
-MAX_URGENCY = 10
+MAX_URGENCY = SPEC.max_urgency
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _short(value: object) -> str:
+    """`value` for a message, cut: a problem must not echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_bytes(value: object) -> int:
@@ -50,8 +57,12 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, str):
         match = _SIZE.match(value)
         if match and match.group(2).lower() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    raise ValueError(f"{value!r} is not a size (use bytes or e.g. 20GiB, 512MiB, 1.5GB)")
+            number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+            if not math.isfinite(number) or number > SPEC.max_gpu_memory_bytes:
+                raise ValueError(f"{_short(value)} is more than any GPU has (at most "
+                                 f"{SPEC.max_gpu_memory_bytes} bytes)")
+            return int(number)
+    raise ValueError(f"{_short(value)} is not a size (use bytes or e.g. 20GiB, 512MiB, 1.5GB)")
 
 
 def urgency_value(value: object) -> int:
@@ -61,35 +72,40 @@ def urgency_value(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_URGENCY:
         return value
     raise ValueError(f"urgency must be one of {', '.join(URGENCY_LEVELS)} or an integer "
-                     f"0..{MAX_URGENCY}, not {value!r}")
+                     f"0..{MAX_URGENCY}, not {_short(value)}")
 
 
-def urgency_name(value: int) -> str:
-    return URGENCY_NAMES.get(value, str(value))
+def _no_nul(where: str, text: str) -> None:
+    if "\0" in text:
+        raise ValueError(f"{where} contains a NUL character")
 
 
 class JobSpec(BaseModel):
     """One job as submitted. `gpus` whole GPUs, or a `gpu_fraction` of one GPU (then
     `gpus` must be 1 or absent); `gpu_memory_bytes` is the memory it needs on each GPU
-    (default: the whole GPU for whole-GPU jobs, the fraction of it for fractional ones)."""
+    (default: the whole GPU for whole-GPU jobs, the fraction of it for fractional ones).
+    Every number is finite and inside the range launcher.limits.SPEC gives it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     command: list[str] | str
-    cwd: str | None = None
-    gpus: int = Field(default=1, ge=0, le=64)
-    gpu_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
-    gpu_memory_bytes: int | None = Field(default=None, gt=0)
+    cwd: str | None = Field(default=None, max_length=SPEC.max_text)
+    gpus: int = Field(default=1, ge=0, le=SPEC.max_gpus)
+    gpu_fraction: float | None = Field(default=None, ge=SPEC.min_gpu_fraction, le=1.0,
+                                       allow_inf_nan=False)
+    gpu_memory_bytes: int | None = Field(default=None, gt=0, le=SPEC.max_gpu_memory_bytes)
     urgency: int = 1
-    user: str | None = None
-    project: str = "default"
-    department: str | None = None
-    checkpoint_dir: str | None = None
-    max_runtime_seconds: float | None = Field(default=None, gt=0)
-    max_retries: int = Field(default=0, ge=0, le=100)
-    after: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    user: str | None = Field(default=None, max_length=64)
+    project: str = Field(default="default", min_length=1, max_length=SPEC.max_label)
+    department: str | None = Field(default=None, max_length=SPEC.max_label)
+    checkpoint_dir: str | None = Field(default=None, max_length=SPEC.max_text)
+    max_runtime_seconds: float | None = Field(default=None, gt=0,
+                                              le=SPEC.max_runtime_seconds,
+                                              allow_inf_nan=False)
+    max_retries: int = Field(default=0, ge=0, le=SPEC.max_retries)
+    after: list[str] = Field(default_factory=list, max_length=SPEC.max_after)
+    env: dict[str, str] = Field(default_factory=dict, max_length=SPEC.max_env)
     preempt_signal: str = "SIGUSR1"
 
     @field_validator("name")
@@ -110,8 +126,18 @@ class JobSpec(BaseModel):
                 raise ValueError(f"cannot split the command line: {exc}") from None
             if not words:
                 raise ValueError("the command is empty")
+            if len(words) > SPEC.max_argv or len(v) > SPEC.max_command_chars:
+                raise ValueError(f"the command is longer than {SPEC.max_argv} words or "
+                                 f"{SPEC.max_command_chars} characters")
+            _no_nul("the command", v)
         elif not v or not v[0]:
             raise ValueError("the command is empty")
+        else:
+            if len(v) > SPEC.max_argv or sum(map(len, v)) > SPEC.max_command_chars:
+                raise ValueError(f"the command is longer than {SPEC.max_argv} words or "
+                                 f"{SPEC.max_command_chars} characters")
+            for word in v:
+                _no_nul("the command", word)
         return v
 
     @field_validator("gpu_memory_bytes", mode="before")
@@ -129,16 +155,39 @@ class JobSpec(BaseModel):
     def _signal(cls, v: str) -> str:
         name = v.upper() if v.upper().startswith("SIG") else "SIG" + v.upper()
         if name in ("SIGKILL", "SIGSTOP") or not hasattr(signal.Signals, name):
-            raise ValueError(f"{v!r} is not a signal a job can catch (e.g. SIGUSR1, SIGTERM)")
+            raise ValueError(f"{_short(v)} is not a signal a job can catch (e.g. SIGUSR1, "
+                             "SIGTERM)")
         return name
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", k)]
         if bad:
             raise ValueError(f"not environment variable names: {', '.join(sorted(bad))}")
+        long = [k for k, value in v.items() if len(value) > SPEC.max_text]
+        if long:
+            raise ValueError(f"values longer than {SPEC.max_text} characters: "
+                             f"{', '.join(sorted(long))}")
+        for key, value in v.items():
+            _no_nul(f"env {key}", value)
         return v
+
+    @field_validator("cwd", "checkpoint_dir", "project", "department", "user")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        if v is not None:
+            _no_nul("the value", v)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_fraction(cls, data: Any) -> Any:
+        """`gpu_fraction: 1` is one whole GPU: the job is then a whole-GPU job."""
+        if isinstance(data, dict) and data.get("gpu_fraction") == 1 \
+                and not isinstance(data.get("gpu_fraction"), bool):
+            return {**{k: v for k, v in data.items() if k != "gpu_fraction"}}
+        return data
 
     @model_validator(mode="after")
     def _fraction(self) -> JobSpec:
@@ -193,6 +242,10 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
         if not isinstance(jobs, list) or not jobs:
             problems.append((("jobs",), "must be a non-empty list of jobs"))
             jobs = []
+        elif len(jobs) > SPEC.max_jobs:
+            problems.append((("jobs",), f"{len(jobs)} jobs in one submission; at most "
+                             f"{SPEC.max_jobs}"))
+            jobs = jobs[:SPEC.max_jobs]
         for i, job in enumerate(jobs):
             if not isinstance(job, dict):
                 problems.append((("jobs", i), "each job is a mapping (name, command, ...)"))
@@ -203,12 +256,13 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
 
     specs: list[tuple[Loc, JobSpec]] = []
     names: dict[str, Loc] = {}
+    all_names = {r.get("name") for _, r in raw_jobs if isinstance(r.get("name"), str)}
     for loc, raw in raw_jobs:
         name = raw.get("name")
         if isinstance(name, str):
             if name in names:
-                problems.append(((*loc, "name"), f"job name {name!r} is used twice in this "
-                                 f"submission (first at {dotted(names[name])})"))
+                problems.append(((*loc, "name"), f"job name {_short(name)} is used twice in "
+                                 f"this submission (first at {dotted(names[name])})"))
             else:
                 names[name] = loc
         try:
@@ -218,10 +272,9 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
                 problems.append(((*loc, *sub), msg))
         after = raw.get("after", [])
         if isinstance(after, list):
-            for j, dep in enumerate(after):
-                if isinstance(dep, str) and dep not in {
-                        r.get("name") for _, r in raw_jobs if isinstance(r.get("name"), str)}:
-                    problems.append(((*loc, "after", j), f"no job named {dep!r} in this "
+            for j, dep in enumerate(after[:SPEC.max_after]):
+                if isinstance(dep, str) and dep not in all_names:
+                    problems.append(((*loc, "after", j), f"no job named {_short(dep)} in this "
                                      "submission"))
     problems.extend(_cycles({s.name: (loc, s.after) for loc, s in specs}))
     if problems:

@@ -10,6 +10,7 @@ serves replay.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -179,6 +180,17 @@ def _record(row: Sequence[Any], specs: dict[int, JobSpec]) -> JobRecord:
     return JobRecord(**d)
 
 
+def _private(path: Path) -> None:
+    """Create the database file owner-only (specs hold the users' environments), or
+    make an older one so, through a descriptor that followed no link; SQLite gives its
+    -wal and -shm files the database's mode."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class Store:
     """SQLite state. One connection, serialised by a lock (the daemon's threads share it)."""
 
@@ -187,6 +199,8 @@ class Store:
         self._lock = threading.RLock()
         self._depth = 0
         self._specs: dict[int, JobSpec] = {}
+        if self.path != ":memory:":
+            _private(Path(self.path))
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=30.0)
         if self.path != ":memory:":

@@ -1,5 +1,5 @@
 """VirtualExecutor: the launcher's Executor for replay. Jobs are trace entries that
-progress in virtual time on simulated GPUs (launcher.gpustate.SimGpuSource).
+progress in virtual time on simulated GPUs (launcher.sim.gpus.SimGpuSource).
 
 A run works in cycles of `checkpoint_interval` seconds of work followed by
 `checkpoint_seconds` of writing (no checkpoints: work only). It resumes from the work its
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
 from launcher.engine import Exit, Report
-from launcher.gpustate import GpuInfo, SimGpuSource
+from launcher.gpustate import GpuInfo
 from launcher.replay.trace import TraceJob
+from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
 
 EXIT_FAILED = 1

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from launcher.config import LauncherCoreConfig, PolicyName
 from launcher.engine import Engine
-from launcher.gpustate import SimGpuSource
 from launcher.replay.executor import VirtualExecutor
 from launcher.replay.metrics import ReplayMetrics, compute
 from launcher.replay.trace import Trace, TraceJob
 from launcher.scheduler import Scheduler
+from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
 from launcher.store import ACTIVE, WAITING, Store
 

@@ -21,9 +21,13 @@ SYSTEMD = DEPLOY / "systemd"
 UNITS = sorted(SYSTEMD.glob("*.service"))
 INSTALLED_BIN = "/opt/gpu-audit/bin/gpu-audit"
 # Exposure scores (0 safest .. 10) as measured, with a little room; deploy/README.md
-# quotes them. The launcher's sandbox is inherited by the users' jobs, hence its score.
+# quotes them. The launcher's sandbox is inherited by the users' jobs, hence its score
+# (6.8 before the launcher dropped CAP_DAC_OVERRIDE/CAP_FOWNER and gained ProtectSystem=
+# full, ProtectControlGroups and a syscall filter no job needs; 5.0 as its own account).
 MAX_EXPOSURE = {"gpu-audit-exporter.service": 2.5, "gpu-audit-shipper.service": 1.8,
-                "gpu-audit-launcher.service": 7.0}
+                "gpu-audit-launcher.service": 5.5,
+                "gpu-audit-launcher-dedicated.service": 5.2}
+LAUNCHER_CAPS = {"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN"}
 
 
 def unit(path: Path) -> configparser.RawConfigParser:
@@ -45,7 +49,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_three_units_exist() -> None:
+def test_the_units_exist() -> None:
     assert [p.name for p in UNITS] == sorted(MAX_EXPOSURE)
 
 
@@ -83,13 +87,17 @@ def test_common_hardening_and_the_launcher_exception() -> None:
     for path in UNITS:
         service = dict(unit(path)["Service"])
         assert service["ProtectKernelModules"] == "yes"
-        if path.name == "gpu-audit-launcher.service":
+        if path.name.startswith("gpu-audit-launcher"):
             # Drops to the job's user: needs setuid/setgid, and its sandbox binds the jobs.
             caps = set(service["CapabilityBoundingSet"].split())
-            assert {"CAP_SETUID", "CAP_SETGID"} <= caps
-            assert "CAP_SYS_ADMIN" not in caps
+            assert caps == LAUNCHER_CAPS, "no DAC override, no FOWNER, nothing else"
             assert service["NoNewPrivileges"] == "no"
             assert "ProtectHome" not in service and "PrivateTmp" not in service
+            assert service["ProtectSystem"] == "full"  # strict would bind the users' homes
+            assert service["StateDirectoryMode"] == "0711"  # jobs reach their own files
+            if path.name == "gpu-audit-launcher-dedicated.service":
+                assert service["User"] == "gpu-audit-launcher"
+                assert set(service["AmbientCapabilities"].split()) == LAUNCHER_CAPS
             continue
         assert service["User"] == "gpu-audit"
         assert service["NoNewPrivileges"] == "yes"
@@ -122,9 +130,9 @@ def test_state_directories_do_not_nest() -> None:
     """systemd gives a StateDirectory= recursively to its unit's user: the launcher's
     (root's) state must not lie inside the exporter's (gpu-audit's)."""
     dirs = {p.name: dict(unit(p)["Service"])["StateDirectory"] for p in UNITS}
-    launcher = dirs.pop("gpu-audit-launcher.service")
+    for name in ("gpu-audit-launcher.service", "gpu-audit-launcher-dedicated.service"):
+        launcher = dirs.pop(name)
+        assert not launcher.startswith("gpu-audit/")
+        argv = shlex.split(dict(unit(SYSTEMD / name)["Service"])["ExecStart"])
+        assert argv[argv.index("--state-dir") + 1] == f"/var/lib/{launcher}"
     assert set(dirs.values()) == {"gpu-audit"}
-    assert not launcher.startswith("gpu-audit/")
-    argv = shlex.split(dict(unit(SYSTEMD / "gpu-audit-launcher.service")["Service"])[
-        "ExecStart"])
-    assert argv[argv.index("--state-dir") + 1] == f"/var/lib/{launcher}"

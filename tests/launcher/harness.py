@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from launcher.config import EngineConfig, LauncherCoreConfig, PolicyConfig
 from launcher.engine import Engine
-from launcher.gpustate import GIB, SimGpuSource
+from launcher.gpustate import GIB
 from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour, SimExecutor
+from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec, load_submission
 from launcher.store import Event, JobRecord, Store
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.gpustate import ExporterStatusSource, NvmlSource, SimGpuSource
+from launcher.gpustate import ExporterStatusSource, NvmlSource
+from launcher.sim.gpus import SimGpuSource
 from tests.exporter.backends.fake_nvml import FakeGpu, FakeNvml, proc
 
 NOW = 1_700_000_000.0

@@ -74,7 +74,7 @@ def test_every_problem_is_listed_with_its_line() -> None:
         "line 8: jobs.1.urgency: urgency must be one of low, normal, high, urgent",
         "line 9: jobs.1.gpu_memory_bytes: 'lots' is not a size",
         "line 10: jobs.1.after.1: no job named 'nosuch' in this submission",
-        "line 13: jobs.2.gpu_fraction: Input should be less than 1",
+        "line 13: jobs.2.gpu_fraction: Input should be less than or equal to 1",
         "line 18: jobs.3.preempt_signal: 'SIGKILL' is not a signal a job can catch",
         "line 19: jobs.4.name: job name 'train' is used twice in this submission (first at jobs.1)",
     ):
@@ -131,3 +131,53 @@ def test_sizes() -> None:
 def test_spec_round_trips_through_json() -> None:
     (job,) = load_submission("{name: a, command: [x, y], env: {A: '1'}, gpu_memory_bytes: 1GiB}")
     assert JobSpec.model_validate_json(job.model_dump_json()) == job
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("gpu_fraction", "1e-300", "greater than or equal to 0.1"),
+    ("gpu_fraction", "0.05", "greater than or equal to 0.1"),
+    ("gpu_fraction", ".nan", "finite"),
+    ("max_runtime_seconds", "1e308", "less than or equal to 31622400"),
+    ("max_runtime_seconds", ".inf", "finite"),
+    ("max_runtime_seconds", "-1", "greater than 0"),
+    ("gpu_memory_bytes", "1000000000000000000000000000000", "less than or equal to"),
+    ("gpu_memory_bytes", "'1" + "0" * 400 + "GiB'", "more than any GPU has"),
+    ("max_retries", "100000", "less than or equal to 100"),
+    ("gpus", "65", "less than or equal to 64"),
+    ("urgency", "11", "urgency must be"),
+    ("project", "''", "at least 1"),
+    ("project", "'" + "p" * 200 + "'", "at most 128"),
+    ("cwd", "'" + "d" * 5000 + "'", "at most 4096"),
+])
+def test_every_number_and_size_in_a_spec_is_bounded(key: str, value: str, says: str) -> None:
+    """Out-of-range, infinite and NaN values are refused with the bound they broke (the
+    smallest GPU share is 0.1: 1e-300 of a GPU would pack any number of jobs on one)."""
+    with pytest.raises(ConfigError) as info:
+        load_submission(f"{{name: a, command: [x], {key}: {value}}}")
+    (problem,) = info.value.problems
+    assert f"{key}: " in problem and says in problem, problem
+    assert len(problem) < 300, "a problem echoes the whole value back"
+
+
+def test_a_whole_fraction_is_a_whole_gpu_and_sizes_are_in_range() -> None:
+    """gpu_fraction: 1 is one whole GPU (an exclusive job); 0.1 is the smallest share."""
+    (whole,) = load_submission("{name: a, command: [x], gpu_fraction: 1}")
+    assert whole.exclusive and whole.gpus == 1 and whole.gpu_fraction is None
+    (tenth,) = load_submission("{name: a, command: [x], gpu_fraction: 0.1}")
+    assert tenth.gpu_fraction == 0.1 and not tenth.exclusive
+
+
+def test_counts_and_nul_bytes_are_bounded() -> None:
+    """More jobs than a submission may hold, env variables past the cap and NUL bytes in
+    a command, path or environment value are each refused by name."""
+    jobs = "".join(f"  - {{name: j{i}, command: [x]}}\n" for i in range(1001))
+    with pytest.raises(ConfigError) as info:
+        load_submission("jobs:\n" + jobs)
+    assert any("1001 jobs in one submission; at most 1000" in p for p in info.value.problems)
+    env = ", ".join(f"V{i}: x" for i in range(257))
+    with pytest.raises(ConfigError) as info:
+        load_submission(f'{{name: a, command: ["a\\0b"], cwd: "c\\0d", env: {{{env}}}}}')
+    text = "\n".join(info.value.problems)
+    for where in ("command: the command contains a NUL", "cwd: the value contains a NUL",
+                  "env: Dictionary should have at most 256 items"):
+        assert where in text, (where, text)

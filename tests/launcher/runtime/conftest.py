@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.runtime.users import ALICE, BOB, local_user, shared_dir
+from tests.launcher.runtime.users import ALICE, BOB, local_user, remove_created, shared_dir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_users() -> Iterator[None]:
+    """Every unix user and group the tests created is deleted when the session ends."""
+    yield
+    remove_created()
 
 
 @pytest.fixture

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import resource
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,10 @@ sys.exit(cli.main(sys.argv[4:]))
 
 class LauncherDaemon:
     def __init__(self, directory: Path, *, gpus: int = 2,
-                 core: Mapping[str, Any] | None = None, admin_group: str | None = None) -> None:
+                 core: Mapping[str, Any] | None = None, admin_group: str | None = None,
+                 extra: Mapping[str, Any] | None = None,
+                 nofile: int | None = None, account: str | None = None,
+                 capabilities: tuple[str, ...] = (), repo: Path = REPO) -> None:
         self.dir = directory
         self.socket = directory / "launcher.sock"
         self.state = directory / "state"
@@ -68,6 +73,12 @@ class LauncherDaemon:
         }
         if admin_group:
             cfg["admin_group"] = admin_group
+        cfg.update(extra or {})
+        self.nofile = nofile  # RLIMIT_NOFILE (soft = hard) the daemon starts with
+        # run as this account holding these capabilities (ambient, bounding), as
+        # deploy/systemd/gpu-audit-launcher-dedicated.service does, through setpriv
+        self.account, self.capabilities = account, capabilities
+        self.repo = repo  # the checkout whose daemon and client run (bench: an older one)
         self.config = directory / "launcher.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,13 +87,46 @@ class LauncherDaemon:
     def start(self) -> LauncherDaemon:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [*GPU_AUDIT, "launcher", "serve", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                [*self._as_account(), *GPU_AUDIT, "launcher", "serve", "--config",
+                 str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.repo,
+                env={**os.environ, "PYTHONPATH": str(self.repo)},
+                preexec_fn=self._limits if self.nofile else None)  # noqa: PLW1509
         wait_for(lambda: self._answers() or self.proc.poll() is not None, 30,
                  "the launcher to answer on its socket")
         if self.proc.poll() is not None:
             raise AssertionError(f"launcher exited: {self.log.read_text()}")
         return self
+
+    def _as_account(self) -> list[str]:
+        if self.account is None:
+            return []
+        caps = ",".join("+" + c.lower().removeprefix("cap_") for c in self.capabilities)
+        return ["setpriv", f"--reuid={self.account}", f"--regid={self.account}",
+                "--init-groups", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+                f"--bounding-set=-all,{caps}", "--"]
+
+    def _limits(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    def alive(self) -> bool:
+        """The daemon process runs and its socket file is there."""
+        return self.proc is not None and self.proc.poll() is None and self.socket.exists()
+
+    def rss_bytes(self) -> int:
+        """The daemon's resident memory now (VmRSS)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in the daemon's status")
+
+    def scrape(self) -> str:
+        """The daemon's metrics endpoint, as text."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
 
     def _answers(self) -> bool:
         try:
@@ -114,7 +158,7 @@ class LauncherDaemon:
                timeout: float = 60) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(user)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8",
-               "GPU_AUDIT_LAUNCHER_SOCKET": str(self.socket)}
+               "GPU_AUDIT_LAUNCHER_SOCKET": str(self.socket), "PYTHONPATH": str(self.repo)}
         # The client process becomes `user` before it connects (the kernel records the
         # peer's credentials at connect). It imports what it needs first: the test venv's
         # interpreter may live under /root, which the user cannot read.

@@ -14,6 +14,7 @@ from tests.launcher.runtime.users import (
     ADMINS,
     ALICE,
     BOB,
+    CAROL,
     job_python,
     local_user,
 )
@@ -23,7 +24,7 @@ PY = job_python()
 
 @pytest.fixture
 def daemon(home: Path) -> Iterator[LauncherDaemon]:
-    local_user("gpuaudit-carol", groups=(ADMINS,))
+    local_user(CAROL, groups=(ADMINS,))
     d = LauncherDaemon(home, gpus=2, admin_group=ADMINS).start()
     yield d
     d.stop()
@@ -115,7 +116,7 @@ command: ["{PY}", "-c", "import time; print('secret', flush=True); time.sleep(60
     job2 = int(daemon.client(ALICE, "submit", "long.yaml").stdout.split(": ", 1)[1].split()[0])
     third = int(daemon.client(ALICE, "submit", "long.yaml").stdout.split(": ", 1)[1].split()[0])
     assert daemon.client(ALICE, "hold", str(third), check=False).returncode in (0, 2)
-    daemon.client("gpuaudit-carol", "cancel", str(job2))
+    daemon.client(CAROL, "cancel", str(job2))
     daemon.client(ALICE, "cancel", str(job))
     assert daemon.wait_state(job, {"cancelled"})["state"] == "cancelled"
     assert daemon.wait_state(job2, {"cancelled"})["state"] == "cancelled"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.executor import ExecutorError, ProcessExecutor
+from launcher.spec import JobSpec
 from tests.launcher.runtime.users import ALICE, job_python, local_user, shared_dir
 
 PY = job_python()
@@ -38,15 +39,14 @@ def _wait_exit(ex: ProcessExecutor, job: int, timeout: float = 20.0) -> list:
     raise AssertionError(f"job {job} did not exit within {timeout} s")
 
 
-def _spec(command: object, cwd: Path) -> dict[str, object]:
-    return {"command": command, "cwd": str(cwd)}
+def _spec(command: list[str], cwd: Path, **more: object) -> JobSpec:
+    return JobSpec(name="t", command=command, cwd=str(cwd), **more)
 
 
 def test_job_runs_as_submitter_with_its_groups_and_env(tmp_path: Path) -> None:
     """A root daemon drops to the submitting user's uid, gid and groups before exec; the
     job sees the engine's env, its events file, and writes its own log."""
     pw = local_user(ALICE)
-    tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     script = ("import os,json;print(json.dumps([os.getuid(),os.geteuid(),os.getgid(),"
               "os.getgroups(),os.environ['JOB_ID'],os.environ['USER'],"
@@ -84,7 +84,6 @@ def test_root_jobs_are_refused_unless_configured(tmp_path: Path) -> None:
 def test_kill_group_reaches_grandchildren_and_poll_reaps(tmp_path: Path) -> None:
     """kill_group kills every process the job forked (its whole process group)."""
     local_user(ALICE)
-    tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     pidfile = tmp_path / "child.pid"
     script = (f"import subprocess,time;p=subprocess.Popen(['sleep','60']);"
@@ -111,7 +110,6 @@ def test_preemption_signal_checkpoint_and_exit_75(tmp_path: Path) -> None:
     """The signal only reaches the job's group; the job's checkpoint_committed event is
     read back from its events file and reported with its exit code 75."""
     local_user(ALICE)
-    tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     script = (
         "import json,os,signal,time\n"
@@ -148,7 +146,6 @@ def test_preemption_signal_checkpoint_and_exit_75(tmp_path: Path) -> None:
 def test_oom_hint_from_stderr(tmp_path: Path) -> None:
     """A job that dies with CUDA's out-of-memory message is reported as an OOM."""
     local_user(ALICE)
-    tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     script = "import sys;sys.stderr.write('RuntimeError: CUDA out of memory.\\n');sys.exit(1)"
     ex.start(9, 1, _spec([PY, "-c", script], tmp_path), [], {}, ALICE_UID())
@@ -172,7 +169,7 @@ def test_any_preemption_signal_reaches_the_job_and_not_its_shell(tmp_path: Path)
         "while not flag[0]: time.sleep(0.01)\n"
         "time.sleep(0.3)\n"  # a commit that takes a while
         "sys.exit(75)\n")
-    spec = {**_spec([PY, "-c", script], tmp_path), "preempt_signal": "SIGXCPU"}
+    spec = _spec([PY, "-c", script], tmp_path, preempt_signal="SIGXCPU")
     ex.start(11, 1, spec, [], {}, ALICE_UID())
     deadline = time.monotonic() + 20
     while not ready.exists():
@@ -188,7 +185,6 @@ def test_an_ended_jobs_pids_are_only_those_still_alive(tmp_path: Path) -> None:
     processes were gone (an exporter samples every few seconds) shows their pids, and a
     dead pid must not be taken for a leak; a process of the job still alive must be."""
     local_user(ALICE)
-    tmp_path.chmod(0o777)
     ex = ProcessExecutor(tmp_path / "state")
     ex.start(4, 1, _spec([PY, "-c", "import time; time.sleep(0.5)"], tmp_path), [], {},
              ALICE_UID())
@@ -204,3 +200,40 @@ def test_an_ended_jobs_pids_are_only_those_still_alive(tmp_path: Path) -> None:
     # a pid of the job that is still alive (here: pretend this test process was one)
     ex._ended_pids[4] = seen | {os.getpid()}
     assert ex.pids(4) == {os.getpid()}
+
+
+def test_the_jobs_directory_is_entered_as_its_user(tmp_path: Path) -> None:
+    """A job whose cwd is a directory only root may enter does not start there: the
+    wrapper enters it as the job's user (Popen's cwd= would chdir as root, before the
+    identity changes) and the job fails with 126 and the shell's message."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    ex = ProcessExecutor(tmp_path / "state")
+    ex.start(12, 1, _spec([PY, "-c", "import os; print(os.getcwd())"], private), [], {},
+             ALICE_UID())
+    (exit_,) = _wait_exit(ex, 12)
+    out, err = ex.log_paths(12, 1)
+    assert exit_.code == 126, (exit_, out.read_text(), err.read_text())
+    assert out.read_text() == "" and "can't cd" in err.read_text()
+
+
+def test_a_hostile_interpreter_never_stalls_the_start(tmp_path: Path) -> None:
+    """The job's 'python' is the user's own program that hangs (and floods) when asked
+    for its versions: start() returns at once, the probe is killed at its deadline and
+    the fingerprint is simply unknown (the old synchronous probe waited 10 s)."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = -I ]; then yes; sleep 60; fi\nexec sleep 60\n")
+    fake.chmod(0o755)
+    ex = ProcessExecutor(tmp_path / "state")
+    ex._probes._timeout = 1.0
+    started = time.monotonic()
+    ex.start(13, 1, _spec([str(fake)], tmp_path), [], {}, ALICE_UID())
+    assert time.monotonic() - started < 5, "start waited for the job's interpreter"
+    deadline = time.monotonic() + 20
+    while ex.fingerprint_pending(13):
+        assert time.monotonic() < deadline, "the probe was never ended"
+        time.sleep(0.05)
+    assert "python" not in ex.fingerprint(13)
+    ex.kill_group(13)
+    _wait_exit(ex, 13)

@@ -22,8 +22,10 @@ def test_peer_is_this_process_with_its_groups() -> None:
 
 
 def test_admin_by_supplementary_group_from_proc() -> None:
-    """A non-root caller is an admin exactly when the admin gid is among the groups its
-    /proc/<pid>/status lists (read here from a fake procfs root for a real peer)."""
+    """A non-root caller is an admin exactly when the admin gid is among its groups: the
+    kernel's (SO_PEERGROUPS) or, where that is missing, those /proc/<pid>/status lists
+    (a fake procfs root here) only while its Uid is the socket's: a pid reused by
+    another user's process lends the caller nothing."""
     if os.geteuid() != 0:
         pytest.skip("needs root: connects as another uid (nobody)")
     d = shared_dir()
@@ -41,10 +43,16 @@ def test_admin_by_supplementary_group_from_proc() -> None:
             conn, _ = srv.accept()
             proc = d / "proc"
             (proc / str(child.pid)).mkdir(parents=True)
-            (proc / str(child.pid) / "status").write_text("Name:\tx\nGroups:\t100 4242 \n")
+            (proc / str(child.pid) / "status").write_text(
+                "Name:\tx\nUid:\t65534\t65534\t65534\t65534\nGroups:\t100 4242 \n")
             with conn:
-                yes = peer_of(conn, admin=4242, proc=proc)
-                no = peer_of(conn, admin=4243, proc=proc)
+                yes = peer_of(conn, admin=4242, proc=proc, kernel_groups=False)
+                no = peer_of(conn, admin=4243, proc=proc, kernel_groups=False)
+                # the pid now belongs to another user's process: its groups are not his
+                (proc / str(child.pid) / "status").write_text(
+                    "Name:\tx\nUid:\t0\t0\t0\t0\nGroups:\t100 4242 \n")
+                reused = peer_of(conn, admin=4242, proc=proc, kernel_groups=False)
+                kernel = peer_of(conn, admin=4242)
         finally:
             child.kill()
             child.wait(timeout=30)
@@ -54,6 +62,8 @@ def test_admin_by_supplementary_group_from_proc() -> None:
     assert (yes.uid, yes.pid) == (65534, child.pid)
     assert yes.admin and not no.admin
     assert yes.groups == {100, 4242, 65534}
+    assert not reused.admin and 4242 not in reused.groups
+    assert not kernel.admin and kernel.groups == {65534}, "SO_PEERGROUPS: the real groups"
     assert no.may_act_on(65534) and not no.may_act_on(1000)
 
 

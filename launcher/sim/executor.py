@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
 from launcher.engine import Exit, Report
-from launcher.gpustate import GIB, GpuInfo, SimGpuSource
+from launcher.gpustate import GIB, GpuInfo
+from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
 
 
