@@ -154,6 +154,15 @@ ALLOCATION_INFO = _family("gpu_allocation_info", "gauge",
                           "attribution of the processes on the GPU",
                           (*GPU_LABELS, "job", "user", "project", "namespace", "pod", "container",
                            "slurm_job", "source"), "allocation")
+GPU_OWNER_INFO = _family("gpu_owner_info", "gauge",
+                         "Who owns the GPU, for the owner labels of hardware alerts: the user,"
+                         " project and job of the attributed processes on it now, or, while it"
+                         " is down, when it was last read (kept across restarts in the GPU"
+                         " inventory); always 1. One series per GPU: several owners' distinct"
+                         " values are sorted and comma-separated in each label. No series"
+                         " while nobody holds the GPU.",
+                         "attribution of the processes on the GPU; the GPU inventory",
+                         (*GPU_LABELS, "user", "project", "job"), "allocation")
 
 # gpu-audit's own families that the exporter serves: declared once in core
 # (gpu_audit.selfmetrics, with every other component's self-metrics), used here so the
@@ -176,7 +185,7 @@ FAMILIES: tuple[FamilyDef, ...] = (
     GPU_UP, GPU_INFO, GPU_FIELD_SUPPORTED, GPU_XID_ERRORS, GPU_XID_LAST,
     GPU_MIG_INFO, GPU_MIG_MEMORY_TOTAL, GPU_MIG_MEMORY_USED,
     PROCESS_MEMORY, PROCESS_SM, PROCESS_MEM_UTIL, PROCESS_ENC, PROCESS_DEC, PROCESS_COUNT,
-    UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO,
+    UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO, GPU_OWNER_INFO,
     SAMPLE_DURATION, SNAPSHOT_TIMESTAMP, SAMPLE_ERRORS, SERIES,
     SNAPSHOT_AGE, SCRAPES, PROCESS_SERIES_DROPPED,
 )

@@ -20,6 +20,7 @@ from exporter.config import DEFAULT_HOST_LABEL
 from exporter.exposition import families as fam
 from exporter.exposition.compat import CompatOptions, XidTracker, render_compat
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
+from exporter.owners import OWNER_LABELS, owner_label_values, owners_of
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.fields import CATALOGUE
@@ -305,10 +306,11 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     proc_fams, dropped = _render_processes(snap, up_gpus, prefixes, opts, cache)
     unattributed = _render_unattributed(snap, up_gpus, prefixes)
     allocation = _render_allocation(snap, up_gpus, prefixes, cache)
+    owner = _render_owners(snap, prefixes)
 
     out = catalogue_out
     nfam = sum(1 for s in catalogue_out if s.startswith("# TYPE"))
-    for f in (*gpu_fams, *proc_fams, *unattributed, allocation):
+    for f in (*gpu_fams, *proc_fams, *unattributed, allocation, owner):
         if f.lines:
             out.append(f.head)
             out.extend(f.lines)
@@ -446,6 +448,19 @@ def _render_allocation(snap: Snapshot, up_gpus: list[GpuSample],
 
 _ALLOC_LABELS = ("job", "user", "project", "namespace", "pod", "container", "slurm_job",
                  "source")
+
+
+def _render_owners(snap: Snapshot, prefixes: Mapping[str, str]) -> _Family:
+    """One gpu_owner_info series per GPU that has an owner: from its processes while it
+    is up, from the owners it had when last read while it is down."""
+    info = _fixed(fam.GPU_OWNER_INFO)
+    for g in snap.gpus:
+        owners = (owners_of(snap.processes.get(g.info.uuid, ())) if g.up
+                  else snap.last_owners.get(g.info.uuid, ()))
+        values = owner_label_values(owners)
+        if values is not None:
+            info.add(_join(prefixes[g.info.uuid], OWNER_LABELS, values), 1)
+    return info
 
 
 def _render_self(snap: Snapshot) -> list[_Family]:
