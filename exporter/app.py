@@ -36,6 +36,7 @@ from exporter.backends import BackendUnavailable, create_backend
 from exporter.config import ExporterConfig
 from exporter.endpoint import exporter_server
 from exporter.exposition.render import RenderOptions
+from exporter.inventory import Inventory, default_directory, open_inventory, source_of
 from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.sim.fakeproc import write_fake_proc
@@ -181,6 +182,7 @@ class ExporterApp:
         self._simkubelet: Any = None
         self._resolver: Resolver | None = None
         self._backend: Any = None
+        self._inventory: Inventory | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -256,6 +258,10 @@ class ExporterApp:
             writer = self.spool.writer if self.spool else None
             registry.register(self.companion.open(writer))
             self._companion_open = True
+        # the GPU inventory (one exporter per inventory directory, like the spool)
+        self._inventory = open_inventory(
+            ex.inventory_directory or default_directory(cfg.spool.directory),
+            source_of(info, getattr(getattr(backend, "scenario", None), "name", None)))
 
         # 4. the listening socket
         try:
@@ -284,6 +290,7 @@ class ExporterApp:
             publish=state.publish,
             scenario_clock=scenario_clock,
             before_attribution=before,
+            before_render=self._inventory.annotate,
         )
         registry.register(SamplerCollector(self.sampler, resolver))
         self.server.start()
@@ -307,6 +314,8 @@ class ExporterApp:
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
+        if self._inventory is not None:
+            self._inventory.close()
         if self.producer is not None:
             self.producer.stop()
         if self.companion is not None:
