@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
 from exporter.sim.scenario import GpuPlan, ProcessPlan
 from exporter.sim.schema import DcgmSpec, EventSpec
-from gpu_audit.model.fields import CATALOGUE, CLOCK_EVENT_REASONS
+from gpu_audit.model.fields import CATALOGUE, CLOCK_EVENT_REASONS, MEMORY_ERROR_XIDS
 from gpu_audit.model.samples import (
     FieldValues,
     GpuSample,
@@ -223,7 +223,10 @@ class SimDevice:
         values = self._fast_values(
             t, dt, sm=sm, memutil=memutil, enc=enc, dec=dec, mem_used=mem_used, busy=bool(procs)
         )
-        if slow or self.slow_values is None:
+        # a memory-error XID changes ECC and row remapping now (as the NVML backend
+        # re-reads them at once), not at the next slow cycle
+        memory_xid = any(ev.xid in MEMORY_ERROR_XIDS for ev in new_xids)
+        if slow or memory_xid or self.slow_values is None:
             self.slow_values = self._slow_values(t)
         values.update(self.slow_values)
         self.last_t = t
