@@ -116,6 +116,17 @@ def generate() -> str:
             if s.component == component:
                 lines.append(f"| `{s.name}` | {s.type} | {_labels(s.labels)} |"
                              f" {s.unit or '-'} | {_cell(s.full_help)} |")
+    known = [m for m in SELF_METRICS if m.known]
+    lines += [
+        "",
+        "Counters whose label values are known in advance are exported at 0 from the",
+        "start, so panels and `increase()` have a series on a healthy node and see the",
+        "first failure (other values appear when they first count):",
+        "",
+        *(f"- `{m.name}`: {m.labels[-1]} " + ", ".join(f"`{v}`" for v in m.known)
+          + (" (per sink)" if "sink" in m.labels else "") for m in known),
+        "- `gpu_audit_process_series_dropped_total`: every GPU of the snapshot.",
+    ]
     lines += _compat_section()
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from exporter.exposition import families as fam
 from exporter.exposition.compat import CompatOptions, XidTracker, render_compat
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
 from exporter.owners import OWNER_LABELS, owner_label_values, owners_of
+from gpu_audit import selfmetrics as sm
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.fields import CATALOGUE
@@ -468,8 +469,8 @@ def _render_self(snap: Snapshot) -> list[_Family]:
     errors = _fixed(fam.SAMPLE_ERRORS)
     duration.add("", snap.sample_duration_seconds)
     stamp.add("", snap.timestamp)
-    for kind in sorted(snap.error_counts):
-        errors.add(f'kind="{_label_value(kind)}"', snap.error_counts[kind])
+    for kind, n in sm.SAMPLE_ERRORS.with_known(snap.error_counts):
+        errors.add(f'kind="{_label_value(kind)}"', n)
     return [duration, stamp, errors]
 
 
