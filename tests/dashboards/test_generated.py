@@ -132,13 +132,13 @@ def _documented_names() -> set[str]:
     histograms = {m + suffix for m in metrics for suffix in ("_bucket", "_sum", "_count")}
     rules = set(re.findall(r"record: ([\w:]+)", (root / "alerts" / "rules" /
                                                   "recording.yaml").read_text()))
-    return metrics | histograms | rules | {"up"}
+    return metrics | histograms | rules | {"up", "ALERTS"}
 
 
 def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
     """Panels and variables query only metrics docs/METRICS.md lists, the recording rules
-    of alerts/rules/recording.yaml, or `up`: a renamed metric breaks this test, not a
-    dashboard in production."""
+    of alerts/rules/recording.yaml, or Prometheus' `up` and `ALERTS`: a renamed metric
+    breaks this test, not a dashboard in production."""
     import re
 
     known = _documented_names()
@@ -146,7 +146,8 @@ def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
     functions = {"sum", "max", "min", "avg", "count", "rate", "increase", "deriv", "scalar",
                  "sort_desc", "histogram_quantile", "time", "sum_over_time", "avg_over_time",
                  "max_over_time", "count_over_time", "label_values", "by", "on", "unless",
-                 "and", "or", "group_left", "group_right", "without", "bool", "le"}
+                 "and", "or", "group_left", "group_right", "without", "bool", "le",
+                 "clamp_min", "offset"}
     unknown = set()
     for name, model in MODELS.items():
         texts = [t.expr for t in queries.targets(model)]
