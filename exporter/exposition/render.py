@@ -256,6 +256,13 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
                 f.add(cache.get((prefix, m.key, label_values),
                                 partial(_join, prefix, names, label_values)), v)
             cache.keep_block(block_key, dict(values), f.lines[start:])
+        if m.dcgm_only:
+            # DCGM profiling on a GPU in MIG mode: one series per GPU instance
+            for g in up_gpus:
+                for mi in g.mig:
+                    if m.key in mi.values:
+                        f.add(f'{prefixes[g.info.uuid]},mig_uuid="{_label_value(mi.uuid)}",'
+                              f'gpu_instance_id="{mi.gpu_instance_id}"', mi.values[m.key])
         if f.lines:
             catalogue_out.append(f.head)
             catalogue_out.extend(f.lines)

@@ -164,3 +164,17 @@ def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
                 if token not in known:
                     unknown.add(f"{name}: {token}")
     assert sorted(unknown) == []
+
+
+def test_readme_names_the_nvidia_panels_that_need_dcgm_profiling() -> None:
+    """dashboards/README.md names each panel of NVIDIA's dashboard that reads a DCGM
+    profiling field, with the field, as docs/METRICS.md's generated table does."""
+    from exporter.exposition.compat import NVIDIA_DASHBOARD_PANELS, needs_profiling
+
+    readme = (Path(build.__file__).resolve().parent / "README.md").read_text()
+    section = readme.split("## NVIDIA's DCGM dashboard", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # the README wraps its lines anywhere
+    for title, name in NVIDIA_DASHBOARD_PANELS:
+        if needs_profiling(name):
+            assert f"**{title}** (`{name}`)" in section, title
+    assert "two of its eight panels" in section
