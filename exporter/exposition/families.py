@@ -65,7 +65,8 @@ _SAMPLED = "the latest sampling cycle (sampled in the background, not at scrape 
 
 GPU_UP = _family("gpu_up", "gauge",
                  "1 when the GPU was read in the latest cycle, 0 when it is down (lost, timed out,"
-                 " any per-device error; retried with backoff).",
+                 " any per-device error; retried with backoff) or no longer enumerated but"
+                 " recorded in the exporter's GPU inventory (a GPU lost before a restart).",
                  _SAMPLED, GPU_LABELS, "gpu")
 GPU_INFO = _family("gpu_info", "gauge",
                    "GPU identity and versions; always 1. simulated=\"true\" when the data comes"
@@ -81,8 +82,9 @@ GPU_FIELD_SUPPORTED = _family("gpu_field_supported", "gauge",
                               " or it was not read.",
                               _SAMPLED, (*GPU_LABELS, "field"), "gpu")
 GPU_XID_ERRORS = _family("gpu_xid_errors_total", "counter",
-                         "XID errors reported by the driver, by XID code, since the exporter "
-                         "started.",
+                         "XID errors reported by the driver, by XID code, since the GPU was "
+                         "first recorded on this node (the GPU inventory carries the counts "
+                         "across exporter restarts).",
                          "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
                          (*GPU_LABELS, "xid"), "gpu")
 GPU_XID_LAST = _family("gpu_xid_last_timestamp_seconds", "gauge",
