@@ -121,3 +121,26 @@ def test_every_panel_and_variable_query_returns_data(tmp_path: Path) -> None:
             time.sleep(3)
             problems = all_problems()
         assert problems == {}, "\n".join(f"{k}: {v}" for k, v in sorted(problems.items()))
+        _lost_gpu_rows_name_the_owner(stack, started)
+
+
+def _lost_gpu_rows_name_the_owner(stack: Stack, started: float) -> None:
+    """The lost-GPU tables (fleet and hardware) and the firing-alert lists name xid's lost
+    GPU 1 with the owner of the job it was running (ivan, Slurm job 5150)."""
+    range_s = int(time.monotonic() - started) + 30
+    titles = {"Lost GPUs and their owners", "Lost GPUs (gpu_up == 0) and their owners",
+              "Firing alerts", "Firing hardware alerts"}
+    found = set()
+    for name, model in build.build_all().items():
+        values = {**queries.all_values(model), "sim": "true|false",
+                  **queries.builtin_values(range_s, rate_interval="30s")}
+        for t in queries.targets(model):
+            if t.panel not in titles:
+                continue
+            rows = stack.api("query", query=queries.substitute(t.expr, values))["result"]
+            owners = {(r["metric"].get("instance"), r["metric"].get("gpu"),
+                       r["metric"].get("user"), r["metric"].get("job")) for r in rows
+                      if r["metric"].get("alertname", "GpuLost") == "GpuLost"}
+            assert (stack.nodes["xid"], "1", "ivan", "5150") in owners, (name, t.panel, owners)
+            found.add(t.panel)
+    assert found == titles

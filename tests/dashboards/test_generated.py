@@ -178,3 +178,26 @@ def test_readme_names_the_nvidia_panels_that_need_dcgm_profiling() -> None:
         if needs_profiling(name):
             assert f"**{title}** (`{name}`)" in section, title
     assert "two of its eight panels" in section
+
+
+def test_the_alert_list_lost_gpus_xids_and_owner_columns_are_there() -> None:
+    """The fleet overview lists firing alerts (ALERTS), lost GPUs and XIDs in the range;
+    the hardware dashboard lists firing hardware alerts, and its lost-GPU, XID and memory
+    error tables join the GPU owner (gpu_owner_info) onto their rows."""
+    def exprs(name: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for t in queries.targets(MODELS[name]):
+            out[t.panel] = out.get(t.panel, "") + t.expr
+        return out
+
+    fleet, hardware = exprs("fleet"), exprs("hardware")
+    assert 'ALERTS{alertstate="firing"' in fleet["Firing alerts"]
+    assert "gpu_up" in fleet["GPUs lost"] and "gpu_owner_info" in fleet[
+        "Lost GPUs and their owners"]
+    assert "gpu_xid_errors_total" in fleet["XIDs in range"]
+    assert "gpu_owner_info" in fleet["XIDs in range by GPU"]
+    assert 'category=~"hardware"' in hardware["Firing hardware alerts"]
+    for title in ("Lost GPUs (gpu_up == 0) and their owners",
+                  "XID errors by code, with the GPU's owner",
+                  "Uncorrectable memory errors, with the GPU's owner"):
+        assert "group_left (user, project, job) gpu_owner_info" in hardware[title], title
