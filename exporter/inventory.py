@@ -169,8 +169,10 @@ class Inventory:
     def _missing(self, uuid: str) -> GpuSample:
         g = self._gpus[uuid]
         if g.up or g.error != MISSING:
-            log.warning("GPU %d (%s) is no longer enumerated by the backend: reported down "
-                        "(%s) until it is back or forgotten", g.info.index, uuid, MISSING)
+            # the watch (exporter.watch) logs the GPU going down; this says why
+            log.info("GPU %d (%s) is no longer enumerated by the backend: the inventory "
+                     "reports it down (%s) until it is back or forgotten", g.info.index,
+                     uuid, MISSING)
             g.up, g.error = False, MISSING
             self._dirty = True
         return GpuSample(info=g.info, up=False, error=MISSING, xid_totals=dict(g.xid_totals),
