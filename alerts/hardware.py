@@ -1,13 +1,25 @@
 """Hardware alerts: XIDs, ECC, row remapping, throttling, temperature, lost and missing
-GPUs. All fire per GPU, labelled with the node (`instance`), `gpu` and `uuid`."""
+GPUs. All fire per GPU, labelled with the node (`instance`), `gpu` and `uuid`, and with
+the owner's `user`, `project` and `job` where the GPU has one (`gpu_owner_info`: whose
+work is hit; for a lost GPU, who held it when it was last read).
+
+Every one keeps firing for `hardware.keep_firing_for` after its condition stops holding:
+a failed scrape makes every series of the node stale for an evaluation, and an exporter
+restart for a few, and neither may send "resolved" and page again.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from alerts.params import Params, human_duration
-from alerts.promql import GPU, alternation, num, sel
+from alerts.promql import GPU, alternation, num, sel, with_owner
 from alerts.rule import Alert
 
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+# the owner sentence of a description: empty when the GPU had no owner
+OWNER = ("{{ if $labels.user }} Owner: {{ $labels.user }} (project "
+         "{{ $labels.project }}, job {{ $labels.job }}).{{ end }}")
 
 
 def _xid(p: Params, name: str, match: str, critical: bool) -> Alert:
@@ -27,12 +39,23 @@ def _xid(p: Params, name: str, match: str, critical: bool) -> Alert:
                 "of {{ $labels.instance }}",
         description=f"{WHERE} reported XID {{{{ $labels.xid }}}} in the last "
                     f"{human_duration(window)}, {what}; "
-                    f"{{{{ $value }}}} XID {{{{ $labels.xid }}}} error(s) since the exporter "
-                    f"started.",
+                    f"{{{{ $value }}}} XID {{{{ $labels.xid }}}} error(s) counted on it so "
+                    f"far.",
     )
 
 
 def hardware_alerts(p: Params) -> list[Alert]:
+    """Every hardware alert, with the owner joined on and `keep_firing_for` set."""
+    out = []
+    for alert in _alerts(p):
+        lookback = p.hardware.missing_lookback if alert.name == "GpuMissing" else None
+        out.append(replace(alert, expr=with_owner(p, alert.expr, lookback),
+                           description=alert.description + OWNER,
+                           keep_firing_for=p.hardware.keep_firing_for))
+    return out
+
+
+def _alerts(p: Params) -> list[Alert]:
     h = p.hardware
     critical = f'xid=~"{alternation(h.critical_xids)}"'
     other = f'xid!~"{alternation(h.critical_xids)}"'
@@ -105,8 +128,9 @@ def hardware_alerts(p: Params) -> list[Alert]:
             # reported during the lookback, not now, while its node's exporter is up:
             # the GPU is gone from enumeration (a GPU the exporter still lists as down
             # is GpuLost; a whole node down is GpuAuditExporterDown)
+            # (`job` is the scrape job's, replaced by the owner's where the GPU had one)
             expr=f"(\n"
-                 f"  max by ({GPU}) (max_over_time(gpu_up{sel(p)}[{h.missing_lookback}]))\n"
+                 f"  max by ({GPU}, job) (max_over_time(gpu_up{sel(p)}[{h.missing_lookback}]))\n"
                  f"    unless on (instance, uuid) gpu_up{sel(p)}\n"
                  f")\n"
                  f"and on (instance) (up{{job=~\"{p.scrape_jobs}\"}} == 1)",

@@ -31,6 +31,14 @@ def duration_seconds(text: str) -> int:
     return hours * 3600 + minutes * 60 + seconds
 
 
+def format_duration(seconds: int) -> str:
+    """A number of seconds as a Prometheus duration: 4500 -> "1h15m", 50 -> "50s"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n)
+    return text or "0s"
+
+
 def _check_duration(text: str) -> str:
     duration_seconds(text)
     return text
@@ -65,12 +73,16 @@ class Waste(Section):
 
 class Leak(Section):
     window: Duration
-    """The trend window (deriv and the extrapolation to exhaustion)."""
+    """The trend window: the memory's linear growth (deriv) over it is the leak's rate."""
     recent_window: Duration
-    """Still growing over this recent window: a warm-up that has levelled off is no leak."""
-    min_age: Duration
-    """The identity's series existed this long ago: its warm-up is behind it."""
-    min_growth_bytes_per_second: Positive
+    """Sustained: the memory now exceeds its own peak from before this recent window by
+    the minimum growth over it. A warm-up that has levelled off sets no new peak."""
+    warmup: Duration
+    """The first minutes of a process are ignored: the identity's series must have
+    existed `warmup` + `window` ago, so the trend window starts after its warm-up."""
+    min_growth_ratio_per_hour: Positive
+    """Growth counts from this share of the GPU's memory per hour (0.01: 1 % an hour,
+    0.8 GiB an hour on an 80 GiB GPU), so the threshold follows the GPU's size."""
     horizon: Duration
     """Fire when the GPU is predicted to run out of memory within this."""
     for_: Duration = Field(alias="for")
@@ -91,6 +103,10 @@ class Hardware(Section):
     lost_for: Duration
     missing_lookback: Duration
     missing_for: Duration
+    keep_firing_for: Duration
+    """Every hardware alert stays firing this long after its condition stops holding: a
+    missed scrape (its series stale for one evaluation) or an exporter restart must not
+    send "resolved" and page again (Prometheus >= 2.42 `keep_firing_for`)."""
 
 
 class Pipeline(Section):
@@ -107,6 +123,10 @@ class Pipeline(Section):
     sink_down_for: Duration
     sink_blocked_for: Duration
     conservation_for: Duration
+    keep_firing_for: Duration
+    """The availability alerts (exporter down or absent, stale snapshot) stay firing this
+    long after their condition stops holding: one good scrape in an outage, or one
+    missed, must not resolve and page again."""
 
 
 class Params(Section):

@@ -1,7 +1,10 @@
 """Pipeline alerts: gpu-audit itself (exporter, sampler, spool, shipper, sinks).
 
 The `gpu_audit_*` self-metrics never carry `simulated`, so these rules have no such
-matcher: a simulated node's pipeline is as real as any other.
+matcher: a simulated node's pipeline is as real as any other. The availability alerts
+(exporter down or absent, stale snapshot) keep firing for `pipeline.keep_firing_for`
+once their condition stops holding, so one good (or one missed) scrape in an outage
+does not resolve them and page again.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def pipeline_alerts(p: Params) -> list[Alert]:
                         f"(scrape job {{{{ $labels.job }}}}) for more than "
                         f"{human_duration(q.exporter_down_for)}: no GPU metrics and no audit "
                         f"records from that node.",
+            keep_firing_for=q.keep_firing_for,
         ),
         Alert(
             name="GpuAuditExporterAbsent",
@@ -36,6 +40,7 @@ def pipeline_alerts(p: Params) -> list[Alert]:
             description=f"Prometheus has had no scrape target matching job=~"
                         f"\"{p.scrape_jobs}\" for more than "
                         f"{human_duration(q.exporter_absent_for)}: every GPU alert is blind.",
+            keep_firing_for=q.keep_firing_for,
         ),
         Alert(
             name="GpuAuditSnapshotStale",
@@ -47,6 +52,7 @@ def pipeline_alerts(p: Params) -> list[Alert]:
                         f"{num(q.snapshot_stale_seconds)}s for more than "
                         f"{human_duration(q.snapshot_stale_for)}): the sampling loop is stuck "
                         f"or failing.",
+            keep_firing_for=q.keep_firing_for,
         ),
         Alert(
             name="GpuAuditSpoolFull",

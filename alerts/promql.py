@@ -34,3 +34,36 @@ def num(value: float) -> str:
     """A number as PromQL and people read it, exactly: 1073741824, 0.95, 600.5 (never
     rounded to six digits as `:g` would, 1.07374e+09)."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def indent(expr: str, by: str = "  ") -> str:
+    """Each line of `expr` indented (a sub-expression of a multi-line rule)."""
+    return "\n".join(by + line for line in expr.splitlines())
+
+
+def owners(p: Params, lookback: str | None = None) -> str:
+    """One series per GPU naming who holds (or last held) it: `gpu_owner_info`, which the
+    exporter keeps for a GPU that is down (the owners when it was last read, across
+    restarts). With `lookback`, the most recent owners seen within it, for a GPU that is
+    no longer reported at all."""
+    info = f"gpu_owner_info{sel(p)}"
+    if lookback is None:
+        return info
+    # the owner label set seen last in the lookback: one per GPU, as the join needs
+    return (f"(topk by (instance, uuid) (1, "
+            f"max_over_time(timestamp({info})[{lookback}:{p.alerting_interval}])) * 0 + 1)")
+
+
+def with_owner(p: Params, expr: str, lookback: str | None = None) -> str:
+    """`expr` (one series per GPU, or per GPU and reason/xid...) with the owner's `user`,
+    `project` and `job` joined on where the GPU has an owner, and unchanged where it has
+    none. gpu_owner_info has exactly one series per GPU (several owners' values are
+    comma-separated), so the join can never be many-to-many."""
+    owner = owners(p, lookback)
+    body = f"(\n{indent(expr)}\n)"
+    return (f"{body}\n* on (instance, uuid) group_left ({OWNER_LABELS}) {owner}\n"
+            f"or\n{body}\nunless on (instance, uuid) {owner}")
+
+
+OWNER_LABELS = "user, project, job"
+"""The owner labels hardware alerts carry (from gpu_owner_info)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.params import Params
+from alerts.params import Params, duration_seconds, format_duration
 from alerts.promql import GPU, GPU_IDENTITY, IDENTITY, num, sel
 
 
@@ -93,4 +93,53 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
               f"sum({power}) or vector(0)"),
         _rule("fleet:gpu_unattributed_memory_bytes:sum",
               f"sum(gpu_unattributed_memory_bytes{sel(p)}) or vector(0)"),
+        *leak_rules(p),
     ]
+
+
+LEAK_GROWTH = "gpu:process_memory_growth_bytes_per_second:leak"
+LEAK_EXHAUSTION = "gpu:memory_exhaustion_seconds:leak"
+
+
+def leak_rules(p: Params) -> list[dict[str, Any]]:
+    """The leak suspects the waste dashboard reads: `LEAK_GROWTH` from
+    `leak_growth(p)` and `LEAK_EXHAUSTION`, the seconds until the GPU's free memory is
+    gone at that rate. GpuMemoryLeak evaluates the same expressions itself (a rule of
+    another group would be read one evaluation late, or early)."""
+    return [_rule(LEAK_GROWTH, leak_growth(p)),
+            _rule(LEAK_EXHAUSTION, f"{gpu_free_memory(p)}\n"
+                                   f"  / on (instance, uuid) group_right () {LEAK_GROWTH}")]
+
+
+def gpu_free_memory(p: Params) -> str:
+    """Each GPU's free memory (total - used), one series per (instance, uuid)."""
+    return (f"(max by (instance, uuid) (gpu_memory_total_bytes{sel(p)})"
+            f" - max by (instance, uuid) (gpu_memory_used_bytes{sel(p)}))")
+
+
+def leak_growth(p: Params) -> str:
+    """Leak suspects with their growth rate (bytes per second).
+
+    A suspect is a process identity on a GPU (the per-process series, one per identity
+    and process name) whose memory
+    - grew over `leak.window` (linear fit) by at least `min_growth_ratio_per_hour` of
+      its GPU's memory an hour: the threshold follows the GPU's size;
+    - keeps growing: it is now above its own peak from before `recent_window` by at
+      least that rate's worth over `recent_window` (a job that ramped up and levelled
+      off sets no new peak, and noise around a plateau does not clear the margin);
+    - existed `warmup` + `window` ago, so the trend window starts after the process's
+      first minutes (loading a model, allocator warm-up).
+    """
+    lk = p.leak
+    proc = f"gpu_process_memory_used_bytes{sel(p)}"
+    total = f"max by (instance, uuid) (gpu_memory_total_bytes{sel(p)})"
+    per_second = f"{num(lk.min_growth_ratio_per_hour)} / 3600"
+    recent = duration_seconds(lk.recent_window)
+    age = format_duration(duration_seconds(lk.warmup) + duration_seconds(lk.window))
+    return (f"deriv({proc}[{lk.window}])\n"
+            f"  > on (instance, uuid) group_left () ({total} * {per_second})\n"
+            f"and\n"
+            f"  {proc} - max_over_time({proc}[{lk.window}] offset {lk.recent_window})\n"
+            f"  > on (instance, uuid) group_left () ({total} * {per_second} * {recent})\n"
+            f"and\n"
+            f"  {proc} offset {age}")

@@ -8,7 +8,8 @@ and user (alerts/alertmanager/alertmanager.yml).
 from __future__ import annotations
 
 from alerts.params import Params, duration_seconds, human_duration
-from alerts.promql import num, sel
+from alerts.promql import indent, num, sel
+from alerts.recording import gpu_free_memory, leak_growth
 from alerts.rule import Alert
 
 OWNER = ("{{ $labels.user }} (project {{ $labels.project }}, job {{ $labels.job }})")
@@ -74,28 +75,26 @@ def waste_alerts(p: Params) -> list[Alert]:
 
 def leak_alerts(p: Params) -> list[Alert]:
     lk = p.leak
-    proc = f"gpu_process_memory_used_bytes{sel(p)}"
-    rate = num(lk.min_growth_bytes_per_second)
-    free = (f"(max by (instance, uuid) (gpu_memory_total_bytes{sel(p)})"
-            f" - max by (instance, uuid) (gpu_memory_used_bytes{sel(p)}))")
     return [
         Alert(
             name="GpuMemoryLeak",
             # value: seconds until the GPU's free memory is gone at this identity's growth
-            # rate. A warm-up is no leak: the series must be older than min_age and still
-            # growing over the recent window, not only over the long one.
-            expr=f"{free}\n"
-                 f"  / on (instance, uuid) group_right () deriv({proc}[{lk.window}])\n"
-                 f"  < {duration_seconds(lk.horizon)}\n"
-                 f"and deriv({proc}[{lk.window}]) > {rate}\n"
-                 f"and deriv({proc}[{lk.recent_window}]) > {rate}\n"
-                 f"and {proc} offset {lk.min_age}",
+            # rate; what counts as a leak (and what does not: a warm-up, a ramp-up that
+            # levelled off, noise) is alerts.recording.leak_growth, the expression the
+            # leak recording rules (the dashboard's suspects) are made of
+            expr=f"{gpu_free_memory(p)}\n"
+                 f"  / on (instance, uuid) group_right () (\n"
+                 f"{indent(leak_growth(p), '    ')}\n"
+                 f"  )\n"
+                 f"< {duration_seconds(lk.horizon)}",
             for_=lk.for_, severity="warning", category="leak",
             summary="GPU memory of {{ $labels.user }} grows towards exhaustion on GPU "
                     "{{ $labels.gpu }} of {{ $labels.instance }}",
             description=f"GPU memory of {OWNER}, process {{{{ $labels.process_name }}}}, on "
-                        f"{GPU_AT} has grown steadily over the last {human_duration(lk.window)}; "
-                        f"at that rate the GPU runs out of memory in "
-                        f"{{{{ $value | humanizeDuration }}}}.",
+                        f"{GPU_AT} has kept growing over the last {human_duration(lk.window)} "
+                        f"(more than {lk.min_growth_ratio_per_hour * 100:g}% of the GPU's "
+                        f"memory an hour, a new peak in the last "
+                        f"{human_duration(lk.recent_window)}); at that rate the GPU runs out "
+                        f"of memory in {{{{ $value | humanizeDuration }}}}.",
         ),
     ]

@@ -109,19 +109,25 @@ def _targets(queries: Sequence[Q]) -> list[Builder[Dataquery]]:
 
 
 def ts(title: str, unit: str, *queries: Q, desc: str = "", w: int = 12, h: int = 8,
-       stack: bool = False) -> timeseries.Panel:
+       stack: bool = False, empty: str = "") -> timeseries.Panel:
+    """A time series panel; `empty` is what it says when nothing matches (why a healthy
+    node has no data here), for panels that show only trouble."""
     p = (timeseries.Panel().title(title).description(desc).datasource(DS).unit(unit)
          .span(w).height(h).targets(_targets(queries)).fill_opacity(10 if not stack else 40))
     if stack:
         p = p.stacking(StackingConfig().mode(StackingMode.NORMAL))
+    if empty:
+        p = p.no_value(empty)
     return p
 
 
 def single(title: str, unit: str, query: Q, *, desc: str = "", w: int = 4, h: int = 4,
-           decimals: int | None = None) -> stat.Panel:
+           decimals: int | None = None, empty: str = "0") -> stat.Panel:
+    """A stat of an instant query; nothing matching reads as `empty` ("0": a count of
+    lost GPUs with none lost)."""
     q = Q(query.expr, query.legend, instant=True)
     p = (stat.Panel().title(title).description(desc).datasource(DS).unit(unit).span(w)
-         .height(h).targets(_targets([q])).no_value("0"))
+         .height(h).targets(_targets([q])).no_value(empty))
     if decimals is not None:
         p = p.decimals(decimals)
     return p
@@ -129,13 +135,16 @@ def single(title: str, unit: str, query: Q, *, desc: str = "", w: int = 4, h: in
 
 def grid(title: str, unit: str, *queries: Q, desc: str = "", w: int = 24, h: int = 9,
          hide: Sequence[str] = (), units: dict[str, str] | None = None,
-         names: dict[str, str] | None = None) -> table.Panel:
+         names: dict[str, str] | None = None, empty: str = "") -> table.Panel:
     """A table of instant queries merged on their labels (one row per label set).
 
-    `units` gives a column its own unit (by the column name after renaming)."""
+    `units` gives a column its own unit (by the column name after renaming); `empty` is
+    what it says when nothing matches, for tables that list only trouble."""
     qs = [Q(q.expr, q.legend, instant=True, table=True) for q in queries]
     p = (table.Panel().title(title).description(desc).datasource(DS).unit(unit).span(w)
          .height(h).targets(_targets(qs)))
+    if empty:
+        p = p.no_value(empty)
     if len(qs) > 1:
         p = p.with_transformation(DataTransformerConfig(id_val="merge", options={}))
     rename = dict(names or {})
@@ -145,6 +154,26 @@ def grid(title: str, unit: str, *queries: Q, desc: str = "", w: int = 24, h: int
     for col, col_unit in (units or {}).items():
         p = p.override_by_name(col, [DynamicConfigValue(id_val="unit", value=col_unit)])
     return p
+
+
+# Who owns each GPU (one series per GPU, kept while it is down): joined onto GPU rows
+# so a failing GPU's table row names the user, project and job whose work it hit.
+OWNER_INFO = f"gpu_owner_info{{{NODE}, {SIM}}}"
+
+
+def with_owner(expr: str) -> str:
+    """`expr` (series with instance and uuid) with the GPU owner's user, project and job
+    joined on where it has one, unchanged where it has none."""
+    return (f"({expr}) * on (instance, uuid) group_left (user, project, job) {OWNER_INFO}"
+            f" or ({expr}) unless on (instance, uuid) {OWNER_INFO}")
+
+
+def firing_alerts(category: str = "hardware|waste|leak|pipeline") -> Q:
+    """gpu-audit's alerts firing now (Prometheus' ALERTS), one row each with the labels
+    an operator acts on; alerts without a node (no exporter at all) are kept."""
+    return Q(f'max by (alertname, severity, category, instance, gpu, uuid, user, project, '
+             f'job, xid, reason) (ALERTS{{alertstate="firing", category=~"{category}", '
+             f'instance=~"$node"}})')
 
 
 def datasource_variable() -> dashboard.DatasourceVariable:

@@ -11,34 +11,55 @@ from dashboards.common import (
     Board,
     Q,
     detail_link,
+    firing_alerts,
     gpu_variables,
     new_board,
     single,
     ts,
+    with_owner,
 )
 from dashboards.common import grid as table
 
 UID = "gpu-audit-fleet"
 
 
+XIDS_IN_RANGE = (
+    # per series: its count now minus its count when the range began (0 for a series
+    # that began within it: the first XID of a GPU creates it); a reset is never negative
+    f"clamp_min(gpu_xid_errors_total{{{GPU_SEL}}} - (gpu_xid_errors_total{{{GPU_SEL}}}"
+    f" offset $__range or gpu_xid_errors_total{{{GPU_SEL}}} * 0), 0)")
+
+
 def build() -> dashboard.Dashboard:
     b = Board(gpu_variables(new_board(
         UID, "GPU fleet overview",
-        "Every GPU of every node: how many are up, held and busy, and how hot and hungry "
-        "they are. Fleet totals come from the fleet:* recording rules.")))
+        "Every GPU of every node: what is firing, how many GPUs are up, lost, held and "
+        "busy, and how hot and hungry they are. Fleet totals come from the fleet:* "
+        "recording rules.")))
     b.row("Fleet now")
     b.add(
-        single("GPUs up", "short", Q("fleet:gpus:count")),
-        single("GPUs down", "short", Q(f"count(gpu_up{{{GPU_SEL}}} == 0)"),
-               desc="GPUs the exporter could not read in its latest cycle (lost, timed out)."),
-        single("GPUs held", "short", Q("fleet:gpus_held:sum"),
+        single("GPUs up", "short", Q("fleet:gpus:count"), w=3),
+        single("GPUs lost", "short", Q(f"count(gpu_up{{{GPU_SEL}}} == 0)"), w=3,
+               desc="GPUs the exporter cannot read (fallen off the bus, timing out) or "
+                    "no longer enumerates but has in its GPU inventory."),
+        single("GPUs held", "short", Q("fleet:gpus_held:sum"), w=3,
                desc="GPUs on which an identified job holds memory."),
-        single("Idle but held", "short", Q("fleet:gpus_idle_held:sum"),
+        single("Idle but held", "short", Q("fleet:gpus_idle_held:sum"), w=3,
                desc="Held GPUs at near-zero utilisation: the waste to chase."),
         single("Fleet utilisation", "percentunit",
-               Q("fleet:gpus_busy:sum / fleet:gpus:count"), decimals=1),
-        single("Fleet power", "watt", Q("fleet:gpu_power_watts:sum")),
+               Q("fleet:gpus_busy:sum / fleet:gpus:count"), decimals=1, w=3),
+        single("Fleet power", "watt", Q("fleet:gpu_power_watts:sum"), w=3),
+        single("XIDs in range", "short", Q(f"sum({XIDS_IN_RANGE})"), w=3,
+               desc="XID errors the driver reported in the time range, every GPU."),
+        single("Alerts firing", "short",
+               Q('count(ALERTS{alertstate="firing", category=~"hardware|waste|leak|'
+                 'pipeline", instance=~"$node"})'), w=3),
     )
+    b.row("Alerts")
+    b.add(table("Firing alerts", "short", firing_alerts(), hide=["Value"], h=7,
+                desc="gpu-audit's alerts firing now, with the GPU and the owner they "
+                     "concern; docs/runbooks.md says what to do about each.",
+                empty="No alert firing"))
     b.row("Utilisation and memory")
     by_gpu = "{{instance}} GPU {{gpu}}"
     b.add(
@@ -56,6 +77,21 @@ def build() -> dashboard.Dashboard:
            Q("fleet:gpus_idle_held:sum", "idle but held")),
         ts("Power by node", "watt",
            Q(f"sum by (instance) (gpu_power_usage_watts{{{GPU_SEL}}})", "{{instance}}")),
+    )
+    b.row("Lost GPUs and XIDs")
+    b.add(
+        table("Lost GPUs and their owners", "short",
+              Q(with_owner(f"max by (instance, gpu, uuid) (gpu_up{{{GPU_SEL}}}) == 0")),
+              hide=["Value"], w=12, h=7,
+              desc="GPUs that are down now, with the user, project and job that held them "
+                   "when they were last read (whose work died).",
+              empty="No GPU lost"),
+        table("XIDs in range by GPU", "short",
+              Q(with_owner(f"sum by (instance, gpu, uuid, xid) ({XIDS_IN_RANGE}) > 0")),
+              names={"Value": "XIDs"}, w=12, h=7,
+              desc="XID errors in the time range by GPU and code, with the GPU's owner "
+                   "(13, 31, 43 usually the application; 48, 79 and others the hardware).",
+              empty="No XID in the time range"),
     )
     b.row("Health and inventory")
     b.add(

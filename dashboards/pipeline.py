@@ -20,6 +20,10 @@ from dashboards.common import grid as table
 UID = "gpu-audit-pipeline"
 SINK = f'{NODE}, sink=~"$sink"'
 _RATE = "[$__rate_interval]"
+# The spool's and sinks' metrics come from the process that ships: `gpu-audit run`, or
+# `gpu-audit shipper` (its own scrape target). A node running `gpu-audit exporter` alone
+# has none of them, and these panels say so instead of staying blank.
+NO_SHIPPER = "No shipper on this node (gpu-audit exporter alone; see its gpu-audit shipper)"
 
 
 def _variables(b: dashboard.Dashboard) -> dashboard.Dashboard:
@@ -56,26 +60,31 @@ def build() -> dashboard.Dashboard:
     by_sink = "{{instance}} {{sink}}"
     b.add(
         ts("Lag (records)", "short",
-           Q(f"gpu_audit_shipper_cursor_lag_records{{{SINK}}}", by_sink)),
+           Q(f"gpu_audit_shipper_cursor_lag_records{{{SINK}}}", by_sink),
+           empty=NO_SHIPPER),
         ts("Lag (age of the oldest undelivered record)", "s",
-           Q(f"gpu_audit_shipper_cursor_lag_seconds{{{SINK}}}", by_sink)),
+           Q(f"gpu_audit_shipper_cursor_lag_seconds{{{SINK}}}", by_sink),
+           empty=NO_SHIPPER),
         ts("Delivered, retried, redelivered (rate)", "rps",
            Q(f"rate(gpu_audit_shipper_records_delivered_total{{{SINK}}}{_RATE})",
              by_sink + " delivered"),
            Q(f"rate(gpu_audit_shipper_records_retried_total{{{SINK}}}{_RATE})",
              by_sink + " retried"),
            Q(f"rate(gpu_audit_shipper_records_redelivered_total{{{SINK}}}{_RATE})",
-             by_sink + " redelivered")),
+             by_sink + " redelivered"),
+           empty=NO_SHIPPER),
         ts("Dead-lettered and dropped (rate)", "rps",
            Q(f"rate(gpu_audit_shipper_records_dead_lettered_total{{{SINK}}}{_RATE})",
              by_sink + " dead-lettered"),
            Q(f"sum by (instance, sink, reason) "
              f"(rate(gpu_audit_shipper_records_dropped_total{{{SINK}}}{_RATE}))",
-             by_sink + " dropped {{reason}}")),
+             by_sink + " dropped {{reason}}"),
+           empty=NO_SHIPPER),
         ts("Batch send time (p95)", "s",
            Q(f"histogram_quantile(0.95, sum by (instance, sink, le) "
              f"(rate(gpu_audit_shipper_batch_duration_seconds_bucket{{{SINK}}}{_RATE})))",
-             by_sink)),
+             by_sink),
+           empty=NO_SHIPPER),
         table("Sink state", "short",
               Q(f"max by (instance, sink) (gpu_audit_shipper_sink_up{{{SINK}}})"),
               Q(f"max by (instance, sink) (gpu_audit_shipper_conservation_ok{{{SINK}}})"),
@@ -84,11 +93,12 @@ def build() -> dashboard.Dashboard:
               Q(f"max by (instance, sink) (gpu_audit_shipper_cursor_offset{{{SINK}}})"),
               names={"Value #A": "up", "Value #B": "conservation ok",
                      "Value #C": "since last success", "Value #D": "cursor offset"},
-              units={"since last success": "s"}, w=12),
+              units={"since last success": "s"}, w=12, empty=NO_SHIPPER),
     )
     b.row("Spool and audit records")
     b.add(
-        ts("Spool size", "bytes", Q(f"gpu_audit_spool_bytes{{{NODE}}}", "{{instance}}")),
+        ts("Spool size", "bytes", Q(f"gpu_audit_spool_bytes{{{NODE}}}", "{{instance}}"),
+           empty=NO_SHIPPER),
         ts("Records written and failed (rate)", "rps",
            Q(f"rate(gpu_audit_records_written_total{{{NODE}}}{_RATE})", "{{instance}} written"),
            Q(f"sum by (instance, reason) "
@@ -100,8 +110,10 @@ def build() -> dashboard.Dashboard:
            Q(f"rate(gpu_audit_spool_evicted_records_total{{{NODE}}}{_RATE})",
              "{{instance}} evicted"),
            Q(f"rate(gpu_audit_spool_corrupt_records_total{{{NODE}}}{_RATE})",
-             "{{instance}} corrupt")),
-        ts("Spool segments", "short", Q(f"gpu_audit_spool_segments{{{NODE}}}", "{{instance}}")),
+             "{{instance}} corrupt"),
+           empty=NO_SHIPPER),
+        ts("Spool segments", "short", Q(f"gpu_audit_spool_segments{{{NODE}}}", "{{instance}}"),
+           empty=NO_SHIPPER),
     )
     b.row("Sampling")
     b.add(

@@ -13,6 +13,7 @@ from dashboards.common import (
     OWNER,
     PROC_SEL,
     RANGE_HOURS,
+    SIM,
     Board,
     Q,
     gpu_variables,
@@ -27,22 +28,15 @@ UID = "gpu-audit-waste"
 _RULE_SEL = f'{NODE}, gpu=~"$gpu", {OWNER}'
 IDLE_HELD = f"gpu:gpu_idle_held:bool{{{_RULE_SEL}}}"
 HELD = f"gpu:gpu_held:bool{{{_RULE_SEL}}}"
-# memory growth below this (bytes per second, ~6 MB a minute) is noise, not a leak
-LEAK_MIN_GROWTH = 100_000
-LEAK_WINDOW = "1h"
 LOW_UTILISATION = 0.2
-_IDENTITY = "instance, gpu, uuid, user, project, job, pod, slurm_job, process_name"
-
-
-def _growth() -> str:
-    per_identity = f"sum by ({_IDENTITY}) (gpu_process_memory_used_bytes{{{PROC_SEL}}})"
-    return f"deriv(({per_identity})[{LEAK_WINDOW}:]) > {LEAK_MIN_GROWTH}"
-
-
-def _time_to_full() -> str:
-    free = (f"max by (instance, uuid) (gpu_memory_total_bytes{{{GPU_SEL}}})"
-            f" - max by (instance, uuid) (gpu_memory_used_bytes{{{GPU_SEL}}})")
-    return f"({free}) / on (instance, uuid) group_right () ({_growth()})"
+# Leak suspects are the alert rules' (alerts/recording.py leak_rules): memory growing over
+# an hour by at least 1% of the GPU's memory an hour, still setting new peaks, past the
+# process's warm-up. The panels read those recording rules, so what the dashboard lists
+# is what GpuMemoryLeak judges (a fixed bytes-per-second threshold here flagged jobs
+# ramping up after start and noisy plateaus).
+_LEAK_SEL = f"{_RULE_SEL}, {SIM}"
+LEAK_GROWTH = f"gpu:process_memory_growth_bytes_per_second:leak{{{_LEAK_SEL}}}"
+LEAK_EXHAUSTION = f"gpu:memory_exhaustion_seconds:leak{{{_LEAK_SEL}}}"
 
 
 def build() -> dashboard.Dashboard:
@@ -69,10 +63,11 @@ def build() -> dashboard.Dashboard:
     b.add(
         table("Idle-held GPUs (hours over the range)", "h",
               Q(f"{hours_over_range(IDLE_HELD, 'instance, gpu, user, project, job')} > 0"),
-              desc="GPUs an identified job held at near-zero utilisation, with the hours."),
+              desc="GPUs an identified job held at near-zero utilisation, with the hours.",
+              empty="No GPU held idle in the time range"),
         ts("Idle-held GPUs now", "short",
            Q(f"sum by (instance, gpu, user, project, job) ({IDLE_HELD}) > 0",
-             "{{instance}} GPU {{gpu}} {{user}}/{{job}}")),
+             "{{instance}} GPU {{gpu}} {{user}}/{{job}}"), empty="No GPU held idle"),
         ts("Idle-held GPUs by project", "short",
            Q(f"sum by (project) (user_project_job:gpus_idle_held:sum{{{OWNER}}})",
              "{{project}}"), stack=True),
@@ -89,18 +84,19 @@ def build() -> dashboard.Dashboard:
     b.row("Leak suspects")
     b.add(
         table("Leak suspects: predicted time until the GPU is full", "s",
-              Q(_time_to_full()),
-              Q(_growth()),
-              desc=f"Identities whose GPU memory grew faster than {LEAK_MIN_GROWTH} B/s "
-                   f"over the last {LEAK_WINDOW} (linear fit), with the GPU's free memory "
-                   "divided by that growth.",
+              Q(LEAK_EXHAUSTION),
+              Q(LEAK_GROWTH),
+              desc="Processes whose GPU memory has grown over the last hour by at least 1% "
+                   "of the GPU's memory an hour and keeps reaching new peaks, ignoring their "
+                   "first minutes (the leak recording rules GpuMemoryLeak also uses), with "
+                   "the GPU's free memory divided by that growth.",
               hide=["uuid"],
               names={"Value #A": "time to full", "Value #B": "growth"},
-              units={"growth": "Bps"}),
+              units={"growth": "Bps"}, empty="No leak suspect"),
         ts("Memory of leak suspects", "bytes",
-           Q(f"sum by ({_IDENTITY}) (gpu_process_memory_used_bytes{{{PROC_SEL}}})"
-             f" and on ({_IDENTITY}) ({_growth()})",
-             "{{instance}} GPU {{gpu}} {{user}}/{{job}} {{process_name}}")),
+           Q(f"gpu_process_memory_used_bytes{{{PROC_SEL}}} and {LEAK_GROWTH}",
+             "{{instance}} GPU {{gpu}} {{user}}/{{job}} {{process_name}}"),
+           empty="No leak suspect"),
     )
     b.row("Unattributed usage")
     b.add(

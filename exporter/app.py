@@ -33,6 +33,7 @@ from exporter.backends import BackendHooks, BackendUnavailable, GpuBackend
 from exporter.config import ExporterConfig
 from exporter.endpoint import exporter_server
 from exporter.exposition.render import RenderOptions
+from exporter.inventory import Inventory, default_directory, open_inventory, source_of
 from exporter.runstatus import runtime_status, summary_line
 from exporter.sampler import Sampler, SnapshotListener
 from exporter.watch import GpuWatch, SummaryLog
@@ -163,6 +164,7 @@ class ExporterApp:
         self._resolver: Resolver | None = None
         self._backend: GpuBackend | None = None
         self._hooks: BackendHooks | None = None
+        self._inventory: Inventory | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -210,6 +212,10 @@ class ExporterApp:
             writer = self.spool.writer if self.spool else None
             registry.register(self.companion.open(writer))
             self._companion_open = True
+        # the GPU inventory (one exporter per inventory directory, like the spool)
+        self._inventory = open_inventory(
+            ex.inventory_directory or default_directory(cfg.spool.directory),
+            source_of(info))
 
         # 4. the listening socket
         try:
@@ -237,6 +243,7 @@ class ExporterApp:
             publish=state.publish,
             scenario_clock=hooks.clock if hooks is not None else None,
             before_attribution=hooks.before_attribution if hooks is not None else None,
+            before_render=self._inventory.annotate,
         )
         registry.register(SamplerCollector(self.sampler, resolver))
         self.server.start()
@@ -260,6 +267,8 @@ class ExporterApp:
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
+        if self._inventory is not None:
+            self._inventory.close()
         if self.producer is not None:
             self.producer.stop()
         if self.companion is not None:

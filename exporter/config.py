@@ -87,6 +87,13 @@ class ExporterConfig(Section):
     dcgm_host: str | None = Field(
         None, description="DCGM host engine address; default starts an embedded engine."
     )
+    inventory_directory: Path | None = Field(
+        None,
+        description="Where the GPU inventory is kept (every GPU seen, its last state, XIDs "
+        "and owners), so a GPU lost before a restart is still reported lost after it. "
+        "Created 0700; must belong to the exporter's user. Default: `inventory` in the "
+        "spool directory.",
+    )
 
     @field_validator("listen")
     @classmethod

@@ -74,6 +74,7 @@ class Sampler:
         clock: Callable[[], float] = time.time,
         scenario_clock: Callable[[], float] | None = None,
         before_attribution: Callable[[Sequence[GpuSample]], None] | None = None,
+        before_render: Callable[[Snapshot], Snapshot] | None = None,
     ) -> None:
         self._backend = backend
         self._info = backend_info
@@ -89,6 +90,9 @@ class Sampler:
         # snapshots then carry scenario time so accounting over them stays consistent.
         self._scenario_clock = scenario_clock
         self._before_attribution = before_attribution
+        # Completes the cycle's snapshot before anyone sees it (the GPU inventory adds
+        # GPUs no longer enumerated and what it recorded about them).
+        self._before_render = before_render
         self._latest: Published | None = None
         self._failing_listeners: set[int] = set()  # by position: logged once until they recover
         self._prev: Snapshot | None = None
@@ -127,6 +131,8 @@ class Sampler:
             slow_cycle=slow,
             error_counts=dict(self._backend.error_counts()),
         )
+        if self._before_render is not None:
+            snap = self._before_render(snap)
         render_started = time.thread_time()
         rendered = self._renderer.render(snap)
         self.stats.last_render_seconds = time.thread_time() - render_started

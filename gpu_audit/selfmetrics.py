@@ -8,6 +8,10 @@ docs/METRICS.md from it, so a served self-metric cannot be missing from the docs
 scrapes a live `gpu-audit run` and checks). Self-metrics describe gpu-audit itself, so
 they never carry `simulated`, even under the simulator.
 
+Counters whose label values are known in advance declare them (`known`): they are
+exported at 0 from the start, so a query or panel on them has data on a healthy node,
+and rate()/increase() see the first failure instead of a series that appears with it.
+
 This module is declarations only (plus a constructor of the matching prometheus_client
 family): it must never compute a value or do I/O.
 """
@@ -15,6 +19,7 @@ family): it must never compute a value or do I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +57,8 @@ class SelfMetric:
     labels: tuple[str, ...] = ()
     source: str = ""
     unit: str = ""
+    known: tuple[str, ...] = ()
+    """Values of the last label known in advance: exported at 0 until they count."""
 
     @property
     def full_help(self) -> str:
@@ -61,6 +68,11 @@ class SelfMetric:
     def base_name(self) -> str:
         """The name prometheus_client wants (it appends `_total` to counters itself)."""
         return self.name.removesuffix("_total") if self.type == "counter" else self.name
+
+    def with_known(self, counts: Mapping[str, float]) -> list[tuple[str, float]]:
+        """(last label value, count) for every known value (0 until it counts) and every
+        other value counted, sorted by value."""
+        return sorted({**dict.fromkeys(self.known, 0), **counts}.items())
 
     def counter(self, *, value: float | None = None) -> CounterMetricFamily:
         """A fresh counter family of this metric (with `value` when it has no labels)."""
@@ -86,8 +98,18 @@ class SelfMetric:
 
 # Table entries: _metric builds a SelfMetric from positional fields.
 def _metric(name: str, type_: SelfMetricType, help_: str, component: Component,  # noqa: PLR0917
-            labels: tuple[str, ...] = (), source: str = "", unit: str = "") -> SelfMetric:
-    return SelfMetric(name, type_, help_, component, labels, source, unit)
+            labels: tuple[str, ...] = (), source: str = "", unit: str = "",
+            known: tuple[str, ...] = ()) -> SelfMetric:
+    return SelfMetric(name, type_, help_, component, labels, source, unit, known)
+
+
+# The error kinds a GPU is counted down under (gpu_audit.nvml_shim.error_kind; the
+# simulator uses gpu_lost).
+GPU_ERROR_KINDS = ("gpu_lost", "timeout", "unknown", "nvml_error")
+# Why the spool refuses records (gpu_audit.spool), and the errno names a failed write
+# most often ends with.
+SPOOL_FULL_REASONS = ("max_bytes", "min_free")
+WRITE_ERRNO_NAMES = ("EACCES", "EDQUOT", "EIO", "ENOSPC", "EROFS")
 
 
 # --- sampler (exporter/app.py SamplerCollector; renderer families below) --------------
@@ -114,7 +136,8 @@ SNAPSHOT_TIMESTAMP = _metric("gpu_audit_snapshot_timestamp_seconds", "gauge",
                              " simulator).", "renderer", source="the sampler loop", unit="seconds")
 SAMPLE_ERRORS = _metric("gpu_audit_sample_errors_total", "counter",
                         "Sampling errors by kind since the exporter started.", "renderer",
-                        ("kind",), source="the backend's per-kind error counts")
+                        ("kind",), source="the backend's per-kind error counts",
+                        known=GPU_ERROR_KINDS)
 SERIES = _metric("gpu_audit_series", "gauge",
                  "Samples in the cached exposition of the latest cycle (this one included).",
                  "renderer", source="the renderer")
@@ -137,7 +160,7 @@ RECORDS_WRITTEN = _metric("gpu_audit_records_written_total", "counter",
 RECORDS_FAILED = _metric("gpu_audit_records_failed_total", "counter",
                          "Audit records that could not be written to the spool, by reason "
                          "(max_bytes, min_free, or the errno name such as ENOSPC, EACCES).",
-                         "audit", ("reason",))
+                         "audit", ("reason",), known=(*SPOOL_FULL_REASONS, *WRITE_ERRNO_NAMES))
 SPOOL_WRITABLE = _metric("gpu_audit_spool_writable", "gauge",
                          "1 when the last commit of audit records to the spool succeeded, else 0.",
                          "audit")
@@ -158,7 +181,7 @@ SPOOL_FULL = _metric("gpu_audit_spool_full", "gauge",
                      "reached).", "spool", ("reason",))
 SPOOL_REFUSED = _metric("gpu_audit_spool_refused_records_total", "counter",
                         "Records the spool refused because it was full, by reason (max_bytes, "
-                        "min_free).", "spool", ("reason",))
+                        "min_free).", "spool", ("reason",), known=SPOOL_FULL_REASONS)
 SPOOL_EVICTED = _metric("gpu_audit_spool_evicted_records_total", "counter",
                         "Records deleted before every sink had them, to make room "
                         "(spool.when_full: drop_oldest). Each sink also counts them as "
@@ -188,7 +211,7 @@ SHIPPER_DEAD_LETTERED = _metric("gpu_audit_shipper_records_dead_lettered_total",
                                 "dead-letter file.", "shipper", _SINK)
 SHIPPER_DROPPED = _metric("gpu_audit_shipper_records_dropped_total", "counter",
                           "Records this sink will never get, by reason (expected to stay 0).",
-                          "shipper", ("sink", "reason"))
+                          "shipper", ("sink", "reason"), known=("spool_skipped",))
 SHIPPER_LAG_RECORDS = _metric("gpu_audit_shipper_cursor_lag_records", "gauge",
                               "Records in the spool not yet delivered to the sink.", "shipper",
                               _SINK)

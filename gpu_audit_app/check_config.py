@@ -108,6 +108,13 @@ def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
 
         problems += [layers.locate(("spool", "directory"), message)
                      for message in path_problems(Path(spool_dir))]
+    inventory_dir = ex.get("inventory_directory")
+    if inventory_dir is not None:
+        # at start a bad one is a warning (the exporter serves without it); say it here
+        from gpu_audit.paths import path_problems
+
+        problems += [layers.locate(("exporter", "inventory_directory"), message)
+                     for message in path_problems(Path(inventory_dir))]
     spool_raw = data.get("spool", {})
     spool = _valid(SpoolConfig, spool_raw)
     if spool is _INVALID:

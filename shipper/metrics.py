@@ -100,9 +100,6 @@ class SpoolStatus:
     corrupt: int = 0  # records lost to damage, counted when kept in quarantine/ (embedded)
 
 
-DROP_REASONS = ("spool_skipped",)
-
-
 class ShipperCollector(Collector):
     """Exposes the statuses returned by `statuses()` and `spool()` on every scrape."""
 
@@ -142,8 +139,8 @@ class ShipperCollector(Collector):
             retried.add_metric(labels, st.retried)
             redelivered.add_metric(labels, st.redelivered)
             dead.add_metric(labels, st.dead_lettered)
-            for reason in sorted({*DROP_REASONS, *st.dropped}):
-                dropped.add_metric([st.sink, reason], st.dropped.get(reason, 0))
+            for reason, n in sm.SHIPPER_DROPPED.with_known(st.dropped):
+                dropped.add_metric([st.sink, reason], n)
             lag_records.add_metric(labels, st.lag_records)
             lag_seconds.add_metric(labels, st.lag_seconds)
             cursor.add_metric(labels, st.committed)
@@ -164,8 +161,8 @@ class ShipperCollector(Collector):
         full.add_metric([spool.full_reason or ""], 1 if spool.full_reason else 0)
         yield full
         refused = sm.SPOOL_REFUSED.counter()
-        for reason in sorted({"max_bytes", "min_free", *spool.refused}):
-            refused.add_metric([reason], spool.refused.get(reason, 0))
+        for reason, n in sm.SPOOL_REFUSED.with_known(spool.refused):
+            refused.add_metric([reason], n)
         yield refused
         yield sm.SPOOL_EVICTED.counter(value=spool.evicted)
         yield sm.SPOOL_CORRUPT.counter(value=spool.corrupt)

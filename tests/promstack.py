@@ -58,20 +58,44 @@ class Exporter:
 
 
 def start_exporter(tmp: Path, scenario: str, time_scale: float = 60,
-                   interval: float = 1.0, env: dict[str, str] | None = None) -> Exporter:
-    """`gpu-audit exporter --backend sim` playing a shipped scenario (not yet ready:
-    see wait_ready)."""
-    port = free_port()
-    log = (tmp / f"exporter-{scenario}.log").open("wb")
+                   interval: float = 1.0, env: dict[str, str] | None = None, *,
+                   node: str | None = None, port: int | None = None) -> Exporter:
+    """`gpu-audit exporter --backend sim` playing a scenario (a shipped name or a file;
+    not yet ready: see wait_ready). `node` names its spool directory (with the GPU
+    inventory in it) and log, by default the scenario's name: an exporter started again
+    with the same node (and `port`) is the same node restarted."""
+    node = node or scenario
+    port = port or free_port()
+    log = (tmp / f"exporter-{node}.log").open("ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpu_audit_app.cli", "exporter", "--backend", "sim",
          "--scenario", scenario, "--time-scale", str(time_scale), "--interval", str(interval),
-         "--listen", f"127.0.0.1:{port}", "--spool-dir", str(tmp / f"spool-{scenario}"),
+         "--listen", f"127.0.0.1:{port}", "--spool-dir", str(tmp / f"spool-{node}"),
          "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT,
         env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
     )
-    return Exporter(scenario, f"127.0.0.1:{port}", proc)
+    return Exporter(node, f"127.0.0.1:{port}", proc)
+
+
+def scenario_without_gpu(tmp: Path, scenario: str, index: int) -> Path:
+    """The shipped scenario as the node looks after a restart once GPU `index` fell off
+    the bus: that GPU is no longer enumerated (the others keep their UUIDs, and the
+    indexes after it shift down, as NVML numbers what it finds), and the story's events
+    are over. The name stays, so the exporter sees the same node (its GPU inventory)."""
+    from exporter.sim.scenario import load_scenario, shipped_path
+
+    data = yaml.safe_load(shipped_path(scenario).read_text())
+    uuids = [g.info.uuid for g in load_scenario(scenario).gpus]
+    if len(data["gpus"]) != 1:
+        raise ValueError(f"{scenario}: one GPU group expected")
+    group = data["gpus"][0]
+    group["count"] = len(uuids) - 1
+    group["uuids"] = [u for i, u in enumerate(uuids) if i != index]
+    data.pop("events", None)
+    path = tmp / f"{scenario}-without-gpu-{index}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def wait_ready(exporter: Exporter, timeout: float = 60) -> None:

@@ -38,6 +38,7 @@ from exporter.backends.nvml_processes import (
     read_process_utilization,
 )
 from exporter.config import ExporterConfig
+from gpu_audit.model.fields import MEMORY_ERROR_KEYS, MEMORY_ERROR_XIDS
 from gpu_audit.model.samples import (
     BackendInfo,
     GpuInfo,
@@ -179,19 +180,22 @@ class NvmlBackend:
             self._xid_events.drain(now)
         out: list[GpuSample] = []
         for dev in self._devices:
-            out.append(self._sample_or_down(dev, now, slow))
+            # a memory-error XID changes ECC and row-remap counts now: read them now
+            memory = any(ev.xid in MEMORY_ERROR_XIDS for ev in dev.xids.new)
+            out.append(self._sample_or_down(dev, now, slow, memory))
             dev.xids.new = []
         self._prev_now = now
         return out
 
-    def _sample_or_down(self, dev: _Device, now: float, slow: bool) -> GpuSample:
+    def _sample_or_down(self, dev: _Device, now: float, slow: bool,
+                        memory_xid: bool = False) -> GpuSample:
         nvml = self._nvml
         if dev.failures and self._cycle < dev.retry_cycle:
             return self._down(dev)
         try:
             if dev.failures:
                 self._reacquire(dev)
-            sample = self._sample_device(dev, now, slow)
+            sample = self._sample_device(dev, now, slow, memory_xid)
         except nvml.NVMLError as err:
             kind = error_kind(nvml, err)
             self._errors[kind] = self._errors.get(kind, 0) + 1
@@ -219,7 +223,10 @@ class NvmlBackend:
             new_xids=tuple(dev.xids.new),
         )
 
-    def _sample_device(self, dev: _Device, now: float, slow: bool) -> GpuSample:
+    def _sample_device(self, dev: _Device, now: float, slow: bool,
+                       memory_xid: bool = False) -> GpuSample:
+        """Read one device; `memory_xid`: re-read the slow memory-error fields (ECC,
+        retired pages, remapped rows) now, because a memory-error XID just arrived."""
         nvml = self._nvml
         run_slow = slow or not dev.slow_done
         info = read_identity(nvml, dev.handle, dev.info) if run_slow else dev.info
@@ -227,10 +234,14 @@ class NvmlBackend:
         slow_values: Values = {}
         missing: set[str] = set()
         slow_missing: set[str] = set()
+        reread: set[str] = set()  # slow keys read again this cycle
         for reader in READERS:
             is_slow = reader.tier == "slow"
-            if is_slow and not run_slow:
+            if is_slow and not run_slow and not (
+                    memory_xid and MEMORY_ERROR_KEYS.intersection(reader.keys)):
                 continue
+            if is_slow:
+                reread.update(reader.keys)
             target, gaps = (slow_values, slow_missing) if is_slow else (values, missing)
             if reader.call in dev.unsupported_calls:
                 gaps.update(reader.keys)
@@ -256,6 +267,10 @@ class NvmlBackend:
             dev.slow_values = slow_values
             dev.slow_missing = frozenset(slow_missing)
             dev.slow_done = True
+        elif reread:  # only the memory-error fields were read again
+            kept = {k: v for k, v in dev.slow_values.items() if k not in reread}
+            dev.slow_values = {**kept, **slow_values}
+            dev.slow_missing = frozenset((dev.slow_missing - reread) | slow_missing)
         merged: Values = {**dev.slow_values, **values}
         return GpuSample(
             info=info,

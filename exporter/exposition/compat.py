@@ -28,8 +28,13 @@ Departures, each forced by something and documented in docs/METRICS.md:
   needs, and every other value would be a stale reading presented as current.
 - On a MIG GPU the framebuffer fields (FB_USED, FB_FREE, FB_TOTAL) are one series per
   GPU instance with `GPU_I_PROFILE`/`GPU_I_ID`, which is where NVML gives per-instance
-  values; device-wide fields (temperature, power, clocks...) stay one series per
+  values, and so are the DCGM profiling fields (DCGM_FI_PROF_*), which DCGM reports per
+  GPU instance; device-wide fields (temperature, power, clocks...) stay one series per
   physical GPU, so summing them does not count a GPU once per instance.
+- Profiling fields exist only where DCGM measures them (the dcgm backend with profiling
+  available, or the simulator declaring `dcgm`): nothing is derived from NVML to stand
+  in for them, so NVIDIA's dashboard panels on them (`NVIDIA_DASHBOARD_PANELS`) stay
+  empty without DCGM, as they would with dcgm-exporter.
 
 This module must never keep state beyond the last XID code per GPU (`XidTracker`).
 """
@@ -164,8 +169,28 @@ XID_SOURCE = "the last code of gpu_xid_errors_total (NVML nvmlEventSetWait)"
 
 COMPAT_NAMES: tuple[str, ...] = (*(f.name for f in COMPAT_FIELDS), XID_NAME)
 
-# Labels of every compat series, in dcgm-exporter's order (the docs list them); the host
-# label's name is a setting (DEFAULT_HOST_LABEL).
+# NVIDIA's DCGM dashboard (grafana.com 12239, dcgm-exporter's grafana/ folder): each
+# panel and the dcgm-exporter name it reads. The two on DCGM_FI_PROF_* need DCGM
+# profiling (the dcgm backend where profiling is available); on a GPU in MIG mode they
+# show one line per GPU instance. docs/METRICS.md and dashboards/README.md list them.
+NVIDIA_DASHBOARD_PANELS: tuple[tuple[str, str], ...] = (
+    ("GPU Temperature", "DCGM_FI_DEV_GPU_TEMP"),
+    ("GPU Avg. Temp", "DCGM_FI_DEV_GPU_TEMP"),
+    ("GPU Power Usage", "DCGM_FI_DEV_POWER_USAGE"),
+    ("GPU Power Total", "DCGM_FI_DEV_POWER_USAGE"),
+    ("GPU SM Clocks", "DCGM_FI_DEV_SM_CLOCK"),
+    ("GPU Utilization", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    ("Tensor Core Utilization", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    ("GPU Framebuffer Mem Used", "DCGM_FI_DEV_FB_USED"),
+)
+
+
+def needs_profiling(compat_name: str) -> bool:
+    """True for a name only DCGM's profiling module measures (DCGM_FI_PROF_*)."""
+    return compat_name.startswith("DCGM_FI_PROF_")
+
+# Labels of a compat series, in dcgm-exporter's order; the conditional ones in brackets
+# of the docs. The host label's name is a setting (DEFAULT_HOST_LABEL).
 GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", MODEL_LABEL)
 TAIL_LABELS: tuple[str, ...] = ("DCGM_FI_DRIVER_VERSION",)
 
@@ -324,6 +349,13 @@ def render_compat(snap: Snapshot, out: list[str], last_xid_codes: Mapping[str, i
             continue
         lines = []
         for g in up:
+            measured = [mi for mi in g.mig if f.key in mi.values]
+            if measured:  # measured per MIG instance (DCGM profiling)
+                for mi in measured:
+                    text = _text(mi.values[f.key], f.scale)
+                    if text is not None:
+                        lines.append(f"{f.name}{{{labels[g.uuid].instance(mi)}}} {text}\n")
+                continue
             if f.key in g.unsupported:
                 continue
             if f.per_instance and g.mig:

@@ -89,7 +89,9 @@ def generate() -> str:
         names = ", ".join(f"`{c.name}` ({_scale(c.scale)})"
                           for c in compat.COMPAT_FIELDS if c.key == m.key) or "-"
         tier = m.tier + (", DCGM only" if m.dcgm_only else "")
-        lines.append(f"| `{m.name}` | {m.type} | {_labels(m.labels)} | {tier} |"
+        labels = (f"{_labels(m.labels)}; on MIG, per instance: `mig_uuid`, `gpu_instance_id`"
+                  if m.dcgm_only else _labels(m.labels))
+        lines.append(f"| `{m.name}` | {m.type} | {labels} | {tier} |"
                      f" {_cell(m.help)} | {_cell(m.source)} | {names} |")
     for group, title in _GROUP_TITLES.items():
         lines += ["", f"## {title}", "", "| Metric | Type | Labels | Unit | Description | Source |",
@@ -116,6 +118,17 @@ def generate() -> str:
             if s.component == component:
                 lines.append(f"| `{s.name}` | {s.type} | {_labels(s.labels)} |"
                              f" {s.unit or '-'} | {_cell(s.full_help)} |")
+    known = [m for m in SELF_METRICS if m.known]
+    lines += [
+        "",
+        "Counters whose label values are known in advance are exported at 0 from the",
+        "start, so panels and `increase()` have a series on a healthy node and see the",
+        "first failure (other values appear when they first count):",
+        "",
+        *(f"- `{m.name}`: {m.labels[-1]} " + ", ".join(f"`{v}`" for v in m.known)
+          + (" (per sink)" if "sink" in m.labels else "") for m in known),
+        "- `gpu_audit_process_series_dropped_total`: every GPU of the snapshot.",
+    ]
     lines += _compat_section()
     return "\n".join(lines)
 
@@ -137,9 +150,11 @@ def _compat_section() -> list[str]:
         "simulator). Conditional labels, as dcgm-exporter adds them:",
         "",
         "- `GPU_I_PROFILE`, `GPU_I_ID` on per-MIG-instance series (the framebuffer fields of a",
-        "  GPU in MIG mode: one series per GPU instance, from NVML's per-instance memory; the",
+        "  GPU in MIG mode: one series per GPU instance, from NVML's per-instance memory; and",
+        "  the DCGM profiling fields, which DCGM reports per GPU instance on such a GPU; the",
         "  GPU's device-wide fields stay one series per physical GPU, so a sum over them",
-        "  counts each GPU once; the parent has no framebuffer series of its own).",
+        "  counts each GPU once; the parent has no framebuffer or profiling series of its",
+        "  own).",
         "- `pod`, `namespace`, `container` when the GPU's (or MIG instance's) processes are",
         "  attributed to a Kubernetes container, e.g. by the kubelet pod-resources source",
         "  (`attribution.kubelet.enabled`). Several containers on one GPU (time-slicing, MPS)",
@@ -161,6 +176,27 @@ def _compat_section() -> list[str]:
                  f" {_cell(compat.XID_SOURCE)} |")
     sample = {n: (*compat.GPU_LABELS, "Hostname") for n in compat.COMPAT_NAMES}
     complaints = sorted(compat.promtool_complaints(sample))
+    lines += [
+        "",
+        "### NVIDIA's DCGM dashboard: the panels that need DCGM profiling",
+        "",
+        "NVIDIA's DCGM dashboard (grafana.com 12239) has eight panels. Two read DCGM",
+        "profiling fields (`DCGM_FI_PROF_*`), which only DCGM's profiling module measures:",
+        "they have data with `exporter.backend: dcgm` where DCGM profiling is available",
+        "(data-center GPUs, DCGM host engine running, no profiler such as Nsight holding the",
+        "GPU's performance counters), and stay empty with the `nvml` backend or without",
+        "DCGM. The compat profile never derives them from NVML (GPU utilisation is not",
+        "graphics-engine activity), so an empty panel means \"not measured\", not 0. On a",
+        "GPU in MIG mode DCGM reports these fields per GPU instance, and the panels show one",
+        "line per instance (`GPU_I_ID`): the simulator's `mig` scenario plays that. The",
+        "`dcgm` backend reads GPU-level profiling fields only so far, so on a real MIG GPU",
+        "they stay empty (whole GPUs beside it have them).",
+        "",
+        "| Panel | Reads | Needs DCGM profiling |",
+        "|---|---|---|",
+        *(f"| {title} | `{name}` | {'yes' if compat.needs_profiling(name) else 'no'} |"
+          for title, name in compat.NVIDIA_DASHBOARD_PANELS),
+    ]
     lines += [
         "",
         "### A GPU that is down",

@@ -65,7 +65,8 @@ _SAMPLED = "the latest sampling cycle (sampled in the background, not at scrape 
 
 GPU_UP = _family("gpu_up", "gauge",
                  "1 when the GPU was read in the latest cycle, 0 when it is down (lost, timed out,"
-                 " any per-device error; retried with backoff).",
+                 " any per-device error; retried with backoff) or no longer enumerated but"
+                 " recorded in the exporter's GPU inventory (a GPU lost before a restart).",
                  _SAMPLED, GPU_LABELS, "gpu")
 GPU_INFO = _family("gpu_info", "gauge",
                    "GPU identity and versions; always 1. simulated=\"true\" when the data comes"
@@ -81,8 +82,9 @@ GPU_FIELD_SUPPORTED = _family("gpu_field_supported", "gauge",
                               " or it was not read.",
                               _SAMPLED, (*GPU_LABELS, "field"), "gpu")
 GPU_XID_ERRORS = _family("gpu_xid_errors_total", "counter",
-                         "XID errors reported by the driver, by XID code, since the exporter "
-                         "started.",
+                         "XID errors reported by the driver, by XID code, since the GPU was "
+                         "first recorded on this node (the GPU inventory carries the counts "
+                         "across exporter restarts).",
                          "NVML nvmlEventSetWait (nvmlEventTypeXidCriticalError)",
                          (*GPU_LABELS, "xid"), "gpu")
 GPU_XID_LAST = _family("gpu_xid_last_timestamp_seconds", "gauge",
@@ -154,6 +156,15 @@ ALLOCATION_INFO = _family("gpu_allocation_info", "gauge",
                           "attribution of the processes on the GPU",
                           (*GPU_LABELS, "job", "user", "project", "namespace", "pod", "container",
                            "slurm_job", "source"), "allocation")
+GPU_OWNER_INFO = _family("gpu_owner_info", "gauge",
+                         "Who owns the GPU, for the owner labels of hardware alerts: the user,"
+                         " project and job of the attributed processes on it now, or, while it"
+                         " is down, when it was last read (kept across restarts in the GPU"
+                         " inventory); always 1. One series per GPU: several owners' distinct"
+                         " values are sorted and comma-separated in each label. No series"
+                         " while nobody holds the GPU.",
+                         "attribution of the processes on the GPU; the GPU inventory",
+                         (*GPU_LABELS, "user", "project", "job"), "allocation")
 
 # gpu-audit's own families that the exporter serves: declared once in core
 # (gpu_audit.selfmetrics, with every other component's self-metrics), used here so the
@@ -176,7 +187,7 @@ FAMILIES: tuple[FamilyDef, ...] = (
     GPU_UP, GPU_INFO, GPU_FIELD_SUPPORTED, GPU_XID_ERRORS, GPU_XID_LAST,
     GPU_MIG_INFO, GPU_MIG_MEMORY_TOTAL, GPU_MIG_MEMORY_USED,
     PROCESS_MEMORY, PROCESS_SM, PROCESS_MEM_UTIL, PROCESS_ENC, PROCESS_DEC, PROCESS_COUNT,
-    UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO,
+    UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO, GPU_OWNER_INFO,
     SAMPLE_DURATION, SNAPSHOT_TIMESTAMP, SAMPLE_ERRORS, SERIES,
     SNAPSHOT_AGE, SCRAPES, PROCESS_SERIES_DROPPED,
 )

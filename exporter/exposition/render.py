@@ -20,6 +20,8 @@ from exporter.config import DEFAULT_HOST_LABEL
 from exporter.exposition import families as fam
 from exporter.exposition.compat import CompatOptions, XidTracker, render_compat
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
+from exporter.owners import OWNER_LABELS, owner_label_values, owners_of
+from gpu_audit import selfmetrics as sm
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.fields import CATALOGUE
@@ -254,6 +256,13 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
                 f.add(cache.get((prefix, m.key, label_values),
                                 partial(_join, prefix, names, label_values)), v)
             cache.keep_block(block_key, dict(values), f.lines[start:])
+        if m.dcgm_only:
+            # DCGM profiling on a GPU in MIG mode: one series per GPU instance
+            for g in up_gpus:
+                for mi in g.mig:
+                    if m.key in mi.values:
+                        f.add(f'{prefixes[g.info.uuid]},mig_uuid="{_label_value(mi.uuid)}",'
+                              f'gpu_instance_id="{mi.gpu_instance_id}"', mi.values[m.key])
         if f.lines:
             catalogue_out.append(f.head)
             catalogue_out.extend(f.lines)
@@ -305,10 +314,11 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     proc_fams, dropped = _render_processes(snap, up_gpus, prefixes, opts, cache)
     unattributed = _render_unattributed(snap, up_gpus, prefixes)
     allocation = _render_allocation(snap, up_gpus, prefixes, cache)
+    owner = _render_owners(snap, prefixes)
 
     out = catalogue_out
     nfam = sum(1 for s in catalogue_out if s.startswith("# TYPE"))
-    for f in (*gpu_fams, *proc_fams, *unattributed, allocation):
+    for f in (*gpu_fams, *proc_fams, *unattributed, allocation, owner):
         if f.lines:
             out.append(f.head)
             out.extend(f.lines)
@@ -448,13 +458,26 @@ _ALLOC_LABELS = ("job", "user", "project", "namespace", "pod", "container", "slu
                  "source")
 
 
+def _render_owners(snap: Snapshot, prefixes: Mapping[str, str]) -> _Family:
+    """One gpu_owner_info series per GPU that has an owner: from its processes while it
+    is up, from the owners it had when last read while it is down."""
+    info = _fixed(fam.GPU_OWNER_INFO)
+    for g in snap.gpus:
+        owners = (owners_of(snap.processes.get(g.info.uuid, ())) if g.up
+                  else snap.last_owners.get(g.info.uuid, ()))
+        values = owner_label_values(owners)
+        if values is not None:
+            info.add(_join(prefixes[g.info.uuid], OWNER_LABELS, values), 1)
+    return info
+
+
 def _render_self(snap: Snapshot) -> list[_Family]:
     duration, stamp = _fixed(fam.SAMPLE_DURATION), _fixed(fam.SNAPSHOT_TIMESTAMP)
     errors = _fixed(fam.SAMPLE_ERRORS)
     duration.add("", snap.sample_duration_seconds)
     stamp.add("", snap.timestamp)
-    for kind in sorted(snap.error_counts):
-        errors.add(f'kind="{_label_value(kind)}"', snap.error_counts[kind])
+    for kind, n in sm.SAMPLE_ERRORS.with_known(snap.error_counts):
+        errors.add(f'kind="{_label_value(kind)}"', n)
     return [duration, stamp, errors]
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from exporter.sim.curves import Compiled, compile_curve, noise_bits, seed_key, unit_noise
 from exporter.sim.scenario import GpuPlan, ProcessPlan
 from exporter.sim.schema import DcgmSpec, EventSpec
-from gpu_audit.model.fields import CATALOGUE, CLOCK_EVENT_REASONS
+from gpu_audit.model.fields import CATALOGUE, CLOCK_EVENT_REASONS, MEMORY_ERROR_XIDS
 from gpu_audit.model.samples import (
     FieldValues,
     GpuSample,
@@ -177,8 +177,10 @@ class SimDevice:
         if self.dcgm is None:
             out.update(DCGM_KEYS)
         if self.mig_mode:
-            # Real hardware: device utilisation is not supported on a MIG parent.
+            # Real hardware: device utilisation is not supported on a MIG parent, and
+            # DCGM reports its profiling fields per GPU instance (MigInstance.values).
             out.update(_UTIL_KEYS)
+            out.update(DCGM_KEYS)
         return frozenset(out)
 
     def is_lost(self, t: float) -> bool:
@@ -220,16 +222,21 @@ class SimDevice:
             enc += vals[3]
             dec += vals[4]
         sm, memutil, enc, dec = min(sm, 1.0), min(memutil, 1.0), min(enc, 1.0), min(dec, 1.0)
+        inst_util = self._instance_util(t) if mig_mode and self.dcgm is not None else {}
         values = self._fast_values(
             t, dt, sm=sm, memutil=memutil, enc=enc, dec=dec, mem_used=mem_used, busy=bool(procs)
         )
-        if slow or self.slow_values is None:
+        # a memory-error XID changes ECC and row remapping now (as the NVML backend
+        # re-reads them at once), not at the next slow cycle
+        memory_xid = any(ev.xid in MEMORY_ERROR_XIDS for ev in new_xids)
+        if slow or memory_xid or self.slow_values is None:
             self.slow_values = self._slow_values(t)
         values.update(self.slow_values)
         self.last_t = t
         mig = tuple(
             MigInstance(m.uuid, m.gpu_instance_id, m.compute_instance_id, m.profile,
-                        m.memory_total_bytes, per_instance.get(m.gpu_instance_id, 0))
+                        m.memory_total_bytes, per_instance.get(m.gpu_instance_id, 0),
+                        self._instance_prof(inst_util.get(m.gpu_instance_id, (0.0, 0.0))))
             for m in self.plan.mig
         )
         unsupported = self.unsupported
@@ -335,6 +342,24 @@ class SimDevice:
         if self.dcgm is not None:
             values.update(self._dcgm_values(self.dcgm, sm, memutil))
         return values
+
+    def _instance_util(self, t: float) -> dict[int, tuple[float, float]]:
+        """gpu_instance_id -> (SM, memory) utilisation of its live processes, capped at 1:
+        hidden from NVML inside MIG, but what DCGM's per-instance profiling measures."""
+        out: dict[int, tuple[float, float]] = {}
+        for p in self.procs:
+            if p.gi is None or not p.start <= t < p.end:
+                continue
+            vals = p.constant_values if p.constant_sample is not None else p.values(t - p.start)
+            sm, mem = out.get(p.gi, (0.0, 0.0))
+            out[p.gi] = (min(sm + vals[1], 1.0), min(mem + vals[2], 1.0))
+        return out
+
+    def _instance_prof(self, util: tuple[float, float]) -> dict[str, float]:
+        """One MIG instance's DCGM profiling fields (none without simulated DCGM)."""
+        if self.dcgm is None:
+            return {}
+        return {key: v[()] for key, v in self._dcgm_values(self.dcgm, *util).items()}
 
     @staticmethod
     def _dcgm_values(d: DcgmSpec, sm: float, memutil: float) -> dict[str, FieldValues]:

@@ -28,8 +28,8 @@ class AuditCollector(Collector):
         failed = self._producer.failed_by_reason()
         yield sm.RECORDS_WRITTEN.counter(value=stats["records_written"])
         fail = sm.RECORDS_FAILED.counter()
-        for reason in sorted(failed):
-            fail.add_metric([reason], failed[reason])
+        for reason, n in sm.RECORDS_FAILED.with_known(failed):
+            fail.add_metric([reason], n)
         yield fail
         yield sm.SPOOL_WRITABLE.gauge(value=stats["spool_writable"])
         last = sm.AUDIT_LAST_SEQ.gauge()

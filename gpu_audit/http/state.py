@@ -135,7 +135,8 @@ class ServingCollector(Collector):
                                       labels=list(sm.PROCESS_SERIES_DROPPED.labels))
         snap = state.snapshot
         index = {g.uuid: str(g.info.index) for g in snap.gpus} if snap else {}
-        for uuid in sorted(state.dropped_process_series_total):
-            dropped.add_metric([index.get(uuid, ""), uuid],
-                               state.dropped_process_series_total[uuid])
+        # every GPU at 0 from the start (the cap's first drop then shows in increase())
+        totals = {**dict.fromkeys(index, 0), **state.dropped_process_series_total}
+        for uuid in sorted(totals):
+            dropped.add_metric([index.get(uuid, ""), uuid], totals[uuid])
         yield dropped

@@ -229,6 +229,16 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "display_clock_setting": 0x100,
 }
 
+# XIDs that report a memory error (48 double-bit ECC, 63/64 row remapping pending or
+# failed, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC): when one
+# arrives, the slow-tier memory-error fields are read again at once instead of up to a
+# slow interval later, so the ECC and row-remap alerts follow the XID within one cycle.
+MEMORY_ERROR_XIDS: frozenset[int] = frozenset({48, 63, 64, 92, 94, 95})
+MEMORY_ERROR_KEYS: frozenset[str] = frozenset({
+    "ecc_errors", "retired_pages", "retired_pages_pending", "remapped_rows",
+    "remapped_rows_pending", "remapped_rows_failure",
+})
+
 # Violation policies published as `policy` label values of gpu_clock_violation_seconds_total,
 # with nvml.h's nvmlPerfPolicyType_t value each is read with.
 VIOLATION_POLICIES: dict[str, int] = {"power": 0, "thermal": 1}

@@ -39,7 +39,12 @@ class GpuInfo:
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """A MIG GPU instance with its memory, as NVML reports it on the parent GPU."""
+    """A MIG GPU instance with its memory, as NVML reports it on the parent GPU.
+
+    `values` holds the catalogue fields measured per instance rather than per GPU: the
+    DCGM profiling fields (`prof_*`), which DCGM reports per GPU instance on a GPU in
+    MIG mode (the parent then has none). Absent key: not measured.
+    """
 
     uuid: str
     gpu_instance_id: int
@@ -47,6 +52,7 @@ class MigInstance:
     profile: str
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
+    values: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

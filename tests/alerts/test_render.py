@@ -136,13 +136,17 @@ def test_thresholds_are_rendered_exactly() -> None:
     """A threshold reaches the rule as the number the params file says, not rounded to
     six significant digits (1 GiB stays 1073741824, not 1.07374e+09)."""
     data = yaml.safe_load((PARAMS / "production.yaml").read_text())
-    data["leak"]["min_growth_bytes_per_second"] = 1234567
+    data["leak"]["min_growth_ratio_per_hour"] = 0.0125
     data["pipeline"]["lag_seconds"] = 600.5
     params = Params.model_validate(data)
-    rules = {r["alert"]: r for g in yaml.safe_load(render(params, "p")[ALERTS_FILE])["groups"]
+    rendered = render(params, "p")
+    rules = {r["alert"]: r for g in yaml.safe_load(rendered[ALERTS_FILE])["groups"]
              for r in g["rules"]}
+    records = {r["record"]: r for r in yaml.safe_load(rendered[RECORDING_FILE])["groups"][0]
+               ["rules"]}
     assert rules["GpuUnattributedMemory"]["expr"].endswith("> 1073741824")
-    assert "> 1234567\n" in rules["GpuMemoryLeak"]["expr"]
+    assert "* 0.0125 / 3600)\n" in records["gpu:process_memory_growth_bytes_per_second:leak"][
+        "expr"]
     assert "> 600.5\n" in rules["GpuAuditSinkLagGrowing"]["expr"]
     assert "(more than 600.5s)" in rules["GpuAuditSinkLagGrowing"]["annotations"]["description"]
 

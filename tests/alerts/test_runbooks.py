@@ -39,3 +39,17 @@ def test_every_runbook_url_has_its_section() -> None:
                 if anchor not in anchors or anchor != rule["alert"].lower():
                     missing.append(f"{params}: {rule['alert']} -> {url}")
     assert not missing, "runbook sections missing:\n" + "\n".join(missing)
+
+
+def test_every_hardware_runbook_says_what_to_tell_the_owner() -> None:
+    """Hardware alerts name the GPU's owner; each one's runbook section says what to tell
+    them (their job is the one the failing GPU hit)."""
+    text = (ROOT / "docs" / "runbooks.md").read_text(encoding="utf-8")
+    sections = dict(zip(*[iter(re.split(r"^## +(.+)$", text, flags=re.M)[1:])] * 2,
+                        strict=True))
+    rendered = render(load_params(ROOT / "alerts" / "params" / "production.yaml"), "p")
+    hardware = [r["alert"] for g in yaml.safe_load(rendered[ALERTS_FILE])["groups"]
+                for r in g["rules"] if r["labels"]["category"] == "hardware"]
+    assert len(hardware) == 10
+    missing = [name for name in hardware if "- Tell the owner:" not in sections[name]]
+    assert missing == []

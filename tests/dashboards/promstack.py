@@ -28,7 +28,7 @@ from tests.promstack import prometheus, stop
 @dataclass
 class Stack:
     prometheus: str
-    nodes: dict[str, str]  # scenario -> instance (host:port)
+    nodes: dict[str, str]  # node (the scenario's name, or "<scenario>-exporter") -> instance
 
     def api(self, path: str, **params: str | list[str]) -> Any:
         query = urllib.parse.urlencode(params, doseq=True)
@@ -43,10 +43,10 @@ class PromError(Exception):
     pass
 
 
-def _exporter(tmp: Path, scenario: str, command: str, spool_bytes: int | None
-              ) -> tuple[subprocess.Popen[bytes], str]:
+def _exporter(tmp: Path, scenario: str, command: str, spool_bytes: int | None,
+              node: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    root = tmp / scenario
+    root = tmp / (node or scenario)
     root.mkdir()
     cfg = root / "gpu-audit.yaml"
     limit = (f"  max_bytes: {spool_bytes}\n  segment_bytes: {spool_bytes // 4}\n"
@@ -65,20 +65,22 @@ def _exporter(tmp: Path, scenario: str, command: str, spool_bytes: int | None
 
 @contextmanager
 def prometheus_stack(tmp: Path, scenarios: Sequence[str], rule_files: Sequence[Path],
-                     run_scenario: str | None = None, full_spool: str | None = None
-                     ) -> Iterator[Stack]:
+                     run_scenario: str | None = None, full_spool: str | None = None, *,
+                     exporter_only: Sequence[str] = ()) -> Iterator[Stack]:
     """Exporters for `scenarios` (`run_scenario` as `gpu-audit run`, so the shipper's
     metrics are served too; `full_spool` with a spool small enough to fill within
-    seconds, so refused records are counted) and one Prometheus scraping them every
-    second."""
+    seconds, so refused records are counted), one more `gpu-audit exporter` node per
+    scenario of `exporter_only` (named "<scenario>-exporter"), and one Prometheus
+    scraping them every second."""
     with ExitStack() as stack:
         nodes: dict[str, str] = {}
-        for scenario in scenarios:
-            proc, target = _exporter(tmp, scenario,
-                                     "run" if scenario == run_scenario else "exporter",
-                                     64 * 1024 if scenario == full_spool else None)
+        plan = [(s, s, "run" if s == run_scenario else "exporter") for s in scenarios]
+        plan += [(f"{s}-exporter", s, "exporter") for s in exporter_only]
+        for node, scenario, command in plan:
+            proc, target = _exporter(tmp, scenario, command,
+                                     64 * 1024 if node == full_spool else None, node)
             stack.callback(stop, proc)
-            nodes[scenario] = target
+            nodes[node] = target
         for target in nodes.values():
             wait_for(lambda t=target: http_get(f"http://{t}/readyz")[0] == 200, 60,  # type: ignore[misc]
                      f"exporter {target} ready")

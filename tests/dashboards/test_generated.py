@@ -132,13 +132,13 @@ def _documented_names() -> set[str]:
     histograms = {m + suffix for m in metrics for suffix in ("_bucket", "_sum", "_count")}
     rules = set(re.findall(r"record: ([\w:]+)", (root / "alerts" / "rules" /
                                                   "recording.yaml").read_text()))
-    return metrics | histograms | rules | {"up"}
+    return metrics | histograms | rules | {"up", "ALERTS"}
 
 
 def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
     """Panels and variables query only metrics docs/METRICS.md lists, the recording rules
-    of alerts/rules/recording.yaml, or `up`: a renamed metric breaks this test, not a
-    dashboard in production."""
+    of alerts/rules/recording.yaml, or Prometheus' `up` and `ALERTS`: a renamed metric
+    breaks this test, not a dashboard in production."""
     import re
 
     known = _documented_names()
@@ -146,7 +146,8 @@ def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
     functions = {"sum", "max", "min", "avg", "count", "rate", "increase", "deriv", "scalar",
                  "sort_desc", "histogram_quantile", "time", "sum_over_time", "avg_over_time",
                  "max_over_time", "count_over_time", "label_values", "by", "on", "unless",
-                 "and", "or", "group_left", "group_right", "without", "bool", "le"}
+                 "and", "or", "group_left", "group_right", "without", "bool", "le",
+                 "clamp_min", "offset"}
     unknown = set()
     for name, model in MODELS.items():
         texts = [t.expr for t in queries.targets(model)]
@@ -163,3 +164,40 @@ def test_every_queried_metric_is_documented_or_a_recording_rule() -> None:
                 if token not in known:
                     unknown.add(f"{name}: {token}")
     assert sorted(unknown) == []
+
+
+def test_readme_names_the_nvidia_panels_that_need_dcgm_profiling() -> None:
+    """dashboards/README.md names each panel of NVIDIA's dashboard that reads a DCGM
+    profiling field, with the field, as docs/METRICS.md's generated table does."""
+    from exporter.exposition.compat import NVIDIA_DASHBOARD_PANELS, needs_profiling
+
+    readme = (Path(build.__file__).resolve().parent / "README.md").read_text()
+    section = readme.split("## NVIDIA's DCGM dashboard", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # the README wraps its lines anywhere
+    for title, name in NVIDIA_DASHBOARD_PANELS:
+        if needs_profiling(name):
+            assert f"**{title}** (`{name}`)" in section, title
+    assert "two of its eight panels" in section
+
+
+def test_the_alert_list_lost_gpus_xids_and_owner_columns_are_there() -> None:
+    """The fleet overview lists firing alerts (ALERTS), lost GPUs and XIDs in the range;
+    the hardware dashboard lists firing hardware alerts, and its lost-GPU, XID and memory
+    error tables join the GPU owner (gpu_owner_info) onto their rows."""
+    def exprs(name: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for t in queries.targets(MODELS[name]):
+            out[t.panel] = out.get(t.panel, "") + t.expr
+        return out
+
+    fleet, hardware = exprs("fleet"), exprs("hardware")
+    assert 'ALERTS{alertstate="firing"' in fleet["Firing alerts"]
+    assert "gpu_up" in fleet["GPUs lost"] and "gpu_owner_info" in fleet[
+        "Lost GPUs and their owners"]
+    assert "gpu_xid_errors_total" in fleet["XIDs in range"]
+    assert "gpu_owner_info" in fleet["XIDs in range by GPU"]
+    assert 'category=~"hardware"' in hardware["Firing hardware alerts"]
+    for title in ("Lost GPUs (gpu_up == 0) and their owners",
+                  "XID errors by code, with the GPU's owner",
+                  "Uncorrectable memory errors, with the GPU's owner"):
+        assert "group_left (user, project, job) gpu_owner_info" in hardware[title], title

@@ -3,6 +3,7 @@ isolation of failing consumers and failing cycles."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
@@ -102,3 +103,22 @@ def test_a_failing_cycle_is_counted_and_the_loop_goes_on() -> None:
     sampler.stop()
     assert sampler.stats.failed_cycles == 1
     assert sampler.stats.cycles >= 3
+
+
+def test_the_before_render_hook_completes_the_snapshot_everyone_sees() -> None:
+    """What `before_render` returns (the GPU inventory adds a GPU no longer enumerated)
+    is what is rendered, published and handed to listeners."""
+    backend = FakeBackend()
+    gone = GpuSample(GpuInfo(uuid="GPU-2", index=1), up=False, error="missing")
+
+    def add_gone(snap: Snapshot) -> Snapshot:
+        return dataclasses.replace(snap, gpus=(*snap.gpus, gone))
+
+    seen: list[Snapshot] = []
+    published: list[tuple[Snapshot, RenderedSnapshot]] = []
+    sampler = _sampler(backend, [100.0], before_render=add_gone, listeners=[seen.append],
+                       publish=lambda s, r: published.append((s, r)))
+    out = sampler.run_cycle()
+    assert [g.uuid for g in out.snapshot.gpus] == ["GPU-1", "GPU-2"]
+    assert seen[0] is out.snapshot and published[0][0] is out.snapshot
+    assert b'gpu_up{gpu="1",uuid="GPU-2"} 0' in out.rendered.body

@@ -180,3 +180,49 @@ def test_busy_dashboards_group_by_model_and_see_profiling_and_pods(prom: str) ->
     assert [(r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"],
              r["metric"]["container"]) for r in pods] == [
         ("2", "serving", "triton-search-0", "tritonserver")]
+
+
+# NVIDIA's DCGM dashboard (12239): each panel's query as it reads the compat names (its
+# $Hostname/$gpu filters replaced by the scrape job). Titles as compat lists them.
+NVIDIA_PANEL_QUERIES = {
+    "GPU Temperature": 'max(DCGM_FI_DEV_GPU_TEMP{{job="{job}"}}) by (Hostname, gpu, UUID)',
+    "GPU Avg. Temp": 'avg(DCGM_FI_DEV_GPU_TEMP{{job="{job}"}})',
+    "GPU Power Usage": 'max(DCGM_FI_DEV_POWER_USAGE{{job="{job}"}}) by (Hostname, gpu, UUID)',
+    "GPU Power Total": 'sum(max(DCGM_FI_DEV_POWER_USAGE{{job="{job}"}}) by (gpu))',
+    "GPU SM Clocks": 'max(DCGM_FI_DEV_SM_CLOCK{{job="{job}"}} * 1000000) by (Hostname, UUID, gpu)',
+    "GPU Utilization": 'max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{job="{job}"}})'
+                       ' by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)',
+    "Tensor Core Utilization": 'max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{job="{job}"}})'
+                               ' by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)',
+    "GPU Framebuffer Mem Used": 'max(DCGM_FI_DEV_FB_USED{{job="{job}"}})'
+                                ' by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)',
+}
+
+
+def test_nvidia_dashboard_on_mig_has_every_panel_and_without_dcgm_only_profiling_is_empty(
+        prom: str) -> None:
+    """mig (simulated DCGM): all eight panels of NVIDIA's dashboard have data, its
+    utilisation and tensor panels one line per GPU instance of the MIG GPU plus the whole
+    GPU 1. hot (no DCGM): exactly the panels docs/METRICS.md lists as needing DCGM
+    profiling are empty; nothing stands in for the missing measurements."""
+    from exporter.exposition.compat import NVIDIA_DASHBOARD_PANELS, needs_profiling
+
+    assert list(NVIDIA_PANEL_QUERIES) == [title for title, _ in NVIDIA_DASHBOARD_PANELS]
+    profiling = {title for title, name in NVIDIA_DASHBOARD_PANELS if needs_profiling(name)}
+    assert profiling == {"GPU Utilization", "Tensor Core Utilization"}
+    engine = NVIDIA_PANEL_QUERIES["GPU Utilization"].format(job="mig")
+    wait_for(lambda: len(query(prom, engine)) == 4, 60, "per-instance engine activity")
+    for title, expr in NVIDIA_PANEL_QUERIES.items():
+        assert query(prom, expr.format(job="mig")), title
+    for title in profiling:
+        rows = query(prom, NVIDIA_PANEL_QUERIES[title].format(job="mig"))
+        assert {(r["metric"]["gpu"], r["metric"].get("GPU_I_ID")) for r in rows} == {
+            ("0", "2"), ("0", "3"), ("0", "4"), ("1", None)}, title
+    wait_for(lambda: bool(query(prom, NVIDIA_PANEL_QUERIES["GPU Temperature"].format(
+        job="hot"))), 60, "hot scraped")
+    empty = {title for title, expr in NVIDIA_PANEL_QUERIES.items()
+             if not query(prom, expr.format(job="hot"))}
+    assert empty == profiling
+    metrics_md = (Path(__file__).resolve().parents[2] / "docs" / "METRICS.md").read_text()
+    for title in profiling:
+        assert f"| {title} | " in metrics_md and "| yes |" in metrics_md

@@ -164,3 +164,16 @@ def test_scenario_problems_name_the_scenario_file_and_line(tmp_path: Path) -> No
         f"{cfg}:4: exporter.listen: listen address 'x' is not HOST:PORT",
         f"{scen}:3: gpus.0.count: Input should be greater than or equal to 1",
     ]
+
+
+def test_an_inventory_directory_that_cannot_work_is_reported(tmp_path: Path) -> None:
+    """exporter.inventory_directory under a file (or inside /proc) is named with its
+    line: at start it would only be a warning and a GPU inventory kept in memory."""
+    (tmp_path / "file").write_text("")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"exporter:\n  inventory_directory: {tmp_path / 'file' / 'inv'}\n"
+                   f"spool:\n  directory: {tmp_path / 'spool'}\n")
+    res = _check("--config", str(cfg))
+    assert res.returncode == 2, res.stdout + res.stderr
+    (problem,) = _problems(res.stderr)
+    assert problem.startswith(f"{cfg}:2: exporter.inventory_directory: "), problem

@@ -387,3 +387,46 @@ def test_close_is_idempotent() -> None:
     backend, _ = _backend(_gpus(1))
     backend.close()
     backend.close()
+
+
+@pytest.mark.parametrize("xid", [48, 63, 64, 92, 94, 95])
+def test_a_memory_xid_rereads_ecc_and_row_remapping_in_the_same_cycle(xid: int) -> None:
+    """A memory-error XID arriving on a fast cycle makes that cycle read ECC, retired
+    pages and remapped rows again (the values it reports are the new ones), instead of
+    carrying the previous slow cycle's until the next one, up to a minute later. Other
+    slow fields (power limit, NVLink) and other GPUs are not read again."""
+    gpus = _gpus(2)
+    backend, fake = _backend(gpus)
+    backend.sample(NOW, slow=True)
+    calls = dict(fake.calls)
+    gpus[1].ecc[(1, 0)] = 1  # uncorrected, volatile
+    gpus[1].remapped = (2, 2, 1, 0)  # one more uncorrectable row, a remap pending
+    gpus[1].retired_pending = 1
+    fake.events = [(1, xid)]
+    a, b = backend.sample(NOW + 5, slow=False)
+    assert b.values["ecc_errors"][("uncorrected", "volatile")] == 1.0
+    assert b.values["remapped_rows"][("uncorrectable",)] == 2.0
+    assert b.scalar("remapped_rows_pending") == 1.0 and b.scalar("retired_pages_pending") == 1.0
+    assert a.values["ecc_errors"][("uncorrected", "volatile")] == 0.0
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == calls["nvmlDeviceGetTotalEccErrors"] + 4
+    assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == calls["nvmlDeviceGetEnforcedPowerLimit"]
+    assert fake.calls["nvmlDeviceGetName"] == calls["nvmlDeviceGetName"]
+    assert b.scalar("power_limit") == pytest.approx(700.0)  # the slow values are all kept
+    # the next fast cycle carries the fresh values over without reading them again
+    _, b2 = backend.sample(NOW + 10, slow=False)
+    assert b2.values["ecc_errors"][("uncorrected", "volatile")] == 1.0
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == calls["nvmlDeviceGetTotalEccErrors"] + 4
+
+
+def test_an_application_xid_does_not_reread_memory_errors() -> None:
+    """XID 13 (an application fault) says nothing about memory: ECC waits for the slow
+    tier as usual."""
+    gpus = _gpus(1)
+    backend, fake = _backend(gpus)
+    backend.sample(NOW, slow=True)
+    calls = fake.calls["nvmlDeviceGetTotalEccErrors"]
+    gpus[0].ecc[(1, 0)] = 1
+    fake.events = [(0, 13)]
+    (s,) = backend.sample(NOW + 5, slow=False)
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == calls
+    assert s.values["ecc_errors"][("uncorrected", "volatile")] == 0.0

@@ -211,14 +211,16 @@ def _compare(body: bytes) -> dict[str, float]:
     for name, lb, value in data:
         if name not in NATIVE or name == XID_NAME:
             continue
-        if "GPU_I_ID" in lb:
+        if "GPU_I_ID" in lb and name in MIG_NATIVE:
             mig = {n: v for n, mlb, v in data if n.startswith("gpu_mig_memory_")
                    and mlb["gpu"] == lb["gpu"] and mlb["gpu_instance_id"] == lb["GPU_I_ID"]}
             expected = MIG_NATIVE[name](mig["gpu_mig_memory_total_bytes"],
                                         mig["gpu_mig_memory_used_bytes"]) / MIB
         else:
+            # per MIG instance (DCGM profiling): the native series of that instance
             native, want, conv = NATIVE[name]
             rows = [(nlb, v) for n, nlb, v in data if n == native and nlb["gpu"] == lb["gpu"]
+                    and nlb.get("gpu_instance_id") == lb.get("GPU_I_ID")
                     and all(nlb.get(k) == x for k, x in want.items())]
             expected = conv(rows)
         assert value == pytest.approx(expected, rel=1e-9, abs=1e-9), (name, lb["gpu"])
@@ -273,6 +275,29 @@ def test_mig_framebuffer_per_instance() -> None:
     assert used[1][3] == 11 * 1024
     temps = [lb for n, lb, _ in data if n == "DCGM_FI_DEV_GPU_TEMP"]
     assert len(temps) == 2 and not any("GPU_I_ID" in lb for lb in temps)
+
+
+def test_mig_profiling_per_instance_and_never_invented() -> None:
+    """Scenario mig (simulated DCGM): the profiling fields NVIDIA's dashboard reads for
+    utilisation and tensor cores come per GPU instance of the MIG GPU (native with
+    mig_uuid/gpu_instance_id, compat with GPU_I_ID/GPU_I_PROFILE), busiest in the busy
+    pod's instance, and once for the whole GPU 1; the MIG parent has none of its own.
+    Scenario hot (no DCGM): no profiling series at all, native or compat."""
+    snap, = sim_snapshots("mig", [1200])
+    data = parse(render_snapshot(snap, COMPAT).body)
+    for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
+        rows = {(lb["gpu"], lb.get("GPU_I_ID"), lb.get("GPU_I_PROFILE")): v
+                for n, lb, v in data if n == name}
+        assert set(rows) == {("0", "2", "3g.40gb"), ("0", "3", "2g.20gb"),
+                             ("0", "4", "2g.20gb"), ("1", None, None)}, name
+        assert rows[("0", "2", "3g.40gb")] > rows[("0", "3", "2g.20gb")] > 0
+    native = {(lb["gpu"], lb.get("gpu_instance_id")) for n, lb, _ in data
+              if n == "gpu_graphics_engine_active_ratio"}
+    assert native == {("0", "2"), ("0", "3"), ("0", "4"), ("1", None)}
+    hot, = sim_snapshots("hot", [600])
+    names = {n for n, _, _ in parse(render_snapshot(hot, COMPAT).body)}
+    assert not {n for n in names if n.startswith("DCGM_FI_PROF_") or n in {
+        "gpu_graphics_engine_active_ratio", "gpu_tensor_pipe_active_ratio"}}
 
 
 # --- 5. Kubernetes -----------------------------------------------------------------------

@@ -222,3 +222,20 @@ def test_lost_gpu_recovers_at_its_time_with_counters_intact(tmp_path: Path) -> N
     assert back.up and back.processes and back.xid_totals == {48: 1, 79: 1}
     assert back.scalar("energy") >= before.scalar("energy")  # type: ignore[operator]
     assert backend.error_counts() == {"gpu_lost": 1}
+
+
+def test_xid_48_raises_ecc_and_row_remapping_on_a_fast_cycle() -> None:
+    """xid: the double-bit ECC error (XID 48 at t=1200) shows in the uncorrected ECC count
+    and the remap-pending flag in the very sample that reports the XID, a fast cycle, as
+    the NVML backend re-reads memory errors on such an XID."""
+    backend, clock = open_backend("xid")
+    backend.sample(clock(), slow=True)
+    clock.advance(1199)
+    before = by_index(backend.sample(clock(), slow=False), 2)
+    assert before.values["remapped_rows_pending"][()] == 0.0
+    clock.advance(2)
+    after = by_index(backend.sample(clock(), slow=False), 2)
+    assert [e.xid for e in after.new_xids] == [48]
+    assert after.values["ecc_errors"][("uncorrected", "volatile")] == (
+        before.values["ecc_errors"][("uncorrected", "volatile")] + 1)
+    assert after.values["remapped_rows_pending"][()] == 1.0
