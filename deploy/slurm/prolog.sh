@@ -42,6 +42,7 @@ main() {
     return 0
   fi
   local user=${SLURM_JOB_USER:-} account=${SLURM_JOB_ACCOUNT:-}
+  local partition=${SLURM_JOB_PARTITION:-}
   local devices=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
   if [[ -z $devices || $devices == "NoDevFiles" ]]; then
     return 0  # a job without GPUs on this node: nothing to attribute
@@ -91,6 +92,9 @@ main() {
   fi
   if [[ -n $account ]]; then
     doc+=", \"account\": $(json_str "$account")"
+  fi
+  if [[ -n $partition ]]; then
+    doc+=", \"partition\": $(json_str "$partition")"
   fi
   doc+=", \"gpus\": [$gpus], \"start_time\": $(date +%s), \"end_time\": null}"
 
