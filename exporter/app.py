@@ -207,7 +207,8 @@ class ExporterApp:
 
         attribution = cfg.attribution
         before = None
-        if info.simulated and attribution.procfs_root == Path("/proc"):
+        if (info.simulated and attribution.procfs_root == Path("/proc")
+                and not getattr(backend, "uses_host_processes", False)):
             self._simproc = SimProcfs()
             attribution = attribution.model_copy(update={
                 "procfs_root": self._simproc.root,
