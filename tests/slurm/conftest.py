@@ -1,0 +1,199 @@
+"""One real Slurm cluster per test session (tests/slurm/cluster.py), and one gpu-audit
+exporter per node playing that node's simulated GPUs with the host's real processes on
+them (exporter/sim/hostprocs.py).
+
+Every test here runs against the real daemons: there is no fake sbatch, scontrol or
+sacct. They need root (munge, mknod, useradd, daemons as root) and the Slurm, munge and
+MariaDB packages (`scripts/setup --test` installs them); without them they skip with the
+reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.netutil import bound_port, http_get, wait_for
+from tests.slurm.cluster import (
+    GPUS_PER_NODE,
+    NODES,
+    REPO,
+    ClusterError,
+    SlurmCluster,
+    User,
+    gpu_uuid,
+    missing_binaries,
+)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    """The cluster: munge, MariaDB + slurmdbd, slurmctld, slurmd n1 and n2."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm tests need root (munge key, mknod, useradd, daemons)")
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (scripts/setup --test installs "
+                    "slurmd slurmctld slurm-client munge slurmdbd mariadb-server)")
+    root = Path(tempfile.mkdtemp(prefix="gpu-audit-slurm-", dir="/tmp"))
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+    except PermissionError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        if exc.errno == errno.EPERM:
+            pytest.skip(f"cannot create the simulated GPUs' device nodes here: {exc}")
+        raise
+    except ClusterError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class JobEnv:
+    """How a job runs Python: an interpreter its user can execute, and a PYTHONPATH with
+    numpy (and torch where installed) and a copy of gpu_audit_ckpt and the examples."""
+
+    python: str
+    code: Path
+    env: dict[str, str]
+    as_root: bool  # the job users cannot reach a Python with numpy: jobs run as root
+
+    def user(self, user: User) -> User | None:
+        return None if self.as_root else user
+
+    def script(self, cluster: SlurmCluster, name: str, body: str) -> Path:
+        path = cluster.shared / name
+        path.write_text("#!/bin/bash\n" + textwrap.dedent(body))
+        path.chmod(0o755)
+        return path
+
+
+def _site_packages() -> str:
+    import numpy
+
+    return str(Path(numpy.__file__).resolve().parents[1])
+
+
+@pytest.fixture(scope="session")
+def jobenv(slurm: SlurmCluster) -> JobEnv:
+    code = slurm.shared / "code"
+    code.mkdir()
+    shutil.copytree(REPO / "gpu_audit_ckpt", code / "gpu_audit_ckpt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "examples", code / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(Path(__file__).with_name("usegpu.py"), code / "usegpu.py")
+    for p in [code, *code.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    env = {"PYTHONPATH": f"{code}{os.pathsep}{_site_packages()}",
+           "GPU_AUDIT_TEST_DEVDIR": str(slurm.root / "dev"), "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = "import numpy, gpu_audit_ckpt"
+    for python in (sys.executable, "/usr/bin/python3"):
+        done = subprocess.run(slurm.as_user(slurm.users[0], [python, "-c", probe]),
+                              env={**os.environ, **env}, capture_output=True, timeout=60,
+                              check=False)
+        if done.returncode == 0:
+            return JobEnv(python, code, env, as_root=False)
+    # e.g. the venv and its interpreter under /root (mode 0700): the jobs run as root,
+    # and the tests still check the owner Slurm reports for them
+    return JobEnv(sys.executable, code, env, as_root=True)
+
+
+@dataclass
+class NodeExporter:
+    """`gpu-audit run --backend sim` for one node: its GPUs, its job-mapping directory,
+    its spool and archive, its live events file."""
+
+    name: str
+    url: str
+    spool: Path
+    archive: Path
+    events: Path
+    config: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def metrics(self) -> str:
+        status, body = http_get(f"{self.url}/metrics")
+        assert status == 200, (status, body[:300])
+        return body.decode()
+
+    def inject(self, **event: object) -> None:
+        with self.events.open("a") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _start_node(cluster: SlurmCluster, node: str) -> NodeExporter:
+    base = cluster.root / "nodes" / node
+    base.mkdir(parents=True)
+    events = base / "events.jsonl"
+    events.touch()
+    scenario = {
+        "name": f"slurm-{node}",
+        "description": f"test cluster node {node}: its jobs' real processes on 2 simulated GPUs",
+        "gpus": [{"count": GPUS_PER_NODE, "model": "NVIDIA A100-SXM4-80GB",
+                  "memory_total": "80GiB",
+                  "uuids": [gpu_uuid(node, i) for i in range(GPUS_PER_NODE)]}],
+        "host": {"devices": [str(cluster.device(node, i)) for i in range(GPUS_PER_NODE)],
+                 "memory": "4GiB", "util": 0.6, "events_file": str(events)},
+    }
+    (base / "scenario.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
+    config = {
+        "host": node,
+        "exporter": {"listen": "127.0.0.1:0", "backend": "sim",
+                     "scenario": str(base / "scenario.yaml"), "interval_seconds": 1,
+                     "log_summary_interval_seconds": 0},
+        "attribution": {"jobmap_dir": str(cluster.jobmap_dir(node))},
+        "spool": {"directory": str(base / "spool")},
+    }
+    (base / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    log = base / "exporter.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_audit_app", "run", "--config", str(base / "config.yaml"),
+             "--log-level", "info"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    port = bound_port(log, proc, timeout=60)
+    node_exp = NodeExporter(node, f"http://127.0.0.1:{port}", base / "spool", base / "archive",
+                            events, base / "config.yaml", proc, log)
+    wait_for(lambda: http_get(f"{node_exp.url}/readyz")[0] == 200, 60, f"exporter {node} ready")
+    return node_exp
+
+
+@pytest.fixture(scope="session")
+def nodes(slurm: SlurmCluster) -> Iterator[dict[str, NodeExporter]]:
+    started: dict[str, NodeExporter] = {}
+    try:
+        for node in NODES:
+            started[node] = _start_node(slurm, node)
+        yield started
+    finally:
+        for n in started.values():
+            n.stop()
