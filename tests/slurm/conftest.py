@@ -100,9 +100,10 @@ def jobenv(slurm: SlurmCluster) -> JobEnv:
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "examples", code / "examples",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "deploy" / "slurm", code / "slurm")  # the user-side wrappers
     shutil.copy(Path(__file__).with_name("usegpu.py"), code / "usegpu.py")
     for p in [code, *code.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+        p.chmod(0o755 if p.is_dir() or p.suffix == ".sh" else 0o644)
     env = {"PYTHONPATH": f"{code}{os.pathsep}{_site_packages()}",
            "GPU_AUDIT_TEST_DEVDIR": str(slurm.root / "dev"), "PYTHONDONTWRITEBYTECODE": "1"}
     probe = "import numpy, gpu_audit_ckpt"
