@@ -173,8 +173,12 @@ def hooks(layout: Layout) -> dict[Path, str]:
     env = f"""export GPU_AUDIT_JOBMAP_DIR="{layout.root / 'jobmap'}/$SLURMD_NODENAME"
 export GPU_AUDIT_NVIDIA_SMI="{layout.hooks / 'nvidia-smi'}"
 export GPU_AUDIT_BIN="{sys.executable} -m gpu_audit_app"
-export GPU_AUDIT_CONFIG="{nodes}/$SLURMD_NODENAME/config.yaml"
 export GPU_AUDIT_SLURM_DIR="{nodes}/$SLURMD_NODENAME/slurm"
+export GPU_AUDIT_SLURM_ADMIN_COMMENT=1
+# the node's exporter configuration, once tests/slurm/conftest.py started it
+if [ -f "{nodes}/$SLURMD_NODENAME/config.yaml" ]; then
+  export GPU_AUDIT_CONFIG="{nodes}/$SLURMD_NODENAME/config.yaml"
+fi
 """
     out = {layout.hooks / "nvidia-smi": f"""#!/bin/sh
 # This node's simulated GPUs, as `nvidia-smi --query-gpu=index,uuid --format=csv,noheader`
@@ -183,7 +187,8 @@ case "$SLURMD_NODENAME" in
 esac
 """}
     for hook in ("prolog", "epilog"):
+        # what the scripts print goes to a log per node (slurmd keeps none of it)
         out[layout.hooks / f"{hook}.sh"] = f"""#!/bin/sh
-{env}exec "{SLURM_DEPLOY / f'{hook}.sh'}"
+{env}exec "{SLURM_DEPLOY / f'{hook}.sh'}" >>"{layout.root / 'log'}/{hook}-$SLURMD_NODENAME.log" 2>&1
 """
     return out

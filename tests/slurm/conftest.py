@@ -63,7 +63,10 @@ def slurm() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("GPU_AUDIT_KEEP_SLURM") == "1":
+            print(f"kept the test cluster's files in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
