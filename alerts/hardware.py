@@ -4,10 +4,14 @@ GPUs. All fire per GPU, labelled with the node (`instance`), `gpu` and `uuid`.""
 from __future__ import annotations
 
 from alerts.params import Params, human_duration
-from alerts.promql import GPU, alternation, num, sel
+from alerts.promql import GPU, alternation, num, sel, with_owners
 from alerts.rule import Alert
 
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+# the owner, on alerts built with promql.with_owners (nothing when nobody held the GPU)
+OWNED_BY = ("{{ if $labels.user }} It was held by {{ $labels.user }} (project "
+            "{{ $labels.project }}, job {{ $labels.job }}{{ if $labels.slurm_job }}, Slurm "
+            "job {{ $labels.slurm_job }}{{ end }}).{{ end }}")
 
 
 def _xid(p: Params, name: str, match: str, critical: bool) -> Alert:
@@ -93,12 +97,12 @@ def hardware_alerts(p: Params) -> list[Alert]:
         ),
         Alert(
             name="GpuLost",
-            expr=f"gpu_up{sel(p)} == 0",
+            expr=with_owners(p, f"gpu_up{sel(p)} == 0", h.owner_lookback),
             for_=h.lost_for, severity="critical", category="hardware",
             summary="GPU {{ $labels.gpu }} of {{ $labels.instance }} is lost",
             description=f"{WHERE} has not been readable for more than "
                         f"{human_duration(h.lost_for)} (gpu_up == 0): fallen off the bus, "
-                        f"timing out or failing every read.",
+                        f"timing out or failing every read.{OWNED_BY}",
         ),
         Alert(
             name="GpuMissing",

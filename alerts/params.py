@@ -89,6 +89,9 @@ class Hardware(Section):
     temperature_celsius: float
     temperature_for: Duration
     lost_for: Duration
+    owner_lookback: Duration = "15m"
+    """A lost GPU's alert names who held it: the owners its exporter last reported on it
+    (`gpu_allocation_info`) within this long before."""
     missing_lookback: Duration
     missing_for: Duration
 

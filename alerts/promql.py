@@ -14,6 +14,20 @@ GPU = "instance, gpu, uuid"
 IDENTITY = "user, project, job"
 """One owner: who, for which project, in which job."""
 GPU_IDENTITY = f"{GPU}, {IDENTITY}"
+OWNER = "user, project, job, slurm_job"
+"""Who holds a GPU, as `gpu_allocation_info` says (the workload's job, and its Slurm job)."""
+
+
+def with_owners(p: Params, per_gpu: str, lookback: str) -> str:
+    """`per_gpu` (one series per GPU: labelled by instance and uuid at most, with gpu)
+    once per owner its exporter reported on that GPU within `lookback` (so a GPU that
+    was lost still names the jobs it had), labelled with OWNER and keeping the value;
+    a GPU nobody held in that time keeps its own series. Hardware alerts use it to say
+    whose work is hit."""
+    owners = (f"max by ({GPU}, {OWNER}) (\n"
+              f"  last_over_time(gpu_allocation_info{sel(p)}[{lookback}])\n)")
+    return (f"{owners}\n  * on (instance, uuid) group_left () ({per_gpu})\n"
+            f"or on (instance, uuid) ({per_gpu})")
 
 
 def sel(p: Params, *matchers: str) -> str:

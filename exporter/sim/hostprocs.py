@@ -21,6 +21,7 @@ process's environment, looking at two keys only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -145,10 +146,8 @@ class HostProcesses:
             except ValueError:
                 pass
         if UTIL_KEY in env:
-            try:
+            with contextlib.suppress(ValueError):
                 util = min(max(float(env[UTIL_KEY]), 0.0), 1.0)
-            except ValueError:
-                pass
         known = _Known(start_key, name, memory, util)
         self._known[pid] = known
         return known
