@@ -45,6 +45,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_audit.slurmcmd import key_values
 from tests.slurm import config
 from tests.slurm.config import CPUS_PER_NODE, DB_NAME, GPUS_PER_NODE, NODES, REPO, gpu_uuid
 
@@ -222,26 +223,10 @@ class SlurmCluster:
         done = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
         if done.returncode != 0:
             return {}
-        out: dict[str, str] = {}
-        for word in done.stdout.split():
-            key, sep, value = word.partition("=")
-            if sep and key not in out:
-                out[key] = value
-        return out
+        return key_values(done.stdout)
 
     def node(self, name: str) -> dict[str, str]:
-        done = self.run(["scontrol", "-o", "show", "node", name])
-        out: dict[str, str] = {}
-        text = done.stdout.strip()
-        # Reason=... is last and may hold spaces
-        head, _, reason = text.partition(" Reason=")
-        for word in head.split():
-            key, sep, value = word.partition("=")
-            if sep:
-                out[key] = value
-        if reason:
-            out["Reason"] = reason
-        return out
+        return key_values(self.run(["scontrol", "-o", "show", "node", name]).stdout)
 
     def wait_job(self, job_id: str, states: Sequence[str], timeout: float = 120,
                  what: str = "") -> dict[str, str]:

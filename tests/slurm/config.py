@@ -25,6 +25,8 @@ GRACE_SECONDS = 15
 # start again (120 s by default): short, so a requeue costs the suite seconds.
 CRED_EXPIRE = 10
 DB_NAME = "slurm_acct_db"
+# slurmd runs the health check this often (it reads the node exporter's /metrics once)
+HEALTH_CHECK_SECONDS = 5
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -129,6 +131,8 @@ UnkillableStepTimeout=30
 PrologFlags=Alloc
 Prolog={layout.hooks}/prolog.sh
 Epilog={layout.hooks}/epilog.sh
+HealthCheckProgram={layout.hooks}/healthcheck.sh
+HealthCheckInterval={HEALTH_CHECK_SECONDS}
 {accounting}{node_lines}PartitionName=low Nodes={nodes} Default=YES PriorityTier=1 \
 PreemptMode=REQUEUE GraceTime={GRACE_SECONDS} MaxTime=INFINITE State=UP
 PartitionName=high Nodes={nodes} PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
@@ -170,7 +174,8 @@ def hooks(layout: Layout) -> dict[Path, str]:
         + " ".join(f"'{i}, {gpu_uuid(n, i)}'" for i in range(GPUS_PER_NODE)) + " ;;\n"
         for n in NODES)
     nodes = layout.root / "nodes"
-    env = f"""export GPU_AUDIT_JOBMAP_DIR="{layout.root / 'jobmap'}/$SLURMD_NODENAME"
+    env = f"""export SLURM_CONF="{layout.etc / 'slurm.conf'}"
+export GPU_AUDIT_JOBMAP_DIR="{layout.root / 'jobmap'}/$SLURMD_NODENAME"
 export GPU_AUDIT_NVIDIA_SMI="{layout.hooks / 'nvidia-smi'}"
 export GPU_AUDIT_BIN="{sys.executable} -m gpu_audit_app"
 export GPU_AUDIT_SLURM_DIR="{nodes}/$SLURMD_NODENAME/slurm"
@@ -186,6 +191,15 @@ case "$SLURMD_NODENAME" in
 {smi_cases}  *) echo "no simulated GPUs for node '$SLURMD_NODENAME'" >&2; exit 9 ;;
 esac
 """}
+    # the health check needs the node's exporter, whose port is known once it runs
+    # (tests/slurm/conftest.py writes it to nodes/<node>/exporter.url)
+    out[layout.hooks / "healthcheck.sh"] = f"""#!/bin/sh
+url_file="{nodes}/$SLURMD_NODENAME/exporter.url"
+[ -f "$url_file" ] || exit 0
+GPU_AUDIT_EXPORTER_URL=$(cat "$url_file")
+export GPU_AUDIT_EXPORTER_URL
+{env}exec "{SLURM_DEPLOY / 'healthcheck.sh'}" >>"{layout.root / 'log'}/healthcheck-$SLURMD_NODENAME.log" 2>&1
+"""
     for hook in ("prolog", "epilog"):
         # what the scripts print goes to a log per node (slurmd keeps none of it)
         out[layout.hooks / f"{hook}.sh"] = f"""#!/bin/sh

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.netutil import bound_port, http_get, wait_for
+from tests.promstack import Prometheus, prometheus
 from tests.slurm.cluster import (
     GPUS_PER_NODE,
     NODES,
@@ -144,7 +145,12 @@ class NodeExporter:
         with self.events.open("a") as fh:
             fh.write(json.dumps(event) + "\n")
 
+    @property
+    def target(self) -> str:
+        return self.url.removeprefix("http://")
+
     def stop(self) -> None:
+        (self.config.parent / "exporter.url").unlink(missing_ok=True)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -188,6 +194,8 @@ def _start_node(cluster: SlurmCluster, node: str) -> NodeExporter:
     node_exp = NodeExporter(node, f"http://127.0.0.1:{port}", base / "spool", base / "archive",
                             events, base / "config.yaml", proc, log)
     wait_for(lambda: http_get(f"{node_exp.url}/readyz")[0] == 200, 60, f"exporter {node} ready")
+    # for the node's health check (tests/slurm/config.py hooks)
+    (base / "exporter.url").write_text(node_exp.url)
     return node_exp
 
 
@@ -201,3 +209,19 @@ def nodes(slurm: SlurmCluster) -> Iterator[dict[str, NodeExporter]]:
     finally:
         for n in started.values():
             n.stop()
+
+
+@pytest.fixture(scope="session")
+def prom(slurm: SlurmCluster, nodes: dict[str, NodeExporter]) -> Iterator[Prometheus]:
+    """A real Prometheus scraping both nodes' exporters every second, with the alerting and
+    recording rules rendered from alerts/params/fast.yaml (simulated series included)."""
+    rules = slurm.root / "rules"
+    done = subprocess.run([sys.executable, "-m", "gpu_audit_app", "rules", "render", "--params",
+                           str(REPO / "alerts" / "params" / "fast.yaml"), "--out", str(rules)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    with prometheus(slurm.root, [n.target for n in nodes.values()],
+                    rule_files=sorted(rules.glob("*.yaml"))) as p:
+        wait_for(lambda: len(p.query('up{job="gpu-audit"} == 1')) == len(nodes), 60,
+                 "Prometheus scraping both exporters")
+        yield p
