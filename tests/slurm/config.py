@@ -193,16 +193,17 @@ esac
 """}
     # the health check needs the node's exporter, whose port is known once it runs
     # (tests/slurm/conftest.py writes it to nodes/<node>/exporter.url)
+    log = layout.root / "log"
     out[layout.hooks / "healthcheck.sh"] = f"""#!/bin/sh
 url_file="{nodes}/$SLURMD_NODENAME/exporter.url"
 [ -f "$url_file" ] || exit 0
 GPU_AUDIT_EXPORTER_URL=$(cat "$url_file")
 export GPU_AUDIT_EXPORTER_URL
-{env}exec "{SLURM_DEPLOY / 'healthcheck.sh'}" >>"{layout.root / 'log'}/healthcheck-$SLURMD_NODENAME.log" 2>&1
+{env}exec "{SLURM_DEPLOY / 'healthcheck.sh'}" >>"{log}/healthcheck-$SLURMD_NODENAME.log" 2>&1
 """
     for hook in ("prolog", "epilog"):
         # what the scripts print goes to a log per node (slurmd keeps none of it)
         out[layout.hooks / f"{hook}.sh"] = f"""#!/bin/sh
-{env}exec "{SLURM_DEPLOY / f'{hook}.sh'}" >>"{layout.root / 'log'}/{hook}-$SLURMD_NODENAME.log" 2>&1
+{env}exec "{SLURM_DEPLOY / f'{hook}.sh'}" >>"{log}/{hook}-$SLURMD_NODENAME.log" 2>&1
 """
     return out

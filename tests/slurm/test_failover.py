@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from tests.netutil import http_get, wait_for
+from tests.promstack import Prometheus
 from tests.slurm.cluster import NODES, SlurmCluster, gpu_uuid
 from tests.slurm.conftest import JobEnv, NodeExporter
-from tests.promstack import Prometheus
 from tests.slurm.training import (
     lost_work,
     reference_run,
