@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ DEFAULT_JOBMAP_DIR = Path("/run/gpu-audit/jobs")
 DEFAULT_SLURM_DIR = Path("/var/lib/gpu-audit/slurm")
 STREAM = "slurm"
 LOCK_WAIT_S = 30.0  # two runs ending at once on a node: the second waits for the spool
+# Slurm's start of a run and the prolog's `date +%s` are this close (PrologFlags=Alloc
+# runs the prolog at allocation; without it, at the first step's launch)
+RUN_MATCH_S = 120.0
+# ...and closer for picking this run among a requeued job's earlier ones in sacct: a
+# requeued job starts again at least cred_expire (5 s at the least) after a run ended
+DBD_MATCH_S = 4.0
+DBD_TRIES = 10
 _MAX_JOBMAP_BYTES = 64 * 1024
 # JobState values of a record that no longer describes the run that just ended
 _NEXT_RUN_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -76,24 +84,60 @@ def read_jobmap(path: Path) -> Mapping[str, Any] | None:
     return doc
 
 
-def slurm_times(job_id: str, prolog_start: float | None) -> tuple[float, float] | None:
-    """This run's (StartTime, EndTime) from slurmctld, when its record still describes
-    this run; None otherwise (or when slurmctld does not answer)."""
+@dataclass(frozen=True, slots=True)
+class RunTimes:
+    """What Slurm says of the run that just ended on this node."""
+
+    times: tuple[float, float] | None  # (StartTime, EndTime); None: not known
+    requeued: bool  # slurmctld's record already describes the job's next run
+    restarts: int | None  # the record's Restarts
+
+
+def slurm_times(job_id: str, prolog_start: float | None) -> RunTimes:
+    """This run's StartTime and EndTime as Slurm recorded them: from slurmctld while its
+    job record still describes this run, else (the job was requeued and the record
+    describes the next run) from slurmdbd's record of the run; None when neither
+    answers (the caller falls back to the node's clock)."""
     try:
         info = slurmcmd.key_values(slurmcmd.run("scontrol", ["-o", "show", "job", job_id],
                                                 timeout=15))
     except slurmcmd.SlurmCommandError as exc:
-        print(f"gpu-audit slurm epilog: job {job_id}: {exc}; using the node's clock",
-              file=sys.stderr)
-        return None
+        print(f"gpu-audit slurm epilog: job {job_id}: {exc}", file=sys.stderr)
+        info = {}
     state = info.get("JobState", "")
     start = slurmcmd.parse_time(info.get("StartTime", ""))
     end = slurmcmd.parse_time(info.get("EndTime", ""))
-    if state in _NEXT_RUN_STATES or start is None or end is None or end < start:
-        return None
-    if prolog_start is not None and abs(start - prolog_start) > 120:
-        return None  # another run's times
-    return start, end
+    restarts = int(info["Restarts"]) if info.get("Restarts", "").isdigit() else None
+    if (state and state not in _NEXT_RUN_STATES and start is not None and end is not None
+            and end >= start
+            and (prolog_start is None or abs(start - prolog_start) <= RUN_MATCH_S)):
+        return RunTimes((start, end), False, restarts)
+    times = _accounted_run(job_id, prolog_start) if prolog_start is not None else None
+    return RunTimes(times, state in _NEXT_RUN_STATES, restarts)
+
+
+def _accounted_run(job_id: str, prolog_start: float) -> tuple[float, float] | None:
+    """The ended run of a requeued job that started with the prolog, from sacct (slurmctld
+    sends it to slurmdbd when it requeues the job; a moment may pass)."""
+    for attempt in range(DBD_TRIES):
+        try:
+            rows = slurmcmd.parsable(slurmcmd.run("sacct", [
+                "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"], timeout=15),
+                ("Start", "End"))
+        except slurmcmd.SlurmCommandError:
+            return None  # no accounting: the node's clock
+        ended = []
+        for r in rows:
+            start, end = slurmcmd.parse_time(r["Start"]), slurmcmd.parse_time(r["End"])
+            if (start is not None and end is not None and end >= start
+                    and abs(start - prolog_start) <= DBD_MATCH_S):
+                ended.append((abs(start - prolog_start), start, end))
+        if ended:
+            _, start, end = min(ended)  # the run this prolog started
+            return start, end
+        if attempt + 1 < DBD_TRIES:
+            time.sleep(0.5)
+    return None
 
 
 def measure(config_path: Path | None, job_id: str, start: float,
@@ -237,17 +281,22 @@ def epilog(args: argparse.Namespace) -> int:
     gpus = tuple(str(g) for g in doc.get("gpus", []) if isinstance(g, str))
     prolog_start = doc.get("start_time")
     prolog_start = float(prolog_start) if isinstance(prolog_start, int | float) else None
-    times = slurm_times(job_id, prolog_start)
-    if times is not None:
-        start, end, source = times[0], times[1], "slurm"
+    run = slurm_times(job_id, prolog_start)
+    if run.times is not None:
+        (start, end), source = run.times, "slurm"
     else:
         start = prolog_start if prolog_start is not None else now
         end, source = float(math.floor(now)), "node"
-    attempt = env.get("SLURM_JOB_RESTART_COUNT", "0")
+    # the run's number: a requeued job's record (and the environment slurmd gives the
+    # epilog) already counts the restart that follows this run
+    count = env.get("SLURM_JOB_RESTART_COUNT", "")
+    restarts = run.restarts if run.restarts is not None else (
+        int(count) if count.isdigit() else 0)
+    attempt = max(restarts - 1, 0) if run.requeued else restarts
     exit_code = env.get("SLURM_JOB_EXIT_CODE", "")
     report = RunReport(
         job_id=job_id, node=env.get("SLURMD_NODENAME") or socket.gethostname(),
-        attempt=int(attempt) if attempt.isdigit() else 0,
+        attempt=attempt,
         user=env.get("SLURM_JOB_USER", ""), account=env.get("SLURM_JOB_ACCOUNT", ""),
         partition=env.get("SLURM_JOB_PARTITION", ""), gpus=gpus, start_time=start,
         end_time=end, time_source=source,
