@@ -287,12 +287,14 @@ def epilog(args: argparse.Namespace) -> int:
     else:
         start = prolog_start if prolog_start is not None else now
         end, source = float(math.floor(now)), "node"
-    # the run's number: a requeued job's record (and the environment slurmd gives the
-    # epilog) already counts the restart that follows this run
-    count = env.get("SLURM_JOB_RESTART_COUNT", "")
-    restarts = run.restarts if run.restarts is not None else (
-        int(count) if count.isdigit() else 0)
-    attempt = max(restarts - 1, 0) if run.requeued else restarts
+    # the run's number, as the prolog saw it: by now a requeued job's record (and the
+    # environment slurmd gives the epilog) already counts the restart after this run
+    attempt = doc.get("restart_count")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        count = env.get("SLURM_JOB_RESTART_COUNT", "")
+        restarts = run.restarts if run.restarts is not None else (
+            int(count) if count.isdigit() else 0)
+        attempt = max(restarts - 1, 0) if run.requeued else restarts
     exit_code = env.get("SLURM_JOB_EXIT_CODE", "")
     report = RunReport(
         job_id=job_id, node=env.get("SLURMD_NODENAME") or socket.gethostname(),

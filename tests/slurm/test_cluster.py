@@ -34,6 +34,7 @@ def test_prolog_writes_the_job_mapping_file_and_epilog_removes_it(
     assert doc["version"] == 1
     assert (doc["job_id"], doc["slurm_job_id"]) == (job, job)
     assert (doc["user"], doc["account"], doc["partition"]) == (user.name, "vision", "high")
+    assert doc["restart_count"] == 0
     assert len(doc["gpus"]) == 1 and doc["gpus"][0] in {gpu_uuid("n2", 0), gpu_uuid("n2", 1)}
     assert abs(doc["start_time"] - time.time()) < 120 and doc["end_time"] is None
     assert started["NodeList"] == "n2"
