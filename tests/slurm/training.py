@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.slurm.cluster import SlurmCluster, User
-from tests.slurm.conftest import JobEnv
+from tests.slurm.jobenv import JobEnv
 
 
 @dataclass
@@ -112,23 +112,29 @@ def lost_work(job: TrainingJob) -> list[Interruption]:
     out: list[Interruption] = []
     last_step = 0
     commit: dict[str, Any] | None = None
+    signal_time: float | None = None
     exit_event: dict[str, Any] | None = None
     for e in events:
         kind = e["event"]
         if kind == "metrics":
             last_step = max(last_step, int(e["step"]))
-        elif kind == "checkpoint_committed" and e.get("reason") == "preempt":
+        elif kind == "checkpoint_committed":
+            # usually reason "preempt"; "periodic" when the signal came at a step that
+            # had just been saved (the helper then exits without saving it again)
             commit = e
+        elif kind == "preempt_requested":
+            signal_time = float(e["signal_time"])
         elif kind == "preempt_exit":
             exit_event = e
-        elif kind == "resumed" and exit_event is not None and commit is not None:
+        elif (kind == "resumed" and exit_event is not None and commit is not None
+              and signal_time is not None):
             out.append(Interruption(
-                signal_to_commit_s=float(commit["time"]) - float(commit["signal_time"]),
+                signal_to_commit_s=max(float(commit["time"]) - signal_time, 0.0),
                 commit_to_exit_s=float(exit_event["time"]) - float(commit["time"]),
                 exit_to_resume_s=float(e["time"]) - float(exit_event["time"]),
                 committed_step=int(commit["step"]), resumed_step=int(e["step"]),
                 steps_redone=last_step - int(e["step"])))
-            commit = exit_event = None
+            commit = exit_event = signal_time = None
             last_step = int(e["step"])
     return out
 
