@@ -223,8 +223,12 @@ def chargeback_command(args: argparse.Namespace) -> int:
         from gpu_audit_app.slurm_bill import slurm_bill_command
 
         return slurm_bill_command(args)
-    if args.trail:
-        raise ConfigError("arguments", ["--trail goes with --group-by slurm"])
+    wrong = [f"{flag} goes with --group-by slurm" for flag, used in (
+        ("--trail", bool(args.trail)),
+        ("--compare-with slurm",
+         "slurm" in (s.strip() for s in args.compare_with.split(",")))) if used]
+    if wrong:
+        raise ConfigError("arguments", wrong)
     register_readers()
     if args.replay:
         from chargeback.manifest import replay

@@ -48,7 +48,7 @@ from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit.spool import SpoolConfig, SpoolWriter
 from gpu_audit.spool.errors import SpoolLocked
 from gpu_audit_app.chargeback_sources import archive_source
-from gpu_audit_app.config import load_settings
+from gpu_audit_app.config import Config, load_settings
 
 DEFAULT_JOBMAP_DIR = Path("/run/gpu-audit/jobs")
 DEFAULT_SLURM_DIR = Path("/var/lib/gpu-audit/slurm")
@@ -140,11 +140,10 @@ def _accounted_run(job_id: str, prolog_start: float) -> tuple[float, float] | No
     return None
 
 
-def measure(config_path: Path | None, job_id: str, start: float,
-            end: float) -> tuple[UsageMeter, list[str], str]:
-    """The job's usage on this node from the exporter's archive and spool, the trail's
-    problems, and the host name the exporter writes."""
-    config = load_settings(config_path)
+def measure(config: Config, config_path: Path | None, job_id: str, start: float,
+            end: float) -> tuple[UsageMeter, list[str]]:
+    """The job's usage on this node from the exporter's archive and spool, and the
+    trail's problems."""
     dirs: list[Path] = []
     key = None
     try:
@@ -161,7 +160,7 @@ def measure(config_path: Path | None, job_id: str, start: float,
     trails = Trails(dirs, key=key, start_ns=start_ns, end_ns=end_ns)
     for rec in trails:
         meter.add(rec)
-    return meter, trails.problems, config.host
+    return meter, trails.problems
 
 
 def _job_of(rec: Mapping[str, Any]) -> str | None:
@@ -304,24 +303,31 @@ def epilog(args: argparse.Namespace) -> int:
         end_time=end, time_source=source,
         exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None)
     ok = True
-    host = socket.gethostname()
-    hmac_key_file = None
     try:
-        meter, problems, host = measure(args.config, job_id, start, end)
-        for p in problems[:5]:
-            print(f"gpu-audit slurm epilog: audit trail: {p}", file=sys.stderr)
-        with_usage(report, meter.jobs.get(job_id))
-        hmac_key_file = load_settings(args.config).audit.hmac_key_file
-    except (OSError, ValueError, ConfigError) as exc:
+        config = load_settings(args.config)
+    except ConfigError as exc:
+        # without it neither the trail nor the stream's HMAC key is known: the report
+        # file and AdminComment only, no record (an unkeyed one would break the chain)
+        config = None
         ok = False
-        print(f"gpu-audit slurm epilog: job {job_id}: cannot read the audit trail: {exc}",
-              file=sys.stderr)
-    try:
-        write_record(slurm_dir, report, host, hmac_key_file)
-    except (OSError, ValueError) as exc:
-        ok = False
-        print(f"gpu-audit slurm epilog: job {job_id}: cannot write its record to "
-              f"{slurm_dir / 'spool'}: {exc}", file=sys.stderr)
+        print(f"gpu-audit slurm epilog: job {job_id}: configuration error in {exc.render()}; "
+              "no record written", file=sys.stderr)
+    if config is not None:
+        try:
+            meter, problems = measure(config, args.config, job_id, start, end)
+            for p in problems[:5]:
+                print(f"gpu-audit slurm epilog: audit trail: {p}", file=sys.stderr)
+            with_usage(report, meter.jobs.get(job_id))
+        except (OSError, ValueError, ConfigError) as exc:
+            ok = False
+            print(f"gpu-audit slurm epilog: job {job_id}: cannot read the audit trail: {exc}",
+                  file=sys.stderr)
+        try:
+            write_record(slurm_dir, report, config.host, config.audit.hmac_key_file)
+        except (OSError, ValueError) as exc:
+            ok = False
+            print(f"gpu-audit slurm epilog: job {job_id}: cannot write its record to "
+                  f"{slurm_dir / 'spool'}: {exc}", file=sys.stderr)
     try:
         (slurm_dir / "reports").mkdir(parents=True, exist_ok=True)
         replace_file(slurm_dir / "reports" / f"{job_id}.{report.attempt}.json",

@@ -37,21 +37,6 @@ REASON_PREFIX = "gpu-audit:"
 _MAX_METRICS_BYTES = 64 * 1024 * 1024
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--exporter", metavar="URL",
-                   help="This node's exporter (GPU_AUDIT_EXPORTER_URL; default "
-                   f"{DEFAULT_EXPORTER}).")
-    p.add_argument("--node", metavar="NAME",
-                   help="This node's Slurm name (SLURMD_NODENAME; default the short host "
-                   "name).")
-    p.add_argument("--jobmap-dir", type=Path, metavar="DIR",
-                   help="The prolog's job-mapping files, which say whose jobs hold which "
-                   "GPU (GPU_AUDIT_JOBMAP_DIR; default /run/gpu-audit/jobs).")
-    p.add_argument("--no-requeue", action="store_true",
-                   help="Drain only; leave the jobs on the lost GPU alone.")
-    p.add_argument("--dry-run", action="store_true", help="Say what would be done; do nothing.")
-
-
 @dataclass
 class LostGpu:
     index: str

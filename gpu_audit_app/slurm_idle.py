@@ -23,7 +23,6 @@ import urllib.request
 from typing import Any
 
 from chargeback.slurm.idle import (
-    ACTIONS,
     Decision,
     Measured,
     PendingJob,
@@ -36,28 +35,6 @@ from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 _RUNNING = ("JobID", "User", "Account", "Partition", "TimeUsed")
 _PENDING = ("JobID", "Reason", "TRES")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prometheus-url", metavar="URL", required=True,
-                   help="Prometheus (or a compatible engine) scraping the nodes' exporters.")
-    p.add_argument("--window", type=float, default=1800.0, metavar="SECONDS",
-                   help="Judge the last this many seconds (default 1800).")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="RATIO",
-                   help="Idle below this mean GPU utilisation (default 0.05).")
-    p.add_argument("--min-runtime", type=float, default=None, metavar="SECONDS",
-                   help="Leave younger jobs alone (default: the window).")
-    p.add_argument("--action", choices=ACTIONS, default="flag",
-                   help="flag: set the job's Comment; requeue: requeue it (default flag).")
-    p.add_argument("--exempt-account", action="append", default=[], metavar="ACCOUNT")
-    p.add_argument("--exempt-partition", action="append", default=[], metavar="PARTITION")
-    p.add_argument("--even-without-waiters", action="store_true",
-                   help="Act even when no GPU job is waiting.")
-    p.add_argument("--include-simulated", action="store_true",
-                   help="Judge from simulated series too (tests, demos).")
-    p.add_argument("--apply", action="store_true",
-                   help="Do it (default: a dry run that only prints).")
-    p.add_argument("--json", action="store_true", help="JSON lines instead of text.")
 
 
 def _query(url: str, expr: str) -> list[dict[str, Any]]:

@@ -10,6 +10,9 @@
   or requeued through scontrol; dry run unless --apply (gpu_audit_app/slurm_idle.py).
 
 Exit codes: 0 done; 1 nothing found or a Slurm command failed; 2 bad arguments.
+
+Building the parser imports nothing but argparse: `gpu-audit --help` and the launcher's
+clients (which drop privileges before parsing) never load the Slurm machinery.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from chargeback.slurm.report import RunReport, parse_admin_comment, render_text
-from chargeback.slurm.trail import Trails
-from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from chargeback.slurm.report import RunReport
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,15 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Do not look in Slurm's AdminComment.")
     r.add_argument("--json", action="store_true", help="JSON instead of text.")
 
-    from gpu_audit_app.slurm_health import add_arguments as add_health
-    from gpu_audit_app.slurm_idle import add_arguments as add_idle
-
-    add_health(sub.add_parser("health", help="Drain a node whose GPU is lost; requeue its "
+    _health_arguments(sub.add_parser("health", help="Drain a node whose GPU is lost; requeue its "
                               "jobs (HealthCheckProgram).",
                               description="Ask this node's exporter which GPUs are down; "
                               "for each, drain the node with the reason and requeue the jobs "
                               "holding it, so they resume from their checkpoints elsewhere."))
-    add_idle(sub.add_parser("idle", help="Flag or requeue jobs holding GPUs idle while "
+    _idle_arguments(sub.add_parser("idle", help="Flag or requeue jobs holding GPUs idle while "
                             "others wait (dry run unless --apply).",
                             description="The optional idle-GPU policy: from Prometheus, "
                             "the running jobs whose GPUs stayed under a utilisation "
@@ -84,7 +85,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "would do, and does it with --apply."))
 
 
+def _health_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exporter", metavar="URL",
+                   help="This node's exporter (GPU_AUDIT_EXPORTER_URL; default "
+                   "http://127.0.0.1:9945).")
+    p.add_argument("--node", metavar="NAME",
+                   help="This node's Slurm name (SLURMD_NODENAME; default the short host "
+                   "name).")
+    p.add_argument("--jobmap-dir", type=Path, metavar="DIR",
+                   help="The prolog's job-mapping files, which say whose jobs hold which "
+                   "GPU (GPU_AUDIT_JOBMAP_DIR; default /run/gpu-audit/jobs).")
+    p.add_argument("--no-requeue", action="store_true",
+                   help="Drain only; leave the jobs on the lost GPU alone.")
+    p.add_argument("--dry-run", action="store_true", help="Say what would be done; do nothing.")
+
+
+def _idle_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus-url", metavar="URL", required=True,
+                   help="Prometheus (or a compatible engine) scraping the nodes' exporters.")
+    p.add_argument("--window", type=float, default=1800.0, metavar="SECONDS",
+                   help="Judge the last this many seconds (default 1800).")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="RATIO",
+                   help="Idle below this mean GPU utilisation (default 0.05).")
+    p.add_argument("--min-runtime", type=float, default=None, metavar="SECONDS",
+                   help="Leave younger jobs alone (default: the window).")
+    p.add_argument("--action", choices=("flag", "requeue"), default="flag",
+                   help="flag: set the job's Comment; requeue: requeue it (default flag).")
+    p.add_argument("--exempt-account", action="append", default=[], metavar="ACCOUNT")
+    p.add_argument("--exempt-partition", action="append", default=[], metavar="PARTITION")
+    p.add_argument("--even-without-waiters", action="store_true",
+                   help="Act even when no GPU job is waiting.")
+    p.add_argument("--include-simulated", action="store_true",
+                   help="Judge from simulated series too (tests, demos).")
+    p.add_argument("--apply", action="store_true",
+                   help="Do it (default: a dry run that only prints).")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of text.")
+
+
 def _reports_from_sacct(job_id: str) -> list[RunReport]:
+    from chargeback.slurm.report import parse_admin_comment
+    from gpu_audit import slurmcmd
+
     text = slurmcmd.run("sacct", ["-j", job_id, "-X", "-n", "-P", "-o", "AdminComment"])
     out: list[RunReport] = []
     for line in text.splitlines():
@@ -93,6 +134,9 @@ def _reports_from_sacct(job_id: str) -> list[RunReport]:
 
 
 def _reports_from_trails(job_id: str, dirs: list[Path]) -> list[RunReport]:
+    from chargeback.slurm.report import RunReport
+    from chargeback.slurm.trail import Trails
+
     out = []
     for rec in Trails(dirs):
         if rec.get("stream") == "slurm":
@@ -103,6 +147,8 @@ def _reports_from_trails(job_id: str, dirs: list[Path]) -> list[RunReport]:
 
 
 def jobreport(args: argparse.Namespace) -> int:
+    from chargeback.slurm.report import render_text
+    from gpu_audit import slurmcmd
     from gpu_audit_app.slurm_epilog import DEFAULT_SLURM_DIR, stored_reports
 
     job_id = args.job_id.strip()
