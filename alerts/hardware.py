@@ -19,7 +19,8 @@ from alerts.rule import Alert
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 # the owner sentence of a description: empty when the GPU had no owner
 OWNER = ("{{ if $labels.user }} Owner: {{ $labels.user }} (project "
-         "{{ $labels.project }}, job {{ $labels.job }}).{{ end }}")
+         "{{ $labels.project }}, job {{ $labels.job }}{{ if $labels.slurm_job }}, Slurm job "
+         "{{ $labels.slurm_job }}{{ end }}).{{ end }}")
 
 
 def _xid(p: Params, name: str, match: str, critical: bool) -> Alert:

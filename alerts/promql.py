@@ -65,5 +65,5 @@ def with_owner(p: Params, expr: str, lookback: str | None = None) -> str:
             f"or\n{body}\nunless on (instance, uuid) {owner}")
 
 
-OWNER_LABELS = "user, project, job"
+OWNER_LABELS = "user, project, job, slurm_job"
 """The owner labels hardware alerts carry (from gpu_owner_info)."""

@@ -103,7 +103,7 @@ class Inventory:
                              pci_bus_id=g.pci_bus_id),
                 up=g.up, error=g.error, last_seen=g.last_seen, xid_totals=dict(xids),
                 xid_last=g.xid_last_timestamp,
-                owners=tuple((o.user, o.project, o.job) for o in g.owners))
+                owners=tuple((o.user, o.project, o.job, o.slurm_job) for o in g.owners))
             self._base_xids[g.uuid] = xids
             if g.xid_last_timestamp is not None:
                 self._base_xid_last[g.uuid] = g.xid_last_timestamp
@@ -198,7 +198,8 @@ class Inventory:
                    last_seen=g.last_seen,
                    xid_totals={str(code): n for code, n in g.xid_totals.items()},
                    xid_last_timestamp=g.xid_last,
-                   owners=[OwnerDoc(user=u, project=p, job=j) for u, p, j in g.owners])
+                   owners=[OwnerDoc(user=u, project=p, job=j, slurm_job=s)
+                           for u, p, j, s in g.owners])
             for uuid, g in sorted(self._gpus.items())])
 
     def recorded(self) -> Mapping[str, bool]:

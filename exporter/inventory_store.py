@@ -55,6 +55,7 @@ class OwnerDoc(_Strict):
     user: _Text = ""
     project: _Text = ""
     job: _Text = ""
+    slurm_job: _Text = ""
 
 
 class GpuDoc(_Strict):

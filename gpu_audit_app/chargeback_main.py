@@ -73,6 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="Simulated sampling interval (default 300).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
+    slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
+    slurm.add_argument("--group-by", choices=("owner", "slurm"), default="owner",
+                       help="owner: the bill by department, project and user (default); "
+                       "slurm: by Slurm account, partition and user, from the audit trail, "
+                       "with --compare-with slurm beside sacct's GPU TRES-hours.")
+    slurm.add_argument("--trail", metavar="DIR", action="append", default=[],
+                       help="--group-by slurm: an archive or spool to read (repeatable: each "
+                       "node's exporter archive and `slurm` stream); default --config's "
+                       "archive.")
 
 
 def _time(text: str, what: str, problems: list[str]) -> datetime | None:
@@ -224,6 +233,16 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def chargeback_command(args: argparse.Namespace) -> int:
+    if args.group_by == "slurm":
+        from gpu_audit_app.slurm_bill import slurm_bill_command
+
+        return slurm_bill_command(args)
+    wrong = [f"{flag} goes with --group-by slurm" for flag, used in (
+        ("--trail", bool(args.trail)),
+        ("--compare-with slurm",
+         "slurm" in (s.strip() for s in args.compare_with.split(",")))) if used]
+    if wrong:
+        raise ConfigError("arguments", wrong)
     if args.replay:
         from chargeback.replay import replay
 

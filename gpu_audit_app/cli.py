@@ -137,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_audit_app.launcher_main import add_arguments as add_launcher_arguments
 
     add_launcher_arguments(p)
+
+    p = sub.add_parser("slurm", help="gpu-audit on a Slurm cluster: epilog, job reports, "
+                       "health check, idle-GPU policy (docs/SLURM.md).")
+    from gpu_audit_app.slurm_main import add_arguments as add_slurm_arguments
+
+    add_slurm_arguments(p)
     return parser
 
 
@@ -280,6 +286,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from gpu_audit_app.launcher_main import command as launcher_command
 
         return launcher_command(args, parser)
+    if cmd == "slurm":
+        _setup_logging("warning")
+        from gpu_audit_app.slurm_main import command as slurm_command
+
+        return slurm_command(args, parser)
     if cmd == "rules":
         if args.rules_command != "render":
             parser.parse_args(["rules", "--help"])

@@ -42,6 +42,7 @@ main() {
     return 0
   fi
   local user=${SLURM_JOB_USER:-} account=${SLURM_JOB_ACCOUNT:-}
+  local partition=${SLURM_JOB_PARTITION:-} restarts=${SLURM_JOB_RESTART_COUNT:-}
   local devices=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
   if [[ -z $devices || $devices == "NoDevFiles" ]]; then
     return 0  # a job without GPUs on this node: nothing to attribute
@@ -91,6 +92,13 @@ main() {
   fi
   if [[ -n $account ]]; then
     doc+=", \"account\": $(json_str "$account")"
+  fi
+  if [[ -n $partition ]]; then
+    doc+=", \"partition\": $(json_str "$partition")"
+  fi
+  # which run of a requeued job this is: the epilog's own count has moved on by then
+  if [[ $restarts =~ ^[0-9]+$ ]]; then
+    doc+=", \"restart_count\": $restarts"
   fi
   doc+=", \"gpus\": [$gpus], \"start_time\": $(date +%s), \"end_time\": null}"
 

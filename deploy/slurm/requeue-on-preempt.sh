@@ -50,8 +50,14 @@ done
 if [[ $rc -eq $preempted ]]; then
   if [[ -n ${SLURM_JOB_ID:-} ]]; then
     echo "requeue-on-preempt: checkpointed after a preemption request; requeueing job $SLURM_JOB_ID" >&2
-    if ! "${SCONTROL:-scontrol}" requeue "$SLURM_JOB_ID"; then
-      echo "requeue-on-preempt: scontrol requeue $SLURM_JOB_ID failed" >&2
+    if ! said=$("${SCONTROL:-scontrol}" requeue "$SLURM_JOB_ID" 2>&1); then
+      if [[ $said == *"pending execution"* ]]; then
+        # preemption (PreemptMode=REQUEUE) or `scontrol requeue` by an admin or the health
+        # check already put it back in the queue
+        echo "requeue-on-preempt: job $SLURM_JOB_ID is already back in the queue" >&2
+      else
+        echo "requeue-on-preempt: scontrol requeue $SLURM_JOB_ID failed: $said" >&2
+      fi
     fi
   else
     echo "requeue-on-preempt: exit $rc (preempted) outside a Slurm job: nothing to requeue" >&2

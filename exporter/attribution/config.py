@@ -16,6 +16,7 @@ DEFAULT_ENVIRON_KEYS: tuple[str, ...] = (
     "SLURM_JOB_ID",
     "SLURM_JOB_USER",
     "SLURM_JOB_ACCOUNT",
+    "SLURM_JOB_PARTITION",
 )
 
 

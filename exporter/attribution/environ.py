@@ -22,6 +22,7 @@ BUILTIN_KEY_FIELDS: Mapping[str, tuple[str, str]] = {
     "SLURM_JOB_ID": ("slurm_job_id", "job"),
     "SLURM_JOB_USER": ("slurm_user", "user"),
     "SLURM_JOB_ACCOUNT": ("slurm_account", "project"),
+    "SLURM_JOB_PARTITION": ("slurm_partition", ""),
 }
 
 

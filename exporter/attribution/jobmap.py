@@ -41,6 +41,7 @@ _STRING_FIELDS: tuple[tuple[str, str], ...] = (
     ("slurm_job_id", "slurm_job_id"),
     ("slurm_user", "slurm_user"),
     ("account", "slurm_account"),
+    ("partition", "slurm_partition"),
 )
 
 

@@ -158,13 +158,14 @@ ALLOCATION_INFO = _family("gpu_allocation_info", "gauge",
                            "slurm_job", "source"), "allocation")
 GPU_OWNER_INFO = _family("gpu_owner_info", "gauge",
                          "Who owns the GPU, for the owner labels of hardware alerts: the user,"
-                         " project and job of the attributed processes on it now, or, while it"
+                         " project, job and Slurm job of the attributed processes on it now, or,"
+                         " while it"
                          " is down, when it was last read (kept across restarts in the GPU"
                          " inventory); always 1. One series per GPU: several owners' distinct"
                          " values are sorted and comma-separated in each label. No series"
                          " while nobody holds the GPU.",
                          "attribution of the processes on the GPU; the GPU inventory",
-                         (*GPU_LABELS, "user", "project", "job"), "allocation")
+                         (*GPU_LABELS, "user", "project", "job", "slurm_job"), "allocation")
 
 # gpu-audit's own families that the exporter serves: declared once in core
 # (gpu_audit.selfmetrics, with every other component's self-metrics), used here so the

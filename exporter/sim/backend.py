@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import ExporterConfig
 from exporter.sim.device import SimDevice
+from exporter.sim.hostprocs import HostProcesses
 from exporter.sim.scenario import SHIPPED, Scenario, load_scenario
 from gpu_audit.errors import ConfigError
 from gpu_audit.model.samples import BackendInfo, GpuSample
@@ -51,6 +52,13 @@ class SimBackend:
         self._devices: list[SimDevice] = []
         self._last_t = 0.0
         self._errors: dict[str, int] = {}
+        self._host: HostProcesses | None = None
+
+    @property
+    def uses_host_processes(self) -> bool:
+        """True when the scenario runs this host's real processes (`host:`): attribution
+        must then read the host's own /proc, not a fake one."""
+        return self.scenario.spec.host is not None
 
     def open(self) -> BackendInfo:
         """Build the simulated devices. Never raises BackendUnavailable: the scenario was
@@ -72,6 +80,11 @@ class SimBackend:
             )
             for plan in self.scenario.gpus
         ]
+        host = self.scenario.spec.host
+        self._host = HostProcesses(host) if host is not None else None
+        if host is not None:
+            log.warning("SIMULATED DATA: this host's processes holding %s run on the "
+                        "simulated GPUs", ", ".join(host.devices))
         log.warning(
             "SIMULATED DATA: backend 'sim' is playing scenario %r (%d GPUs, %d processes, "
             "time scale %g); no real GPU is read",
@@ -109,7 +122,18 @@ class SimBackend:
         # A wall clock stepped backwards must not make counters go backwards.
         t = max(self.elapsed_scenario_seconds, self._last_t)
         self._last_t = t
-        samples = [device.sample(t, slow) for device in self._devices]
+        if self._host is None:
+            samples = [device.sample(t, slow) for device in self._devices]
+        else:
+            for ev in self._host.poll():
+                if ev.gpu < len(self._devices):
+                    self._devices[ev.gpu].inject(ev.kind, t, ev.xid)
+                else:
+                    log.warning("simulator: live event for GPU %d, which does not exist "
+                                "(skipped)", ev.gpu)
+            held = self._host.scan()
+            samples = [device.sample(t, slow, held.get(i, ()))
+                       for i, device in enumerate(self._devices)]
         for s in samples:
             if not s.up and s.error:
                 self._errors[s.error] = self._errors.get(s.error, 0) + 1
@@ -120,6 +144,7 @@ class SimBackend:
 
     def close(self) -> None:
         self._devices = []
+        self._host = None
         self._opened_at = None
 
 

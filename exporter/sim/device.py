@@ -186,8 +186,26 @@ class SimDevice:
     def is_lost(self, t: float) -> bool:
         return any(a <= t < b for a, b in self.lost)
 
-    def sample(self, t: float, slow: bool) -> GpuSample:
-        """The GPU at `t` scenario seconds. `t` must not go backwards between calls."""
+    def inject(self, kind: str, t: float, xid: int | None = None) -> None:
+        """A live event at scenario time `t` (exporter/sim/hostprocs.py reads them):
+        `xid` (code `xid`) is reported by the next sample, `lost` takes the GPU down from
+        `t` until a `recovered` event."""
+        if kind == "xid" and xid is not None:
+            ev = EventSpec(at=t, gpu=self.info.index, kind="xid", xid=xid)
+            # after the ones already reported, in time order among those still due
+            later = [e for e in self.xid_events[self.xid_next:] if e.at > t]
+            self.xid_events = [*self.xid_events[:len(self.xid_events) - len(later)], ev, *later]
+        elif kind == "lost":
+            if not self.is_lost(t):
+                self.lost.append((t, math.inf))
+        elif kind == "recovered":
+            self.lost = [(a, min(b, t)) if a <= t < b else (a, b) for a, b in self.lost]
+
+    def sample(self, t: float, slow: bool,
+               host_processes: Sequence[ProcessSample] = ()) -> GpuSample:
+        """The GPU at `t` scenario seconds. `t` must not go backwards between calls.
+        `host_processes`: real processes of this host on the GPU this cycle (their
+        memory and utilisation count like a scenario process's)."""
         new_xids = self._advance_xids(t)
         if self.is_lost(t):
             self.last_t, self.last_power = t, None
@@ -221,6 +239,11 @@ class SimDevice:
             memutil += vals[2]
             enc += vals[3]
             dec += vals[4]
+        for hp in host_processes:
+            procs.append(hp)
+            mem_used += hp.used_memory_bytes or 0
+            sm += hp.sm_util_ratio or 0.0
+            memutil += hp.memory_util_ratio or 0.0
         sm, memutil, enc, dec = min(sm, 1.0), min(memutil, 1.0), min(enc, 1.0), min(dec, 1.0)
         inst_util = self._instance_util(t) if mig_mode and self.dcgm is not None else {}
         values = self._fast_values(

@@ -43,7 +43,9 @@ class SimHarness:
         log.warning("SIMULATED DATA: backend 'sim' (%s); every GPU and process "
                     'series carries simulated="true", every audit record '
                     '"simulated": true', info.detail)
-        if attribution.procfs_root == Path("/proc"):
+        # A scenario tied to this host (`host:`) reports real processes: attribution
+        # reads the host's /proc for them, so no fake /proc is written.
+        if attribution.procfs_root == Path("/proc") and not self._backend.uses_host_processes:
             self._procfs = SimProcfs()
             attribution = attribution.model_copy(update={
                 "procfs_root": self._procfs.root,

@@ -27,6 +27,7 @@ from exporter.sim.schema import (
     CurveSpec,
     EventSpec,
     GpuSpec,
+    HostSpec,
     MigSpec,
     PodSpec,
     ProcessSpec,
@@ -185,6 +186,8 @@ def parse_scenario(text: str, source: str) -> Scenario:
         specs=procs, gpus=plans, all_gpus_valid=all_gpus_valid, seed=seed, name=name, boot=boot
     )
     checker.events(events, len(plans), all_gpus_valid)
+    if spec is not None and spec.host is not None:
+        checker.host(spec.host, len(plans) if all_gpus_valid else None, bool(spec.processes))
     if checker.problems:
         raise ConfigError(source, checker.problems)
     assert spec is not None
@@ -518,6 +521,18 @@ class _Checker:
                     if ev.at < b and a < end:
                         self.add(("events", ei), f"overlaps another lost period of GPU {ev.gpu}")
                 lost.setdefault(ev.gpu, []).append((ev.at, end))
+
+
+    def host(self, host: HostSpec, n_gpus: int | None, declares_processes: bool) -> None:
+        if n_gpus is not None and len(host.devices) != n_gpus:
+            self.add(("host", "devices"), f"{len(host.devices)} device path(s) for {n_gpus} "
+                                          "GPU(s): one per GPU, in GPU order")
+        if len(set(host.devices)) != len(host.devices):
+            self.add(("host", "devices"), "a device path is listed twice")
+        if declares_processes:
+            # their fake /proc is not written: attribution reads this host's own /proc
+            self.add(("processes",), "a scenario with `host` runs this host's processes; "
+                                     "it cannot also declare simulated ones")
 
 
 def _describe_bytes(size: float) -> str:

@@ -306,6 +306,33 @@ class EventSpec(Section):
         return self
 
 
+class HostSpec(Section):
+    """Ties a scenario to this host (exporter/sim/hostprocs.py): real processes that hold
+    a simulated GPU's device file open are that GPU's processes (attributed from the
+    host's own /proc), and a file of live events injects faults while it runs."""
+
+    devices: list[str] = Field(
+        min_length=1,
+        description="One path per GPU, in GPU order: a process with it open runs on it.",
+    )
+    memory: Quantity = Field(
+        default=1024**3, ge=0,
+        description="GPU memory each such process uses (GPU_AUDIT_SIM_MEMORY in its "
+        "environment overrides it).",
+    )
+    util: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Its SM utilisation (GPU_AUDIT_SIM_UTIL in its environment overrides it).",
+    )
+    memory_util: float = Field(default=0.2, ge=0, le=1, description="Its memory utilisation.")
+    events_file: str | None = Field(
+        default=None,
+        description="JSON lines appended while the exporter runs, each applied when read: "
+        '{"gpu": 0, "kind": "xid", "xid": 79}, {"gpu": 0, "kind": "lost"}, '
+        '{"gpu": 0, "kind": "recovered"}.',
+    )
+
+
 class DcgmSpec(Section):
     """DCGM profiling data a scenario declares: each field as a fraction of the GPU's
     SM utilisation (engine and pipe activity) or of its memory utilisation (DRAM, PCIe)."""
@@ -351,3 +378,8 @@ class ScenarioSpec(Section):
     gpus: list[GpuSpec] = Field(min_length=1)
     processes: list[ProcessSpec] = Field(default_factory=list)
     events: list[EventSpec] = Field(default_factory=list)
+    host: HostSpec | None = Field(
+        default=None,
+        description="Real processes of this host on the simulated GPUs, and live events "
+        "(see HostSpec).",
+    )

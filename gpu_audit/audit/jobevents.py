@@ -1,4 +1,6 @@
-"""Audit records of a job's lifecycle, written by the launcher into its own stream.
+"""Audit records of a job's lifecycle, written by the launcher into its own stream (and by
+the Slurm epilog into stream `slurm`: one `job_finished` per run and node, with the
+run's allocation and its measured usage, docs/SLURM.md).
 
 `job_event()` builds one `kind: event` record (schema 2) for `job_queued`,
 `job_started`, `job_preempted`, `job_checkpoint_committed`, `job_resumed`,
@@ -34,6 +36,11 @@ JOB_FIELDS: frozenset[str] = frozenset({
     "state", "exit_code", "exit_class", "allocated_gpu_seconds", "lost_gpu_seconds",
     "signal_to_commit_seconds", "commit_to_exit_seconds", "checkpoint_step",
     "checkpoint_time", "checkpoint_path", "reason", "fingerprint",
+    # Slurm runs: account and partition, the allocation's interval and where its times
+    # came from ("slurm": slurmctld's own stamps; "node": the prolog's and epilog's clock)
+    "account", "partition", "start_time", "end_time", "time_source",
+    # measured by the exporter while the run held its GPUs (the per-job GPU report)
+    "usage",
 })
 
 

@@ -58,11 +58,12 @@ class AuditProducer:
         simulated: bool,
         reader: SpoolReaderPort | None = None,
         clock: Any = time.time,
-        lifecycle_events: tuple[str, str] = ("exporter_start", "exporter_stop"),
+        lifecycle_events: tuple[str, str] | None = ("exporter_start", "exporter_stop"),
     ) -> None:
         self._config = config
-        # what start() and stop() write: the launcher's stream says launcher_start/stop
-        self._start_event, self._stop_event = lifecycle_events
+        # what start() and stop() write: the launcher's stream says launcher_start/stop;
+        # None for a one-shot writer (the Slurm epilog adds one record per job)
+        self._lifecycle = lifecycle_events
         self._spool = spool
         self._reader = reader
         self._host = host
@@ -98,8 +99,8 @@ class AuditProducer:
         with self._stats_lock:
             self._last_seq = seq
         log.info("audit stream %r resumes after seq %d", self._stream, seq)
-        if self._config.enabled:
-            self._commit([self._exporter_event(self._start_event)])
+        if self._config.enabled and self._lifecycle is not None:
+            self._commit([self._exporter_event(self._lifecycle[0])])
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Build, chain and commit the records of one cycle. Never raises for the spool."""
@@ -128,8 +129,8 @@ class AuditProducer:
 
     def stop(self) -> None:
         """Write exporter_stop. The caller closes the spool."""
-        if self._config.enabled and self._started:
-            self._commit([self._exporter_event(self._stop_event)])
+        if self._config.enabled and self._started and self._lifecycle is not None:
+            self._commit([self._exporter_event(self._lifecycle[1])])
 
     # --- state -------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
     "slurm_job_id",
     "slurm_user",
     "slurm_account",
+    "slurm_partition",
 )
 
 # Source names, as they appear in `sources` values, labels and records.
@@ -58,6 +59,7 @@ class Attribution:
     slurm_job_id: str = ""
     slurm_user: str = ""
     slurm_account: str = ""
+    slurm_partition: str = ""
     # identity field -> source name that supplied it
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -68,7 +70,7 @@ class Attribution:
         return bool(self.user or self.project or self.job or self.container_id
                     or self.container_runtime or self.k8s_namespace or self.k8s_pod
                     or self.k8s_container or self.k8s_pod_uid or self.slurm_job_id
-                    or self.slurm_user or self.slurm_account)
+                    or self.slurm_user or self.slurm_account or self.slurm_partition)
 
     def as_dict(self) -> dict[str, str]:
         return {f: getattr(self, f) for f in IDENTITY_FIELDS}

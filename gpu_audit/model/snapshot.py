@@ -30,7 +30,8 @@ class Snapshot:
     cycle: int = 0
     slow_cycle: bool = False
     error_counts: Mapping[str, int] = field(default_factory=dict)  # cumulative, by kind
-    # gpu uuid -> the (user, project, job) owners a GPU that is down had when it was last
-    # read (kept by the exporter's GPU inventory, across restarts); a GPU that is up has
-    # its owners in `processes`
-    last_owners: Mapping[str, tuple[tuple[str, str, str], ...]] = field(default_factory=dict)
+    # gpu uuid -> the (user, project, job, slurm_job) owners a GPU that is down had when
+    # it was last read (kept by the exporter's GPU inventory, across restarts); a GPU that
+    # is up has its owners in `processes`
+    last_owners: Mapping[str, tuple[tuple[str, str, str, str], ...]] = field(
+        default_factory=dict)

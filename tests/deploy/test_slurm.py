@@ -37,7 +37,9 @@ def fake_bin(tmp_path: Path) -> Path:
 
 
 def _run(script: str, env: dict[str, str], fake_bin: Path) -> subprocess.CompletedProcess[str]:
-    full = {"PATH": f"{fake_bin}:{os.environ['PATH']}", **env}
+    # GPU_AUDIT_BIN=true: the epilog's `gpu-audit slurm epilog` step does nothing here
+    # (tests/slurm runs it for real)
+    full = {"PATH": f"{fake_bin}:{os.environ['PATH']}", "GPU_AUDIT_BIN": "true", **env}
     return subprocess.run([str(SLURM / script)], env=full, capture_output=True, text=True,
                           timeout=30, check=False)
 

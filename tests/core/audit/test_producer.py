@@ -374,3 +374,23 @@ def test_sealing_a_presorted_record_twice_gives_canonical_bytes() -> None:
     assert first != second
     assert second == orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
     assert orjson.loads(second)["prev_hash"] == "a" * 64
+
+
+def test_a_one_shot_writer_adds_records_without_lifecycle_events() -> None:
+    """lifecycle_events=None (the Slurm epilog: one record per job, one process each):
+    start() only resumes the chain, stop() writes nothing, and two such writers in a row
+    continue one verifiable chain."""
+    from gpu_audit.audit.jobevents import job_event
+
+    spool = MemorySpool()
+    for i in range(2):
+        p = AuditProducer(AuditConfig(stream="slurm"), spool, host=HOST,
+                          exporter_version="0", simulated=False, lifecycle_events=None)
+        p.start()
+        p.commit_records([job_event("job_finished", timestamp=T0 + i, host=HOST,
+                                    stream="slurm", version="0", job={"id": str(i)})])
+        p.stop()
+    recs = _records(spool)
+    assert [(r["seq"], r["event"], r["job"]["id"]) for r in recs] == [
+        (1, "job_finished", "0"), (2, "job_finished", "1")]
+    assert verify_records(spool.payloads, hmac_key=None).ok

@@ -124,3 +124,28 @@ def test_labelled_values_are_objects_keyed_by_label_values() -> None:
                                                  "uncorrected/volatile": 0.0}
     assert gp["values"]["clock_event_reason_active"]["sw_power_cap"] == 1.0
     assert gp["values"]["memory_total_bytes"] == 80e9
+
+
+SLURM_JOB = {"id": "918273", "attempt": 1, "user": "alice", "uid": 1001,
+             "project": "physics", "account": "physics", "partition": "gpu",
+             "gpus": ["GPU-1", "GPU-2"], "exit_code": 0, "start_time": 1_800_000_000.0,
+             "end_time": 1_800_003_600.0, "time_source": "slurm",
+             "allocated_gpu_seconds": 7200.0,
+             "usage": {"gpu_seconds": 7100.0, "busy_gpu_seconds": 4260.0,
+                       "idle_held_gpu_seconds": 120.0, "energy_joules": 2.5e6,
+                       "peak_memory_bytes": 42949672960, "processes": 2}}
+
+
+def test_a_slurm_jobs_end_record_validates() -> None:
+    """The Slurm epilog's record (stream `slurm`): the run's account, partition,
+    allocation interval and where its times came from, and its measured usage."""
+    rec = job_event("job_finished", timestamp=T0, host=HOST, stream="slurm", version="0",
+                    job=SLURM_JOB)
+    doc = orjson.loads(seal(rec, 1, ZERO_HASH, None))
+    assert not list(VALIDATOR.iter_errors(doc))
+    for bad in ({"usage": {"gpu_seconds": -1.0}}, {"usage": {"secret": 1}},
+                {"time_source": "guess"}, {"end_time": -5.0}):
+        rec = job_event("job_finished", timestamp=T0, host=HOST, stream="slurm",
+                        version="0", job={**SLURM_JOB, **bad})
+        doc = orjson.loads(seal(rec, 1, ZERO_HASH, None))
+        assert list(VALIDATOR.iter_errors(doc)), f"{bad} validated"

@@ -90,3 +90,11 @@ def test_clean_bytes_is_always_a_valid_label_value(value: bytes, cap: int) -> No
     assert len(out) <= cap
     assert out.isprintable()
     assert "\ufffd" not in out
+
+
+def test_slurm_partition_is_read_from_the_jobs_environment() -> None:
+    """SLURM_JOB_PARTITION (set by Slurm in every job step) is on the default allow-list
+    and gives slurm_partition, which no other key fills."""
+    assert "SLURM_JOB_PARTITION" in DEFAULT_ENVIRON_KEYS
+    buf = b"SLURM_JOB_ID=42\0SLURM_JOB_ACCOUNT=physics\0SLURM_JOB_PARTITION=low\0"
+    assert MAPPING.extract(buf)["slurm_partition"] == "low"

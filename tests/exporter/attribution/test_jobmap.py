@@ -176,3 +176,18 @@ def test_label_values_from_job_files_are_sanitised(tmp_path: Path) -> None:
     assert record is not None
     assert record.fields["job"] == "ab\u00e9c" and record.fields["user"] == "xy"
     assert jm.lookup(9, ()) == (None, False) and jm.errors == 1
+
+
+def test_partition_of_a_slurm_job_file_is_attributed(tmp_path: Path) -> None:
+    """The Slurm prolog's `partition` key becomes slurm_partition, with jobmap as its
+    source, beside the account (which stands in for the project)."""
+    p = proc(100, uid=1001)
+    make_tree(tmp_path / "proc", p)
+    write_job(tmp_path / "jobs", "slurm-5.json", {
+        **JOB, "job_id": "5", "project": None, "slurm_job_id": "5", "account": "phys",
+        "partition": "low"})
+    r = resolver(config(tmp_path, sources=("jobmap", "owner")))
+    a = only(r.attribute([gpu(GPU0, p)]))
+    assert (a.slurm_partition, a.slurm_account, a.project) == ("low", "phys", "phys")
+    assert a.sources["slurm_partition"] == "jobmap"
+    assert a.as_dict()["slurm_partition"] == "low"

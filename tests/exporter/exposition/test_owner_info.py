@@ -52,5 +52,5 @@ def test_owner_values_skip_empty_fields_and_identities_without_an_owner() -> Non
              AttributedProcess(UUID0, proc(3, GIB), Attribution(user="carol"))]
     owners = owners_of(procs)
     assert owners == (("alice", "vision", "9"), ("carol", "", ""))
-    assert owner_label_values(owners) == ("alice,carol", "vision", "9")
+    assert owner_label_values(owners) == ("alice,carol", "vision", "9", "")
     assert owner_label_values(()) is None

@@ -37,7 +37,7 @@ def test_round_trip_through_the_resolver(tmp_path: Path) -> None:
         "user": "bob", "project": "nlp", "job": "j9", "container_id": CID,
         "container_runtime": "docker", "k8s_namespace": "", "k8s_pod": "",
         "k8s_container": "", "k8s_pod_uid": "", "slurm_job_id": "31",
-        "slurm_user": "", "slurm_account": "",
+        "slurm_user": "", "slurm_account": "", "slurm_partition": "",
     }  # fmt: skip
 
 

@@ -1,0 +1,143 @@
+"""What each Slurm job did on its GPUs, added up from the exporter's audit records.
+
+Feed `UsageMeter.add()` the records of one or more exporter streams in trail order (a
+cycle's `gpu` record comes before its `process` records); `result()` gives, per Slurm
+job id (the process's `attribution.slurm_job_id`), the GPU time its processes held a GPU
+(an interval counts once per GPU however many of its processes were on it), the busy
+(SM-utilisation weighted) GPU time, the time held while the GPU was under 5 % busy, its
+share of the energy, the most GPU memory it had on one GPU at once and how many distinct
+processes it ran. A record accounts for `(time - elapsed, time]`, so it counts for a
+window `(start, end]` when its time is inside it (as chargeback's archive source).
+
+Pure: no I/O. Memory is bounded by the jobs and GPUs seen, not by the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Below this GPU utilisation a held GPU is idle (chargeback's idle-held GPU-hours).
+IDLE_UTILIZATION = 0.05
+
+
+@dataclass(slots=True)
+class JobUsage:
+    gpu_seconds: float = 0.0
+    busy_gpu_seconds: float = 0.0
+    idle_held_gpu_seconds: float = 0.0
+    energy_joules: float = 0.0
+    peak_memory_bytes: int = 0
+    memory_total_bytes: int = 0  # of the GPU where the peak was
+    samples: int = 0  # GPU-cycles held
+    simulated: bool = False
+    gpus: set[str] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    pids: set[tuple[str, int, int]] = field(default_factory=set)
+
+    @property
+    def processes(self) -> int:
+        return len(self.pids)
+
+    def as_record(self) -> dict[str, float | int]:
+        """The `usage` object of a `job_finished` record (gpu_audit/audit/jobevents.py)."""
+        return {"gpu_seconds": self.gpu_seconds, "busy_gpu_seconds": self.busy_gpu_seconds,
+                "idle_held_gpu_seconds": self.idle_held_gpu_seconds,
+                "energy_joules": self.energy_joules,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "memory_total_bytes": self.memory_total_bytes,
+                "processes": self.processes, "samples": self.samples}
+
+
+def slurm_job_of(rec: Mapping[str, Any]) -> str | None:
+    attribution = rec.get("attribution")
+    if not isinstance(attribution, Mapping):
+        return None
+    job = attribution.get("slurm_job_id")
+    return job if isinstance(job, str) else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) else None
+
+
+class UsageMeter:
+    """Per-job usage from exporter records (see the module docstring)."""
+
+    def __init__(self, *, start_ns: int | None = None, end_ns: int | None = None,
+                 key: Callable[[Mapping[str, Any]], str | None] = slurm_job_of,
+                 include_simulated: bool = True) -> None:
+        self._start, self._end = start_ns, end_ns
+        self._key = key
+        self._include_simulated = include_simulated
+        self.jobs: dict[str, JobUsage] = {}
+        # (host, uuid) -> (time_ns, utilisation, memory total) of the latest gpu record
+        self._gpu: dict[tuple[str, str], tuple[int, float | None, int]] = {}
+        # (host, uuid, job) -> (time_ns, memory of the job's processes in that cycle)
+        self._cycle: dict[tuple[str, str, str], tuple[int, int]] = {}
+        self.simulated_left_out = 0
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        kind = rec.get("kind")
+        if kind not in ("gpu", "process"):
+            return
+        t = rec.get("time_ns")
+        gpu = rec.get("gpu")
+        host = rec.get("host")
+        if not isinstance(t, int) or not isinstance(gpu, Mapping) or not isinstance(host, str):
+            return
+        uuid = gpu.get("uuid")
+        if not isinstance(uuid, str):
+            return
+        values = rec.get("values") if isinstance(rec.get("values"), Mapping) else {}
+        assert isinstance(values, Mapping)
+        if kind == "gpu":
+            total = _num(values.get("memory_total_bytes"))
+            self._gpu[(host, uuid)] = (t, _num(values.get("utilization_ratio")),
+                                       int(total) if total is not None else 0)
+            return
+        job = self._key(rec)
+        if job is None:
+            return
+        if (self._start is not None and t <= self._start) or (
+                self._end is not None and t > self._end):
+            return
+        if rec.get("simulated") is True and not self._include_simulated:
+            self.simulated_left_out += 1
+            return
+        usage = self.jobs.get(job)
+        if usage is None:
+            usage = self.jobs[job] = JobUsage()
+        usage.simulated |= rec.get("simulated") is True
+        usage.gpus.add(uuid)
+        usage.hosts.add(host)
+        proc = rec.get("process") if isinstance(rec.get("process"), Mapping) else {}
+        assert isinstance(proc, Mapping)
+        pid, ticks = proc.get("pid"), proc.get("start_time_ticks", 0)
+        if isinstance(pid, int):
+            usage.pids.add((host, pid, ticks if isinstance(ticks, int) else 0))
+        usage.busy_gpu_seconds += _num(rec.get("busy_gpu_seconds")) or 0.0
+        usage.energy_joules += _num(rec.get("energy_joules")) or 0.0
+        memory = int(_num(values.get("memory_used_bytes")) or 0)
+        key = (host, uuid, job)
+        cycle = self._cycle.get(key)
+        if cycle is not None and cycle[0] == t:
+            memory += cycle[1]  # another process of the job on this GPU, this cycle
+        else:
+            # the first of the job's processes on this GPU this cycle: the interval once
+            elapsed = _num(rec.get("elapsed_seconds")) or 0.0
+            usage.gpu_seconds += elapsed
+            usage.samples += 1
+            ctx = self._gpu.get((host, uuid))
+            util = ctx[1] if ctx is not None and ctx[0] == t else None
+            if util is not None and util < IDLE_UTILIZATION:
+                usage.idle_held_gpu_seconds += elapsed
+        self._cycle[key] = (t, memory)
+        if memory > usage.peak_memory_bytes:
+            usage.peak_memory_bytes = memory
+            ctx = self._gpu.get((host, uuid))
+            usage.memory_total_bytes = ctx[2] if ctx is not None else 0
+
+    def result(self) -> dict[str, JobUsage]:
+        return self.jobs

@@ -1,0 +1,342 @@
+"""`gpu-audit slurm epilog`: a Slurm job's run has ended on this node; record it.
+
+Run by deploy/slurm/epilog.sh (as root, by slurmd, with Slurm's SLURM_JOB_* environment)
+before it removes the job-mapping file the prolog wrote. It:
+
+1. takes the run's GPUs and start from that file, and the run's StartTime/EndTime from
+   slurmctld (`scontrol show job`) when the job record still describes this run (a
+   requeued job's record already describes the next one: then the prolog's start and
+   this clock, in whole seconds as Slurm counts, are used, and the record says so);
+2. measures what the run did on its GPUs from the node's audit trail (the exporter's
+   archive, then its spool for what is not archived yet): GPU time held, busy share,
+   idle-held time, peak memory, energy (chargeback.slurm.usage);
+3. appends one `job_finished` record to the hash-chained stream `slurm` in its own spool
+   (`<slurm dir>/spool`, shipped like the launcher's), writes the report as JSON to
+   `<slurm dir>/reports/<job>.<attempt>.json`, optionally stores it in the job's
+   AdminComment (`sacctmgr`), and prints it (slurmd's log).
+
+It never fails the job: every problem is printed and the exit status says only whether
+all went well (epilog.sh logs it and exits 0, since a failing Epilog drains the node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from chargeback.slurm.report import RunReport, admin_comment, render_text, with_usage
+from chargeback.slurm.trail import Trails
+from chargeback.slurm.usage import UsageMeter
+from gpu_audit import __version__, slurmcmd
+from gpu_audit.atomicfile import replace_file
+from gpu_audit.audit.config import AuditConfig
+from gpu_audit.audit.jobevents import job_event
+from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit.spool import SpoolConfig, SpoolWriter
+from gpu_audit.spool.errors import SpoolLocked
+from gpu_audit_app.chargeback_sources import archive_source
+from gpu_audit_app.config import Config, load_settings
+
+DEFAULT_JOBMAP_DIR = Path("/run/gpu-audit/jobs")
+DEFAULT_SLURM_DIR = Path("/var/lib/gpu-audit/slurm")
+STREAM = "slurm"
+LOCK_WAIT_S = 30.0  # two runs ending at once on a node: the second waits for the spool
+# Slurm's start of a run and the prolog's `date +%s` are this close (PrologFlags=Alloc
+# runs the prolog at allocation; without it, at the first step's launch)
+RUN_MATCH_S = 120.0
+# ...and closer for picking this run among a requeued job's earlier ones in sacct: a
+# requeued job starts again at least cred_expire (5 s at the least) after a run ended
+DBD_MATCH_S = 4.0
+DBD_TRIES = 10
+_MAX_JOBMAP_BYTES = 64 * 1024
+# JobState values of a record that no longer describes the run that just ended
+_NEXT_RUN_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                              "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED"})
+
+
+def read_jobmap(path: Path) -> Mapping[str, Any] | None:
+    """The prolog's file (root's directory, but opened without following a link and read
+    up to a cap all the same); None when there is none (the run held no GPU)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(_MAX_JOBMAP_BYTES + 1)
+    if len(data) > _MAX_JOBMAP_BYTES:
+        raise ValueError(f"{path}: over {_MAX_JOBMAP_BYTES} bytes")
+    doc = orjson.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimes:
+    """What Slurm says of the run that just ended on this node."""
+
+    times: tuple[float, float] | None  # (StartTime, EndTime); None: not known
+    requeued: bool  # slurmctld's record already describes the job's next run
+    restarts: int | None  # the record's Restarts
+
+
+def slurm_times(job_id: str, prolog_start: float | None) -> RunTimes:
+    """This run's StartTime and EndTime as Slurm recorded them: from slurmctld while its
+    job record still describes this run, else (the job was requeued and the record
+    describes the next run) from slurmdbd's record of the run; None when neither
+    answers (the caller falls back to the node's clock)."""
+    try:
+        info = slurmcmd.key_values(slurmcmd.run("scontrol", ["-o", "show", "job", job_id],
+                                                timeout=15))
+    except slurmcmd.SlurmCommandError as exc:
+        print(f"gpu-audit slurm epilog: job {job_id}: {exc}", file=sys.stderr)
+        info = {}
+    state = info.get("JobState", "")
+    start = slurmcmd.parse_time(info.get("StartTime", ""))
+    end = slurmcmd.parse_time(info.get("EndTime", ""))
+    restarts = int(info["Restarts"]) if info.get("Restarts", "").isdigit() else None
+    if (state and state not in _NEXT_RUN_STATES and start is not None and end is not None
+            and end >= start
+            and (prolog_start is None or abs(start - prolog_start) <= RUN_MATCH_S)):
+        return RunTimes((start, end), False, restarts)
+    times = _accounted_run(job_id, prolog_start) if prolog_start is not None else None
+    return RunTimes(times, state in _NEXT_RUN_STATES, restarts)
+
+
+def _accounted_run(job_id: str, prolog_start: float) -> tuple[float, float] | None:
+    """The ended run of a requeued job that started with the prolog, from sacct (slurmctld
+    sends it to slurmdbd when it requeues the job; a moment may pass)."""
+    for attempt in range(DBD_TRIES):
+        try:
+            rows = slurmcmd.parsable(slurmcmd.run("sacct", [
+                "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"], timeout=15),
+                ("Start", "End"))
+        except slurmcmd.SlurmCommandError:
+            return None  # no accounting: the node's clock
+        ended = []
+        for r in rows:
+            start, end = slurmcmd.parse_time(r["Start"]), slurmcmd.parse_time(r["End"])
+            if (start is not None and end is not None and end >= start
+                    and abs(start - prolog_start) <= DBD_MATCH_S):
+                ended.append((abs(start - prolog_start), start, end))
+        if ended:
+            _, start, end = min(ended)  # the run this prolog started
+            return start, end
+        if attempt + 1 < DBD_TRIES:
+            time.sleep(0.5)
+    return None
+
+
+def measure(config: Config, config_path: Path | None, job_id: str, start: float,
+            end: float) -> tuple[UsageMeter, list[str]]:
+    """The job's usage on this node from the exporter's archive and spool, and the
+    trail's problems."""
+    dirs: list[Path] = []
+    key = None
+    try:
+        archive, key = archive_source(config_path)
+        dirs.append(archive)
+    except ConfigError:
+        pass  # no archive sink: the spool alone
+    dirs.append(config.spool.directory)
+    dirs = [d for d in dirs if d.is_dir()]
+    # a little beyond the run on both sides: a record covers the interval before it
+    start_ns, end_ns = int(start * 1e9), int((end + 2) * 1e9)
+    meter = UsageMeter(start_ns=start_ns, end_ns=end_ns,
+                       key=lambda r: job_id if _job_of(r) == job_id else None)
+    trails = Trails(dirs, key=key, start_ns=start_ns, end_ns=end_ns)
+    for rec in trails:
+        meter.add(rec)
+    return meter, trails.problems
+
+
+def _job_of(rec: Mapping[str, Any]) -> str | None:
+    a = rec.get("attribution")
+    return a.get("slurm_job_id") if isinstance(a, Mapping) else None
+
+
+def write_record(slurm_dir: Path, report: RunReport, host: str,
+                 hmac_key_file: Path | None) -> None:
+    """Append the run's `job_finished` record to the `slurm` stream (waiting for another
+    epilog that holds the spool)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            spool = SpoolWriter(SpoolConfig(directory=slurm_dir / "spool", fsync_window_ms=0))
+            break
+        except SpoolLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        producer = AuditProducer(AuditConfig(stream=STREAM, hmac_key_file=hmac_key_file), spool,
+                                 host=host, exporter_version=__version__, simulated=False,
+                                 lifecycle_events=None)
+        producer.start()
+        producer.commit_records([job_event("job_finished", timestamp=time.time(), host=host,
+                                           stream=STREAM, version=__version__,
+                                           job=report.job_fields())])
+        failed = producer.failed_by_reason()
+        if failed:
+            raise OSError(errno.EIO, f"the spool refused the record: {dict(failed)}")
+    finally:
+        spool.close()
+
+
+def spawn_store_comment(job_id: str, slurm_dir: Path) -> bool:
+    """Start `gpu-audit slurm store-comment` in its own session and return at once: the
+    job ends only after its Epilog, and slurmctld's final record of it would overwrite an
+    AdminComment stored before it reaches slurmdbd, so it is stored once it has."""
+    argv = [sys.executable, "-m", "gpu_audit_app", "slurm", "store-comment", job_id,
+            "--slurm-dir", str(slurm_dir)]
+    try:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError as exc:
+        print(f"gpu-audit slurm epilog: job {job_id}: AdminComment not stored: {exc}",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def store_comment(args: argparse.Namespace) -> int:
+    """`gpu-audit slurm store-comment JOBID`: once sacct shows the job's run ended, store
+    this node's reports of the job in its AdminComment (sacctmgr)."""
+    job_id = args.job_id
+    slurm_dir = Path(args.slurm_dir or os.environ.get("GPU_AUDIT_SLURM_DIR")
+                     or DEFAULT_SLURM_DIR)
+    runs = stored_reports(slurm_dir, job_id)
+    if not job_id.isdigit() or not runs:
+        print(f"gpu-audit slurm store-comment: no report of job {job_id} in "
+              f"{slurm_dir / 'reports'}", file=sys.stderr)
+        return EXIT_FAILURE
+    newest = max(runs, key=lambda r: r.attempt)
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            rows = slurmcmd.parsable(slurmcmd.run("sacct", [
+                "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"]), ("Start", "End"))
+        except slurmcmd.SlurmCommandError:
+            rows = []
+        if any(slurmcmd.parse_time(r["Start"]) == newest.start_time
+               and slurmcmd.parse_time(r["End"]) is not None for r in rows) or (
+                newest.time_source == "node" and any(
+                    slurmcmd.parse_time(r["End"]) is not None for r in rows)):
+            break
+        if time.monotonic() > deadline:
+            print(f"gpu-audit slurm store-comment: job {job_id} has no ended run in sacct "
+                  f"after {args.wait:g} s", file=sys.stderr)
+            return EXIT_FAILURE
+        time.sleep(1.0)
+    try:
+        slurmcmd.run("sacctmgr", ["-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                                  f"AdminComment={admin_comment(runs)}"], timeout=30)
+    except slurmcmd.SlurmCommandError as exc:
+        print(f"gpu-audit slurm store-comment: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def stored_reports(slurm_dir: Path, job_id: str) -> list[RunReport]:
+    out = []
+    for path in sorted((slurm_dir / "reports").glob(f"{job_id}.*.json")):
+        try:
+            out.append(RunReport.from_json(orjson.loads(path.read_bytes())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def epilog(args: argparse.Namespace) -> int:
+    env = os.environ
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        print(f"gpu-audit slurm epilog: SLURM_JOB_ID is missing or not a number "
+              f"({job_id or 'unset'}): nothing recorded", file=sys.stderr)
+        return EXIT_FAILURE
+    jobmap_dir = Path(args.jobmap_dir or env.get("GPU_AUDIT_JOBMAP_DIR") or DEFAULT_JOBMAP_DIR)
+    slurm_dir = Path(args.slurm_dir or env.get("GPU_AUDIT_SLURM_DIR") or DEFAULT_SLURM_DIR)
+    now = time.time()
+    try:
+        doc = read_jobmap(jobmap_dir / f"slurm-{job_id}.json")
+    except (OSError, ValueError) as exc:
+        print(f"gpu-audit slurm epilog: job {job_id}: {exc}: nothing recorded", file=sys.stderr)
+        return EXIT_FAILURE
+    if doc is None:
+        return EXIT_OK  # no GPU on this node: nothing to account
+    gpus = tuple(str(g) for g in doc.get("gpus", []) if isinstance(g, str))
+    prolog_start = doc.get("start_time")
+    prolog_start = float(prolog_start) if isinstance(prolog_start, int | float) else None
+    run = slurm_times(job_id, prolog_start)
+    if run.times is not None:
+        (start, end), source = run.times, "slurm"
+    else:
+        start = prolog_start if prolog_start is not None else now
+        end, source = float(math.floor(now)), "node"
+    # the run's number, as the prolog saw it: by now a requeued job's record (and the
+    # environment slurmd gives the epilog) already counts the restart after this run
+    attempt = doc.get("restart_count")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        count = env.get("SLURM_JOB_RESTART_COUNT", "")
+        restarts = run.restarts if run.restarts is not None else (
+            int(count) if count.isdigit() else 0)
+        attempt = max(restarts - 1, 0) if run.requeued else restarts
+    exit_code = env.get("SLURM_JOB_EXIT_CODE", "")
+    report = RunReport(
+        job_id=job_id, node=env.get("SLURMD_NODENAME") or socket.gethostname(),
+        attempt=attempt,
+        user=env.get("SLURM_JOB_USER", ""), account=env.get("SLURM_JOB_ACCOUNT", ""),
+        partition=env.get("SLURM_JOB_PARTITION", ""), gpus=gpus, start_time=start,
+        end_time=end, time_source=source,
+        exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None)
+    ok = True
+    try:
+        config = load_settings(args.config)
+    except ConfigError as exc:
+        # without it neither the trail nor the stream's HMAC key is known: the report
+        # file and AdminComment only, no record (an unkeyed one would break the chain)
+        config = None
+        ok = False
+        print(f"gpu-audit slurm epilog: job {job_id}: configuration error in {exc.render()}; "
+              "no record written", file=sys.stderr)
+    if config is not None:
+        try:
+            meter, problems = measure(config, args.config, job_id, start, end)
+            for p in problems[:5]:
+                print(f"gpu-audit slurm epilog: audit trail: {p}", file=sys.stderr)
+            with_usage(report, meter.jobs.get(job_id))
+        except (OSError, ValueError, ConfigError) as exc:
+            ok = False
+            print(f"gpu-audit slurm epilog: job {job_id}: cannot read the audit trail: {exc}",
+                  file=sys.stderr)
+        try:
+            write_record(slurm_dir, report, config.host, config.audit.hmac_key_file)
+        except (OSError, ValueError) as exc:
+            ok = False
+            print(f"gpu-audit slurm epilog: job {job_id}: cannot write its record to "
+                  f"{slurm_dir / 'spool'}: {exc}", file=sys.stderr)
+    try:
+        (slurm_dir / "reports").mkdir(parents=True, exist_ok=True)
+        replace_file(slurm_dir / "reports" / f"{job_id}.{report.attempt}.json",
+                     orjson.dumps(report.to_json(), option=orjson.OPT_SORT_KEYS))
+    except OSError as exc:
+        ok = False
+        print(f"gpu-audit slurm epilog: job {job_id}: cannot write its report: {exc}",
+              file=sys.stderr)
+    if args.admin_comment:
+        ok = spawn_store_comment(job_id, slurm_dir) and ok
+    print(render_text([report]), end="")
+    return EXIT_OK if ok else EXIT_FAILURE
