@@ -22,7 +22,7 @@ from chargeback.slurm.bill import build_slurm_bill, write_slurm_bill
 from chargeback.slurm.trail import Trails
 from chargeback.sources.slurm import SacctData, SacctError, read_sacct
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.chargeback_main import period
+from gpu_audit_app.chargeback_period import period
 from gpu_audit_app.chargeback_sources import archive_source
 
 

@@ -24,7 +24,7 @@ from tests.exporter.exposition.test_render import named
 from tests.smallfs import small_filesystem
 
 G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
-IVAN = Attribution(user="ivan", project="climate", job="5150")
+IVAN = Attribution(user="ivan", project="climate", job="5150", slurm_job_id="5150")
 
 
 def _gpu(uuid: str, index: int, *, up: bool = True, xids: dict[int, int] | None = None,
@@ -60,11 +60,12 @@ def test_a_gpu_lost_before_a_restart_is_still_lost_after_it(tmp_path: Path) -> N
     assert (lost.up, lost.error, lost.info.index, dict(lost.xid_totals)) == (
         False, MISSING, 1, {79: 1})
     assert lost.xid_last_timestamp == 1001.0
-    assert snap.last_owners == {G1: (("ivan", "climate", "5150"),)}
+    assert snap.last_owners == {G1: (("ivan", "climate", "5150", "5150"),)}
     body = render_snapshot(snap, RenderOptions()).body
     assert ({"gpu": "1", "uuid": G1}, 0.0) in named(body, "gpu_up")
     assert ({"gpu": "1", "uuid": G1, "xid": "79"}, 1.0) in named(body, "gpu_xid_errors_total")
-    assert ({"gpu": "1", "uuid": G1, "user": "ivan", "project": "climate", "job": "5150"},
+    assert ({"gpu": "1", "uuid": G1, "user": "ivan", "project": "climate", "job": "5150",
+             "slurm_job": "5150"},
             1.0) in named(body, "gpu_owner_info")
     inv.close()
     # and again after a second restart: still there

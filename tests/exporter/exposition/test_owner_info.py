@@ -20,18 +20,18 @@ def test_one_series_per_gpu_with_every_owner_comma_separated() -> None:
     body = render_snapshot(small_snapshot(), RenderOptions()).body
     rows = named(body, "gpu_owner_info")
     assert rows == [({"gpu": "0", "uuid": UUID0, "simulated": "true", "user": "alice,bob",
-                      "project": "vision", "job": "42"}, 1.0)]
+                      "project": "vision", "job": "42", "slurm_job": ""}, 1.0)]
 
 
 def test_a_down_gpu_keeps_the_owners_it_had_when_last_read() -> None:
     """GPU 1 is down and has no processes: its series comes from the snapshot's
     `last_owners` (the inventory's record), with the owner's values as they were."""
     snap = dataclasses.replace(small_snapshot(),
-                               last_owners={UUID1: (("ivan", "climate", "5150"),)})
+                               last_owners={UUID1: (("ivan", "climate", "5150", "5150"),)})
     rows = {lbl["uuid"]: lbl for lbl, _ in named(render_snapshot(snap, RenderOptions()).body,
                                                   "gpu_owner_info")}
     assert rows[UUID1] == {"gpu": "1", "uuid": UUID1, "simulated": "true", "user": "ivan",
-                           "project": "climate", "job": "5150"}
+                           "project": "climate", "job": "5150", "slurm_job": "5150"}
 
 
 def test_an_up_gpu_ignores_last_owners_and_an_unowned_gpu_has_no_series() -> None:
@@ -40,7 +40,7 @@ def test_an_up_gpu_ignores_last_owners_and_an_unowned_gpu_has_no_series() -> Non
     snap = small_snapshot()
     only_unknown = (AttributedProcess(UUID0, proc(7, GIB), UNKNOWN),)
     snap = dataclasses.replace(snap, processes={UUID0: only_unknown},
-                               last_owners={UUID0: (("mallory", "x", "y"),)})
+                               last_owners={UUID0: (("mallory", "x", "y", ""),)})
     assert named(render_snapshot(snap, RenderOptions()).body, "gpu_owner_info") == []
 
 
@@ -51,6 +51,6 @@ def test_owner_values_skip_empty_fields_and_identities_without_an_owner() -> Non
              AttributedProcess(UUID0, proc(2, GIB), Attribution(container_id="abc")),
              AttributedProcess(UUID0, proc(3, GIB), Attribution(user="carol"))]
     owners = owners_of(procs)
-    assert owners == (("alice", "vision", "9"), ("carol", "", ""))
+    assert owners == (("alice", "vision", "9", ""), ("carol", "", "", ""))
     assert owner_label_values(owners) == ("alice,carol", "vision", "9", "")
     assert owner_label_values(()) is None
