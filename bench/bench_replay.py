@@ -11,6 +11,8 @@ utilisation.svg) through the same code as `gpu-audit launcher replay --report`.
 Run: .venv/bin/python bench/bench_replay.py                  (the two committed weeks)
      .venv/bin/python bench/bench_replay.py --trace my.jsonl  (any trace)
      .venv/bin/python bench/bench_replay.py --write-traces    (regenerate bench/traces/)
+     .venv/bin/python bench/bench_replay.py --set policy.preempt_by=urgency --out urgency
+                                                              (a what-if on the policy)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 from gpu_audit.errors import EXIT_USAGE, ConfigError
+from launcher.config import LauncherCoreConfig
 from launcher.replay.generate import generate
 from launcher.replay.generate_evening import generate_evening
 from launcher.replay.metrics import ReplayMetrics
@@ -41,7 +44,20 @@ def write_traces() -> None:
     print(f"wrote lab-week, lab-day and lab-evening-week in {TRACES}")
 
 
-def run(path: Path, tick: float, notebooks_as: float | None) -> int:
+def core_config(settings: list[str]) -> LauncherCoreConfig:
+    """The core configuration with `section.key=value` settings (YAML values)."""
+    import yaml
+
+    data: dict[str, dict[str, object]] = {}
+    for item in settings:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        data.setdefault(section, {})[name] = yaml.safe_load(value)
+    return LauncherCoreConfig.model_validate(data)
+
+
+def run(path: Path, tick: float, notebooks_as: float | None,
+        core: LauncherCoreConfig, suffix: str) -> int:
     try:
         trace = load_trace(path)
     except ConfigError as exc:
@@ -54,6 +70,7 @@ def run(path: Path, tick: float, notebooks_as: float | None) -> int:
             for j in trace.jobs))
         name += f"-nb-{notebooks_as:g}"
         print(f"what-if: interactive jobs submitted as {notebooks_as:g} GPU")
+    name += f"-{suffix}" if suffix else ""
     h = trace.header
     print(f"trace {path.name}: {len(trace.jobs)} jobs, {len(trace.people)} people, "
           f"{h.gpus} x {h.gpu_memory_bytes / 2**30:.0f} GiB GPUs, window "
@@ -61,7 +78,7 @@ def run(path: Path, tick: float, notebooks_as: float | None) -> int:
     metrics: dict[str, ReplayMetrics] = {}
     walls: dict[str, float] = {}
     for p in POLICIES:
-        r = replay(trace, p, tick_seconds=tick)
+        r = replay(trace, p, config=core, tick_seconds=tick)
         metrics[p] = r.metrics
         walls[p] = round(r.wall_seconds, 2)
         print(f"  {p}: replayed in {r.wall_seconds:.1f} s wall ({r.metrics.ticks} ticks"
@@ -87,13 +104,19 @@ def main() -> int:
     ap.add_argument("--write-traces", action="store_true")
     ap.add_argument("--notebooks-as-fraction", type=float, metavar="F",
                     help="what-if: submit every interactive job as this fraction of a GPU")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="what-if: a core setting, e.g. policy.preempt_by=urgency")
+    ap.add_argument("--out", default="", help="suffix of the result directories")
     args = ap.parse_args()
     if args.write_traces:
         write_traces()
         return 0
+    core = core_config(args.set)
+    if args.set:
+        print(f"what-if: {', '.join(args.set)}")
     code = 0
     for path in args.trace or WEEKS:
-        code = max(code, run(path, args.tick, args.notebooks_as_fraction))
+        code = max(code, run(path, args.tick, args.notebooks_as_fraction, core, args.out))
     return code
 
 

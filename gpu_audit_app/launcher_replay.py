@@ -24,8 +24,13 @@ from gpu_audit.errors import EXIT_OK, EXIT_USAGE, ConfigError
 
 
 def add_replay_arguments(lsub: Any) -> None:
-    from launcher.replay.run import POLICIES
+    # the policy names from the configuration model: building the parser (every client
+    # command does) must not load the engine
+    from typing import get_args
 
+    from launcher.config import PolicyName
+
+    policies = get_args(PolicyName)
     r = lsub.add_parser(
         "replay", help="Replay a job trace through the launcher's scheduler, per policy.",
         description="Replay a lab's job trace (JSON Lines, docs/REPLAY.md) through the "
@@ -34,8 +39,8 @@ def add_replay_arguments(lsub: Any) -> None:
         "completion, idle-held GPU-hours, waits, fairness and preemption loss, with the "
         "targets the launcher is held to.")
     r.add_argument("trace", type=Path, metavar="TRACE")
-    r.add_argument("--policy", action="append", choices=POLICIES, metavar="POLICY",
-                   help=f"a policy to replay ({', '.join(POLICIES)}); repeat for several; "
+    r.add_argument("--policy", action="append", choices=policies, metavar="POLICY",
+                   help=f"a policy to replay ({', '.join(policies)}); repeat for several; "
                    "default: all")
     r.add_argument("--report", type=Path, metavar="DIR",
                    help="write report.md, metrics.json and utilisation.svg there")

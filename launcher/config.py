@@ -118,8 +118,16 @@ class PolicyConfig(BaseModel):
         "preempted.")
     preempt_min_priority_gap: float = Field(
         default=500.0, ge=0,
-        description="Priority points a victim must be below the waiting job (not required "
-        "of an idle-reclaim victim).")
+        description="Points a victim must be below the waiting job (not required of an "
+        "idle-reclaim victim): in urgency points with `preempt_by: urgency`, in total "
+        "priority with `preempt_by: priority`.")
+    preempt_by: Literal["urgency", "priority"] = Field(
+        default="priority",
+        description="What entitles a waiting job to preempt a busy one: `urgency` (its "
+        "urgency level's points are at least preempt_min_priority_gap above the victim's, "
+        "and its priority is higher; fair share and age only order the queue, as Slurm "
+        "preempts by QOS) or `priority` (the total priority, fair share and age "
+        "included, is at least the gap above).")
     # idle reclaim (policy "priority" only): a running job whose MEASURED utilisation stays
     # under `idle_util_threshold` for `idle_reclaim_seconds` while work waits gives way
     idle_reclaim: bool = Field(

@@ -333,8 +333,8 @@ class Scheduler:
                         "(they checkpoint and leave)"))
                     continue
             kind, detail = self._why(job, initial, running, d, ahead)
-            lower = [v.id for v in preemptible if d.breakdowns[v.id].total
-                     + c.preempt_min_priority_gap <= d.breakdowns[job.id].total]
+            lower = [v.id for v in preemptible
+                     if self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
             if kind != r.PRIORITY and lower:
                 if not may_preempt:
                     detail += (f"; may preempt lower-priority job {r.listed(lower)} from "
@@ -476,13 +476,12 @@ class Scheduler:
         candidate for any waiter of higher or equal priority (its own age term left out),
         and comes first."""
         mine = d.breakdowns[job.id].total
-        gap = self.config.preempt_min_priority_gap
         # (the idle job's age term does not count: it is running, not waiting)
         idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
                 and self._reclaimable(v)
                 and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
         busy = [v for v in preemptible if v not in idle
-                and d.breakdowns[v.id].total + gap <= mine]
+                and self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
         candidates = idle + busy
         if not candidates:
             return []
@@ -500,6 +499,13 @@ class Scheduler:
             if self._place(job, probe) is not None:
                 return chosen
         return []
+
+    def _outranks(self, waiter: PriorityBreakdown, victim: PriorityBreakdown) -> bool:
+        """May `waiter` preempt the busy `victim` (policy preempt_by)?"""
+        gap = self.config.preempt_min_priority_gap
+        if self.config.preempt_by == "urgency":
+            return victim.urgency + gap <= waiter.urgency and victim.total < waiter.total
+        return victim.total + gap <= waiter.total
 
     def _reserve(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
         """Book for `job` what is free now (up to its need), so lower-priority jobs in

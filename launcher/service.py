@@ -271,7 +271,9 @@ class Service:
         if refused is not None:
             return refused
         try:
-            parsed = Parsed(load_submission(req.spec or "", source=req.path), [])
+            parsed = Parsed(load_submission(
+                req.spec or "", source=req.path,
+                levels=list(self.engine.scheduler.config.urgency_levels)), [])
         except ConfigError as exc:
             parsed = Parsed(None, list(exc.problems))
         return self.finish_submission(caller, req, parsed)

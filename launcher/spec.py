@@ -23,7 +23,7 @@ import os
 import re
 import shlex
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -255,10 +255,13 @@ def _source_and_text(text_or_path: str | Path, source: str | None) -> tuple[str,
     return source or "<submission>", text_or_path
 
 
-def load_submission(text_or_path: str | Path, source: str | None = None) -> list[JobSpec]:
+def load_submission(text_or_path: str | Path, source: str | None = None,
+                    levels: Collection[str] | None = None) -> list[JobSpec]:
     """Parse and validate a submission (one job or a `jobs:` pipeline); ConfigError lists
     every problem. A Path (or a string naming an existing file) is read; other strings are
-    the YAML text itself."""
+    the YAML text itself. `levels`: the urgency levels the daemon defines (an unknown one
+    is then a problem here, listed with the others; who may use a level is the engine's
+    check)."""
     source, text = _source_and_text(text_or_path, source)
     doc = parse_yaml(text, source)  # refuses alias bombs, cycles, duplicate keys, tags
     problems: list[tuple[Loc, str]] = [(loc, msg) for loc, _, msg in doc.problems]
@@ -303,10 +306,22 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
                              "not a number"))
             raw = {k: v for k, v in raw.items() if k != "urgency"}
         try:
-            specs.append((loc, JobSpec.model_validate(raw)))
+            spec = JobSpec.model_validate(raw)
+            specs.append((loc, spec))
+            if levels is not None and spec.urgency is not None and spec.urgency not in levels:
+                problems.append(((*loc, "urgency"), f"{spec.urgency!r} is not a level here "
+                                 f"(one of {', '.join(levels)})"))
         except ValidationError as exc:
             for sub, msg in validation_problems(exc, raw):
                 problems.append(((*loc, *sub), msg))
+            # a well-formed level name that does not exist is listed too (a malformed
+            # one already is, by the validation)
+            level = raw.get("urgency")
+            if levels is not None and isinstance(level, str) and \
+                    URGENCY_NAME.match(level.strip().lower()) and \
+                    level.strip().lower() not in levels:
+                problems.append(((*loc, "urgency"), f"{_short(level)} is not a level here "
+                                 f"(one of {', '.join(levels)})"))
         after = raw.get("after", [])
         if isinstance(after, list):
             for j, dep in enumerate(after[:SPEC.max_after]):

@@ -40,9 +40,10 @@ def earliest_finish(trace: Trace) -> dict[str, float]:
 
 
 def _busy_work(job: TraceJob) -> tuple[float, float]:
-    """(busy GPU-seconds the job's runs must do at least, its busy rate)."""
+    """(busy GPU-seconds the job's runs must do at least, its busy rate). A run keeps its
+    GPUs busy while it writes its checkpoints too, so the time is its wall time."""
     rate = job.util * (1.0 if job.gpu_fraction is not None else job.gpus)
-    work = job.runtime
+    wall = job.wall_seconds()
     if job.fails_at is not None:
         done = job.fails_at * job.runtime
         saved = 0.0
@@ -51,8 +52,8 @@ def _busy_work(job: TraceJob) -> tuple[float, float]:
         # the launcher's default budget when the trace leaves it (config.EngineConfig)
         retries = job.max_retries if job.max_retries is not None else 3
         attempts = min(job.fail_attempts, retries + 1)
-        work += attempts * max(0.0, done - saved)
-    return work * rate, rate
+        wall += attempts * max(0.0, job.wall_seconds(done) - job.wall_seconds(saved))
+    return wall * rate, rate
 
 
 @dataclass

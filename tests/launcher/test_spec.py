@@ -183,3 +183,16 @@ def test_counts_and_nul_bytes_are_bounded() -> None:
     for where in ("command: the command contains a NUL", "cwd: the value contains a NUL",
                   "env: Dictionary should have at most 256 items"):
         assert where in text, (where, text)
+
+
+def test_an_unknown_urgency_level_is_listed_with_the_other_problems() -> None:
+    """The daemon hands its levels to the reader, so a level it lacks is one more problem
+    of the same answer, not a second round trip."""
+    with pytest.raises(ConfigError) as info:
+        load_submission("jobs:\n  - {name: a, command: x, urgency: sometime, gpus: -1}\n"
+                        "  - {name: b, command: x, urgency: asap}\n",
+                        levels=["low", "normal"])
+    assert info.value.problems == [
+        "line 2: jobs.0.gpus: Input should be greater than or equal to 0",
+        "line 2: jobs.0.urgency: 'sometime' is not a level here (one of low, normal)",
+        "line 3: jobs.1.urgency: 'asap' is not a level here (one of low, normal)"]
