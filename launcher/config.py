@@ -251,6 +251,16 @@ class QuotaLimits(BaseModel):
         "slides out of the window.")
 
 
+class UserQuotaLimits(QuotaLimits):
+    """Every user's limits; null: no limit. The waiting-job cap is on by default: one
+    user cannot flood the queue (3,000 jobs made `queue` take 4 s)."""
+
+    max_queued_jobs: int | None = Field(
+        default=200, ge=0, le=1_000_000,
+        description="Jobs a user may have waiting (queued, requeued or held); a "
+        "submission past it is refused.")
+
+
 class QuotaConfig(BaseModel):
     """What one user and one project may ask of the node, and what one submission may
     be. The defaults suit a small lab: no limit on GPUs (priority, fair share and
@@ -262,8 +272,8 @@ class QuotaConfig(BaseModel):
     window_seconds: float = Field(
         default=7 * 86400.0, gt=0, le=366 * 86400.0, allow_inf_nan=False,
         description="The sliding window max_gpu_hours counts in (default 7 days).")
-    user: QuotaLimits = Field(
-        default_factory=lambda: QuotaLimits(max_queued_jobs=200),
+    user: UserQuotaLimits = Field(
+        default_factory=UserQuotaLimits,
         description="Every user's limits (users: overrides them per user).")
     project: QuotaLimits = Field(
         default_factory=QuotaLimits,

@@ -18,6 +18,7 @@ from launcher.config import (
     QuotaConfig,
     QuotaLimits,
     UrgencyLevel,
+    UserQuotaLimits,
 )
 from launcher.engine import Engine, LauncherError
 from launcher.executor import ProcessExecutor
@@ -105,7 +106,7 @@ def test_the_level_configuration_is_checked() -> None:
 def test_running_gpus_per_user_hold_the_rest_back_with_the_limit_named() -> None:
     """alice may hold 2 GPUs: her third and fourth jobs wait (user_limit) while bob's job
     takes a free GPU; a job asking alone for more than the limit is refused."""
-    node = _node(QuotaConfig(user=QuotaLimits(max_running_gpus=2, max_queued_jobs=200)))
+    node = _node(QuotaConfig(user=UserQuotaLimits(max_running_gpus=2)))
     jobs = node.submit("\n".join(["jobs:"] + [f"  - {{name: a{i}, command: x}}"
                                               for i in range(4)]))
     from launcher.spec import load_submission
@@ -124,10 +125,10 @@ def test_running_gpus_per_user_hold_the_rest_back_with_the_limit_named() -> None
 
 
 def test_a_per_user_override_replaces_only_the_keys_it_sets() -> None:
-    quotas = QuotaConfig(user=QuotaLimits(max_running_gpus=1, max_queued_jobs=2),
+    quotas = QuotaConfig(user=UserQuotaLimits(max_running_gpus=1, max_queued_jobs=2),
                          users={"alice": QuotaLimits(max_running_gpus=3)})
-    assert quotas.limits_for("user", "alice") == QuotaLimits(max_running_gpus=3,
-                                                             max_queued_jobs=2)
+    assert quotas.limits_for("user", "alice").model_dump() == QuotaLimits(
+        max_running_gpus=3, max_queued_jobs=2).model_dump()
     node = _node(quotas)
     node.run(10)
     assert _problems(node, "{name: big, command: x, gpus: 4}") == [
@@ -137,7 +138,7 @@ def test_a_per_user_override_replaces_only_the_keys_it_sets() -> None:
 
 def test_waiting_jobs_per_user_and_per_project_are_capped() -> None:
     """The 3,000-job flood: a user may have only so many jobs waiting."""
-    node = _node(QuotaConfig(user=QuotaLimits(max_queued_jobs=3),
+    node = _node(QuotaConfig(user=UserQuotaLimits(max_queued_jobs=3),
                              projects={"big": QuotaLimits(max_queued_jobs=1)}), gpus=1)
     node.submit("{name: run, command: x}")
     node.run(10)
@@ -163,7 +164,7 @@ def test_gpu_hours_per_window_hold_jobs_until_usage_slides_out() -> None:
     """1 GPU-hour per 2 h window: once alice's first job has held a GPU for an hour, her
     next waits (naming the limit); when the usage leaves the window it starts."""
     quotas = QuotaConfig(window_seconds=7200.0,
-                         user=QuotaLimits(max_gpu_hours=1.0, max_queued_jobs=200))
+                         user=UserQuotaLimits(max_gpu_hours=1.0))
     node = _node(quotas, gpus=2)
     node.behaviours["first"] = SimBehaviour(work_seconds=3700)
     node.behaviours["second"] = SimBehaviour(work_seconds=600)
@@ -204,7 +205,9 @@ def test_the_submission_size_is_capped_before_it_is_read(tmp_path: Path) -> None
                   clock=lambda: 1.0)
     caller = Caller(pid=2, uid=4242, gid=4242, groups=frozenset(), user="u", admin=False)
     spec = "{name: a, command: [x]}  #" + "x" * 2000
-    answer = svc.handle(caller, parse_request(orjson.dumps({"op": "submit", "spec": spec})))
+    request = parse_request(orjson.dumps({"op": "submit", "spec": spec}))
+    assert not isinstance(request, dict)
+    answer = svc.handle(caller, request)
     assert answer["ok"] is False and answer["error"] == "invalid"
     assert answer["problems"] == [f"{len(spec)} bytes of YAML; at most 1024 "
                                   "(quotas.max_spec_bytes)"]
