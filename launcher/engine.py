@@ -205,8 +205,8 @@ class Engine:
         owner = user if user is not None else (specs[0].user or str(uid))
         if is_admin and len(names) == 1 and user is not None:
             owner = next(iter(names))  # an admin submitting on someone's behalf
-        if not self.node:
-            self._read_node(now)
+        # what "can never run" compares with: the GPUs the ticks have read (the daemon
+        # ticks before it serves; a submission never waits on a GPU read of its own)
         policy = self.scheduler.config
         problems = submission_problems(
             specs, owner=owner, groups=groups, is_admin=is_admin, policy=policy,
@@ -224,12 +224,6 @@ class Engine:
                 self._event(now, job_id, "queued", {"name": spec.name, "user": owner,
                                                     "project": spec.project, "uid": uid})
         return ids
-
-    def _read_node(self, now: float) -> None:
-        try:
-            self._note_node(self.gpus.read(now))
-        except Exception as exc:  # noqa: BLE001 (no GPU state yet: nothing to compare with)
-            log.debug("GPU state unavailable at submission: %s", exc)
 
     def _note_node(self, gpus: Sequence[GpuInfo]) -> None:
         for g in gpus:

@@ -38,11 +38,17 @@ jobs:
     assert node.store.jobs() == [], "nothing of a refused submission is queued"
 
 
-def test_the_node_is_read_for_a_submission_before_the_first_tick() -> None:
-    """A daemon that just started has not ticked yet: the check reads the GPUs itself."""
+def test_before_the_gpus_were_ever_read_such_a_job_waits_saying_why() -> None:
+    """A submission never waits on a GPU read of its own (the daemon ticks before it
+    serves): before any read there is nothing to compare with, so the job is queued, and
+    the first round says what it lacks."""
     node = Node(gpus=1)
+    (job,) = node.submit("{name: huge, command: x, gpu_memory_bytes: 500GiB}")
+    node.run(10)
+    assert _why(node, job) == (r.RESOURCES, "needs 1 whole GPU with 500 GiB; 0 of 1 free: "
+                                            "GPU 0 has less than 500 GiB")
     with pytest.raises(LauncherError, match="cannot be queued"):
-        node.submit("{name: huge, command: x, gpu_memory_bytes: 500GiB}")
+        node.submit("{name: huge2, command: x, gpu_memory_bytes: 500GiB}")
 
 
 def test_every_waiting_job_has_one_current_reason_with_its_numbers() -> None:
