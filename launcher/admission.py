@@ -19,7 +19,7 @@ returns no problem.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from launcher import reasons as r
 from launcher.config import PolicyConfig, QuotaConfig
@@ -86,10 +86,19 @@ def quota_problems(specs: Sequence[JobSpec], owner: str, quotas: QuotaConfig,
             elif limits.max_gpu_hours == 0 and s.gpu_share > 0:
                 out.append(f"{s.name}: {kind} {who} has no GPU-hours "
                            f"({quotas.key(kind, who, 'max_gpu_hours')}): it can never run")
+    return out + queued_problems(
+        {"user": Counter({owner: len(specs)}), "project": Counter(s.project for s in specs)},
+        quotas, store)
+
+
+def queued_problems(new: Mapping[str, Counter[str]], quotas: QuotaConfig,
+                    store: Store) -> list[str]:
+    """The `max_queued_jobs` limits `new` more waiting jobs ({"user": {name: n},
+    "project": {name: n}}) would pass."""
     waiting = store.waiting_counts()
-    new = {"user": Counter({owner: len(specs)}), "project": Counter(s.project for s in specs)}
+    out = []
     for kind in ("user", "project"):
-        for who, n in sorted(new[kind].items()):
+        for who, n in sorted(new.get(kind, Counter()).items()):
             limit = quotas.limits_for(kind, who).max_queued_jobs
             have = waiting[kind].get(who, 0)
             if limit is not None and have + n > limit:

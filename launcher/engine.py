@@ -20,9 +20,8 @@ Step 1 also tracks, per running job, since when its measured utilisation (the GP
 utilisation times the job's share of the memory in use there) has stayed under the
 policy's `idle_util_threshold`: the scheduler's idle reclaim reads it.
 
-Requests: `submit` (admission checks in launcher/admission.py: urgency levels and who may
-use them, jobs that can never run on this node, quotas, `after` ids), `cancel`, `hold`,
-`release`, and `retry` (a failed job again, with the dependents its failure cancelled).
+Requests (launcher/requests.py, a part of the engine): `submit`, `cancel`, `hold`,
+`release`, `retry`.
 
 No wall clock, no sockets, no processes: the executor, the GPU state and the clock are
 injected, so replay runs a week in seconds through exactly this code. A `gate` (replay's
@@ -32,49 +31,31 @@ hand-launched baseline) may hold eligible jobs back with a reason of its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from launcher import reasons as r
-from launcher.admission import FAILED_STATES, submission_problems
+from launcher.admission import FAILED_STATES
 from launcher.config import EngineConfig, LauncherCoreConfig
 from launcher.constants import EXIT_PREEMPTED
 from launcher.gpustate import GpuInfo, GpuStateSource
 from launcher.identity import job_environment
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
 from launcher.quota import Budget, UsageWindow
+from launcher.requests import BadState, LauncherError, PermissionDenied, Requests, UnknownJob
 from launcher.scheduler import Decision, Scheduler
 from launcher.spec import JobSpec
-from launcher.store import ACTIVE, TERMINAL, WAITING, Event, JobRecord, Store
+from launcher.store import ACTIVE, WAITING, Event, JobRecord, Store
+from launcher.waiting import Gate, classify
 
 log = logging.getLogger("gpu_audit.launcher")
 
+# the request errors are the engine's to callers (service, replay, tests)
+__all__ = ["BadState", "Engine", "Executor", "Exit", "LauncherError", "PermissionDenied",
+           "Report", "UnknownJob"]
+
 FAILED_DEPENDENCY_STATES = FAILED_STATES
-RETRYABLE = frozenset({"failed", "timed_out", "cancelled"})
-# Why a job may not start now, from outside the scheduler (replay's presence of owners):
-# (reason kind, detail), or None when it may.
-Gate = Callable[[JobRecord, float], "tuple[str, str] | None"]
-
-
-class LauncherError(Exception):
-    """A request the engine refuses; the message says why, `problems` lists each reason."""
-
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.problems = list(problems)
-
-
-class PermissionDenied(LauncherError):
-    """The caller may not act on this job (not theirs, and not an admin)."""
-
-
-class UnknownJob(LauncherError):
-    pass
-
-
-class BadState(LauncherError):
-    """The job is in a state where the request means nothing (e.g. release a running job)."""
 
 
 @dataclass(frozen=True)
@@ -136,9 +117,11 @@ class _Barrier:
     last_reap: float = 0.0
 
 
-class Engine:
+class Engine(Requests):
     """See the module docstring. `clock` returns the current time (unix seconds; virtual
     in replay). `env_base` is the environment every job starts from."""
+
+    executor: Executor
 
     def __init__(self, store: Store, scheduler: Scheduler,  # noqa: PLR0917 - the contract
                  gpus: GpuStateSource,
@@ -186,138 +169,10 @@ class Engine:
     def ec(self) -> EngineConfig:
         return self.config.engine
 
-    # ------------------------------------------------------------------- user requests
-
-    def submit(self, specs: Sequence[JobSpec], uid: int, user: str | None = None,
-               is_admin: bool = False, groups: Collection[str] = ()) -> list[int]:
-        """Queue a validated submission. `user` is the account of `uid` as the daemon
-        resolved it from the socket's peer credentials (`groups` its groups' names); a
-        spec naming another user is refused unless the caller is an admin. Refused with
-        every problem (LauncherError.problems) when a job can never run here, names a
-        level its user may not use, passes a quota or depends on a job it may not."""
-        if not specs:
-            raise LauncherError("empty submission")
-        names = {s.user for s in specs if s.user is not None}
-        if user is not None and names - {user} and not is_admin:
-            raise PermissionDenied(f"uid {uid} ({user}) may not submit as "
-                                   f"{', '.join(sorted(names - {user}))}")
-        now = self.clock()
-        owner = user if user is not None else (specs[0].user or str(uid))
-        if is_admin and len(names) == 1 and user is not None:
-            owner = next(iter(names))  # an admin submitting on someone's behalf
-        # what "can never run" compares with: the GPUs the ticks have read (the daemon
-        # ticks before it serves; a submission never waits on a GPU read of its own)
-        policy = self.scheduler.config
-        problems = submission_problems(
-            specs, owner=owner, groups=groups, is_admin=is_admin, policy=policy,
-            quotas=self.config.quotas, node=list(self.node.values()), store=self.store)
-        if problems:
-            raise LauncherError(f"the submission cannot be queued ({len(problems)} "
-                                f"problem{'s' if len(problems) != 1 else ''})", problems)
-        specs = [s if s.urgency is not None else
-                 s.model_copy(update={"urgency": policy.default_urgency}) for s in specs]
-        with self.store.transaction():
-            ids = self.store.add_jobs(specs, uid, owner, now)
-            for job_id, spec in zip(ids, specs, strict=True):
-                self.store.update(job_id, wait_reason=r.NEW,
-                                  wait_detail="submitted; waits for the next scheduling round")
-                self._event(now, job_id, "queued", {"name": spec.name, "user": owner,
-                                                    "project": spec.project, "uid": uid})
-        return ids
-
     def _note_node(self, gpus: Sequence[GpuInfo]) -> None:
         for g in gpus:
             if g.up and g.memory_total_bytes > 0:
                 self.node[g.uuid] = max(self.node.get(g.uuid, 0), g.memory_total_bytes)
-
-    def _owned(self, job_id: int, uid: int, is_admin: bool) -> JobRecord:
-        rec = self.store.get(job_id)
-        if rec is None:
-            raise UnknownJob(f"no job {job_id}")
-        if rec.uid != uid and not is_admin:
-            raise PermissionDenied(f"job {job_id} belongs to {rec.user}; only they or an "
-                                   "admin may act on it")
-        return rec
-
-    def cancel(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        now = self.clock()
-        if rec.state in TERMINAL:
-            raise BadState(f"job {job_id} already ended ({rec.state})")
-        if rec.state in ACTIVE:
-            self.store.update(job_id, cancel_requested=True)
-            self._event(now, job_id, "cancel_requested", {"by_uid": uid})
-            self.executor.kill_group(job_id)
-            self._killed_at[job_id] = now
-            return
-        self._finish(rec, "cancelled", now, f"cancelled by uid {uid}")
-
-    def hold(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        if rec.state not in WAITING:
-            raise BadState(f"job {job_id} is {rec.state}; only a waiting job can be held")
-        self.store.update(job_id, state="held")
-        self._event(self.clock(), job_id, "held", {"by_uid": uid})
-
-    def release(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        if rec.state != "held":
-            raise BadState(f"job {job_id} is {rec.state}, not held")
-        self.store.update(job_id, state="queued")
-        self._event(self.clock(), job_id, "released", {"by_uid": uid})
-
-    def retry(self, job_id: int, uid: int, is_admin: bool = False) -> list[int]:
-        """Queue a failed (or timed out, or cancelled) job again with a fresh retry budget,
-        and with it the jobs its failure cancelled (its dependents, transitively): a
-        pipeline resumes from the step that failed. The job resumes from its newest
-        checkpoint if it has one, else starts over (logged `restarted`). Returns the ids
-        queued, the job first."""
-        rec = self._owned(job_id, uid, is_admin)
-        if rec.state not in RETRYABLE:
-            raise BadState(f"job {job_id} is {rec.state}; only a failed, timed out or "
-                           "cancelled job can be retried")
-        chain = [rec]
-        ids = {rec.id}
-        i = 0
-        while i < len(chain):  # dependents cancelled because a job of the chain failed
-            for dep in self.store.dependents(chain[i].id):
-                if dep.id not in ids and dep.state == "cancelled" \
-                        and dep.reason.startswith("dependency job "):
-                    chain.append(dep)
-                    ids.add(dep.id)
-            i += 1
-        outside = sorted({d for j in chain for d in j.after_ids if d not in ids})
-        states = self.store.states(outside)
-        failed = [d for d in outside if states.get(d) in FAILED_STATES]
-        if failed:
-            raise BadState(f"job {job_id} waits for job {r.listed(failed)}, which "
-                           f"{states[failed[0]]}: retry that one first")
-        owner_counts = self.store.waiting_counts()
-        problems = []
-        for kind, who, n in (("user", rec.user, len(chain)),
-                             *(("project", p, sum(1 for j in chain if j.project == p))
-                               for p in sorted({j.project for j in chain}))):
-            limit = self.config.quotas.limits_for(kind, who).max_queued_jobs
-            have = owner_counts[kind].get(who, 0)
-            if limit is not None and have + n > limit:
-                problems.append(f"{kind} {who} has {have} jobs waiting; {n} more would pass "
-                                f"the limit of {limit} "
-                                f"({self.config.quotas.key(kind, who, 'max_queued_jobs')})")
-        if problems:
-            raise LauncherError(f"job {job_id} cannot be retried", problems)
-        now = self.clock()
-        with self.store.transaction():
-            for j in chain:
-                self.store.update(j.id, state="queued", failures=0, queued_at=now,
-                                  submitted_at=now, backoff_until=now, finished_at=None,
-                                  exit_code=None, cancel_requested=False, reason="",
-                                  preempt_for=None, wait_reason=r.NEW,
-                                  wait_detail="retried; waits for the next scheduling round")
-                self._event(now, j.id, "retried", {
-                    "by_uid": uid, "previous_state": j.state, "attempt": j.attempt,
-                    "for_job": None if j.id == job_id else job_id,
-                    "checkpoint_step": j.last_checkpoint_step})
-        return [j.id for j in chain]
 
     # ----------------------------------------------------------------------------- tick
 
@@ -621,32 +476,7 @@ class Engine:
 
     def eligible(self, now: float) -> list[JobRecord]:
         """Waiting jobs that may start now: backoff over, every dependency succeeded."""
-        return self._sort_waiting(now, self.store.jobs(WAITING))[0]
-
-    def _sort_waiting(self, now: float, waiting: Sequence[JobRecord]
-                      ) -> tuple[list[JobRecord], dict[int, tuple[str, str]]]:
-        """Split waiting (and held) jobs into those the scheduler may consider now and the
-        reasons of the others: held, a dependency not done, a backoff, the gate."""
-        deps = self.store.states(i for j in waiting for i in j.after_ids)
-        unmet_ids = {i for j in waiting for i in j.after_ids if deps.get(i) != "succeeded"}
-        names = {i: v[2] for i, v in self.store.owners(unmet_ids).items()} if unmet_ids else {}
-        ok: list[JobRecord] = []
-        why: dict[int, tuple[str, str]] = {}
-        for j in waiting:
-            unmet = [i for i in j.after_ids if deps.get(i) != "succeeded"]
-            if j.state == "held":
-                why[j.id] = (r.HELD, f"held; `gpu-audit launcher release {j.id}` lets it run")
-            elif unmet:
-                why[j.id] = (r.DEPENDENCY, r.cut("waiting for job " + r.listed(
-                    [f"{i} ({names.get(i, '?')}: {deps.get(i, 'gone')})" for i in unmet])))
-            elif j.backoff_until > now:
-                why[j.id] = (r.BACKOFF, r.cut(f"backoff until {r.clock(j.backoff_until)} "
-                                              f"after {j.reason or 'a failure'}"))
-            elif self.gate is not None and (gated := self.gate(j, now)) is not None:
-                why[j.id] = gated
-            else:
-                ok.append(j)
-        return ok, why
+        return classify(self.store, now, self.store.jobs(WAITING), self.gate)[0]
 
     # ---------------------------------------------------------------------- scheduling
 
@@ -654,7 +484,7 @@ class Engine:
         waiting = self.store.jobs((*WAITING, "held"))
         if not waiting:
             return
-        queued, why = self._sort_waiting(now, waiting)
+        queued, why = classify(self.store, now, waiting, self.gate)
         running = self.store.jobs(ACTIVE)
         if not queued or gpus is None:
             if gpus is None:  # the GPU state could not be read: no decision this round

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from launcher import reasons as r
 from launcher.config import LauncherCoreConfig, PolicyName
-from launcher.engine import Engine, Gate, LauncherError
+from launcher.engine import Engine, LauncherError
 from launcher.replay.executor import VirtualExecutor
 from launcher.replay.metrics import ReplayMetrics, compute
 from launcher.replay.people import Presence
@@ -30,6 +30,7 @@ from launcher.scheduler import Scheduler
 from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
 from launcher.store import ACTIVE, WAITING, JobRecord, Store
+from launcher.waiting import Gate
 
 POLICIES: tuple[PolicyName, ...] = ("priority", "first-fit", "fifo-exclusive", "hand-launched")
 BASE_UID = 20_000
