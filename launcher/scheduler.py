@@ -98,6 +98,10 @@ class Scheduler:
         self._idle: dict[int, float] = {}
         self._now = 0.0
         self._index: dict[str, int] = {}
+        # one decision's answers to "why does a job of this shape not start" (None: it
+        # would have fit on what was free before the decision)
+        self._why_cache: dict[tuple[int, float | None, int | None],
+                              tuple[str, str] | None] = {}
 
     # -------------------------------------------------------------------------- health
 
@@ -239,6 +243,7 @@ class Scheduler:
         self._idle = dict(idle or {}) if c.name == "priority" and c.idle_reclaim else {}
         self._now = now
         self._index = {g.uuid: g.index for g in gpus}
+        self._why_cache = {}
         slots = self._slots(gpus, running, blocked, d)
         if self._idle and queued:
             self._share_idle(running, slots, d)
@@ -349,14 +354,39 @@ class Scheduler:
     def _why(self, job: JobRecord, initial: dict[str, _Slot],
              running: Sequence[JobRecord], d: Decision, ahead: int) -> tuple[str, str]:
         """Why `job` did not start: it would have fit on the GPUs as they were before this
-        decision (jobs ahead took them), or what it needs against what there is."""
+        decision (jobs ahead took them), or what it needs against what there is. The
+        answer depends only on the job's shape and the GPUs before the decision, so it is
+        worked out once per shape (1,000 waiting jobs are a few shapes)."""
         spec = job.spec
-        if self._place(job, {u: s.clone() for u, s in initial.items()}) is not None:
-            who = "with higher priority" if self.config.name == "priority" \
-                else "submitted earlier"
-            if ahead:
-                return r.PRIORITY, f"{r.plural(ahead, 'job')} ahead {who} took the free GPUs"
-            return r.PRIORITY, f"the free GPUs are reserved for jobs ahead {who}"
+        shape = (spec.gpus, spec.gpu_fraction, spec.gpu_memory_bytes)
+        if shape not in self._why_cache:
+            self._why_cache[shape] = None if self._fits(job, initial) \
+                else self._lacks(job, initial, running, d)
+        known = self._why_cache[shape]
+        if known is not None:
+            return known
+        who = "with higher priority" if self.config.name == "priority" else "submitted earlier"
+        if ahead:
+            return r.PRIORITY, f"{r.plural(ahead, 'job')} ahead {who} took the free GPUs"
+        return r.PRIORITY, f"the free GPUs are reserved for jobs ahead {who}"
+
+    def _fits(self, job: JobRecord, slots: dict[str, _Slot]) -> bool:
+        """Would `job` be placed on `slots`? (_place without booking anything)"""
+        spec = job.spec
+        if spec.gpus == 0:
+            return True
+        if spec.gpu_fraction is None or self._whole_only:
+            m = spec.gpu_memory_bytes
+            return sum(1 for s in slots.values() if self._fits_exclusive(s)
+                       and (m is None or m <= s.total)) >= spec.gpus
+        return any(not s.exclusive and self.need_bytes(job, s.total)
+                   <= s.total - max(s.used, s.booked)
+                   and s.fraction + spec.gpu_fraction <= 1.0 + 1e-9 for s in slots.values())
+
+    def _lacks(self, job: JobRecord, initial: dict[str, _Slot],
+               running: Sequence[JobRecord], d: Decision) -> tuple[str, str]:
+        """What `job` needs against what the GPUs have (it does not fit on them)."""
+        spec = job.spec
         count = len(self._index)
         holders: dict[str, list[int]] = {}
         for j in running:
