@@ -163,7 +163,7 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if cmd == "replay":
         from gpu_audit_app.launcher_replay import replay_command
 
-        return replay_command(args)
+        return replay_command(args, lambda path: load_config(path, {}).core)
     try:
         return _client(cmd, args)
     except RequestTooLarge as exc:

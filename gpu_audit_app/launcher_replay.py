@@ -17,10 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_audit.errors import EXIT_OK, EXIT_USAGE, ConfigError
+
+if TYPE_CHECKING:
+    from launcher.config import LauncherCoreConfig
 
 
 def add_replay_arguments(lsub: Any) -> None:
@@ -52,7 +56,10 @@ def add_replay_arguments(lsub: Any) -> None:
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
 
-def replay_command(args: argparse.Namespace) -> int:
+def replay_command(args: argparse.Namespace,
+                   load_core: Callable[[Path], LauncherCoreConfig]) -> int:
+    """Run the command; `load_core` reads a daemon configuration file's `core` (the
+    daemon's own loader, handed in by launcher_main so the two modules stay apart)."""
     from launcher.config import LauncherCoreConfig
     from launcher.replay.report import clean, table, targets, targets_table, write_report
     from launcher.replay.run import POLICIES, replay
@@ -65,9 +72,7 @@ def replay_command(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace)
         core = LauncherCoreConfig()
         if args.config is not None:
-            from gpu_audit_app.launcher_main import load_config
-
-            core = load_config(args.config, {}).core
+            core = load_core(args.config)
         unknown = sorted({j.urgency for j in trace.jobs} - set(core.policy.urgency_levels))
         if unknown:
             raise ConfigError(str(args.trace), [

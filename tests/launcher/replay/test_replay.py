@@ -237,13 +237,19 @@ def test_the_demand_ceiling_is_what_the_jobs_allow_at_best() -> None:
 
 
 def test_an_unknown_urgency_is_refused_by_the_replay_not_skipped(tmp_path: Path) -> None:
-    """A trace naming a level the configuration lacks: the command says so (exit 2)."""
+    """A trace naming a level the configuration lacks: the command says so (exit 2); with
+    a daemon configuration that defines it (`--config`), it replays."""
     from gpu_audit_app.cli import main
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"trace": "t"}\n{"name": "a", "arrival": 0, "user": "u", '
                     '"memory_bytes": 1, "runtime": 60, "urgency": "asap"}\n')
     assert main(["launcher", "replay", str(path)]) == 2
+    config = tmp_path / "launcher.yaml"
+    config.write_text("core:\n  policy:\n    urgency_levels:\n      normal: {points: 0}\n"
+                      "      asap: {points: 9000}\n")
+    assert main(["launcher", "replay", str(path), "--config", str(config),
+                 "--policy", "priority"]) == 0
 
 
 def test_the_replay_command_writes_its_report(tmp_path: Path,
@@ -263,3 +269,13 @@ def test_the_replay_command_writes_its_report(tmp_path: Path,
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "metrics.json", "report.md", "utilisation.svg"]
     assert main(["launcher", "replay", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_a_daemon_refuses_the_hand_launched_baseline() -> None:
+    """`hand-launched` is people at their desks, not a policy to run a node with."""
+    from pydantic import ValidationError
+
+    from gpu_audit_app.launcher_main import LauncherConfig
+
+    with pytest.raises(ValidationError, match="replay baseline"):
+        LauncherConfig.model_validate({"core": {"policy": {"name": "hand-launched"}}})
