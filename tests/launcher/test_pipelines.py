@@ -36,6 +36,8 @@ def test_after_names_an_earlier_job_of_the_same_user_by_id() -> None:
 
 
 def test_after_ids_must_be_the_users_own_jobs_that_did_not_fail() -> None:
+    """after ids of another user's job, of a failed job or of no job are each refused, all
+    at once."""
     node = Node(gpus=1, default=SimBehaviour(work_seconds=10, fail_after_seconds=5))
     (bobs,) = node.engine.submit(load_submission("{name: b, command: x}"), 1001, "bob")
     (mine,) = node.submit("{name: m, command: x, max_retries: 0}")
@@ -129,6 +131,8 @@ def test_a_checkpointing_job_gets_a_default_retry_budget_for_signals_and_oom(
 
 
 def test_without_a_checkpoint_dir_a_kill_is_not_retried_by_default() -> None:
+    """The default retry budget is for jobs that checkpoint: one that cannot resume is not
+    rerun from scratch unasked."""
     node = Node(gpus=1, behaviours={"nb": SimBehaviour(
         work_seconds=600, fail_after_seconds=100, exit_code=137, fail_attempts=1)})
     (job,) = node.submit("{name: nb, command: x}")

@@ -92,6 +92,8 @@ def test_levels_are_the_admins_names_points_and_groups() -> None:
 
 
 def test_the_level_configuration_is_checked() -> None:
+    """The default level must exist and be open to everyone; level names and points are
+    checked."""
     with pytest.raises(ValidationError, match="default_urgency"):
         PolicyConfig(urgency_levels=LEVELS, default_urgency="normal")
     with pytest.raises(ValidationError, match="must be open to everyone"):
@@ -125,6 +127,8 @@ def test_running_gpus_per_user_hold_the_rest_back_with_the_limit_named() -> None
 
 
 def test_a_per_user_override_replaces_only_the_keys_it_sets() -> None:
+    """users.alice.max_running_gpus replaces the user default; alice's other limits are
+    inherited, and a refusal names the override's key."""
     quotas = QuotaConfig(user=UserQuotaLimits(max_running_gpus=1, max_queued_jobs=2),
                          users={"alice": QuotaLimits(max_running_gpus=3)})
     assert quotas.limits_for("user", "alice").model_dump() == QuotaLimits(
@@ -153,6 +157,7 @@ def test_waiting_jobs_per_user_and_per_project_are_capped() -> None:
 
 
 def test_jobs_per_submission_are_capped_by_the_admin() -> None:
+    """A submission over quotas.max_jobs_per_submission is refused whole, naming the key."""
     node = _node(QuotaConfig(max_jobs_per_submission=5))
     text = "jobs:\n" + "".join(f"  - {{name: j{i}, command: x}}\n" for i in range(6))
     assert _problems(node, text) == [

@@ -83,6 +83,7 @@ jobs:
 
 
 def test_a_failed_attempt_waits_with_its_backoff_time() -> None:
+    """A failed attempt waiting out its retry delay says until when, and after what."""
     node = Node(gpus=1, default=SimBehaviour(work_seconds=500, fail_after_seconds=5,
                                              fail_attempts=1))
     (job,) = node.submit("{name: flaky, command: x, max_retries: 2}")
@@ -106,6 +107,8 @@ def test_jobs_that_would_fit_but_for_higher_priority_ones_wait_for_priority() ->
 
 
 def test_a_fraction_that_finds_a_share_but_not_its_memory_says_so() -> None:
+    """A GPU has room for the share (0.25 + 0.5) but not for the memory: gpu_memory, with
+    the most that is free and where."""
     node = Node(gpus=1, default=SimBehaviour(work_seconds=5000, memory_bytes=50 * 2**30))
     node.submit("{name: a, command: x, gpu_fraction: 0.5, gpu_memory_bytes: 50GiB}")
     (b,) = node.submit("{name: b, command: x, gpu_fraction: 0.25, gpu_memory_bytes: 40GiB}")
@@ -115,6 +118,8 @@ def test_a_fraction_that_finds_a_share_but_not_its_memory_says_so() -> None:
 
 
 def test_the_job_waiting_for_its_victims_says_whom_it_preempts() -> None:
+    """The preempting job says whom it preempts, then that it waits for them to checkpoint
+    and leave."""
     policy = PolicyConfig(preempt_wait_seconds=0, preempt_min_runtime_seconds=0)
     node = Node(gpus=1, policy=policy, behaviours={
         "train": SimBehaviour(work_seconds=50_000, checkpoint_seconds=60)})
@@ -131,6 +136,8 @@ def test_the_job_waiting_for_its_victims_says_whom_it_preempts() -> None:
 
 
 def test_a_job_that_may_preempt_later_says_whom_and_when() -> None:
+    """Before preempt_wait_seconds have passed, the reason names the job it may preempt and
+    from when."""
     policy = PolicyConfig(preempt_wait_seconds=300, preempt_min_runtime_seconds=0)
     node = Node(gpus=1, policy=policy, default=SimBehaviour(work_seconds=50_000))
     (train,) = node.submit("{name: train, command: x, urgency: low, checkpoint_dir: /c}")

@@ -77,6 +77,8 @@ def test_the_launcher_beats_people_launching_by_hand_on_the_day(
 
 def test_the_report_has_the_table_the_targets_and_a_plot(
         day: dict[str, ReplayMetrics], tmp_path: Path) -> None:
+    """write_report: the metrics table with night completion, the issue's targets, the JSON
+    and an SVG line per policy."""
     paths = write_report(tmp_path / "r", day, title="lab-day")
     md, data, plot = (p.read_text() for p in paths)
     assert "| night completion (could / did) |" in md and "## Targets" in md
@@ -213,6 +215,8 @@ def test_hand_launched_jobs_start_only_while_their_owner_is_in() -> None:
 
 
 def test_the_owner_away_reason_names_when_they_are_back() -> None:
+    """Under hand-launched a job whose owner is away waits as owner_away, saying when they
+    are back."""
     ann = Person(person="ann", present=((0.0, 60.0), (10 * HOUR, 12 * HOUR)))
     trace = _trace(_job("a", 0, user="ann", runtime=HOUR),
                    _job("b", 0, user="ann", runtime=HOUR), people=(ann,))

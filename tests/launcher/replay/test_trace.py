@@ -57,6 +57,8 @@ def test_a_trace_without_jobs_is_refused() -> None:
 
 
 def test_round_trip_keeps_every_job_and_person() -> None:
+    """dump_trace then parse_trace gives back the header, the people and the jobs of both
+    generators."""
     header, jobs, people = generate(seed=3, days=1)
     trace = parse_trace(dump_trace(header, jobs, people).decode(), "x.jsonl")
     assert trace.header == header and list(trace.people) == people
@@ -125,6 +127,8 @@ def test_the_evening_lab_submits_its_trainings_while_their_owners_are_in() -> No
 
 
 def test_version_1_traces_still_read() -> None:
+    """A trace written before people existed still reads; nobody in it has presence
+    windows."""
     trace = parse_trace('{"trace": "old", "version": 1}\n{"name": "a", "arrival": 0, '
                         '"user": "u", "memory_bytes": 1, "runtime": 60}\n')
     assert trace.header.version == 1 and trace.people == ()
@@ -132,6 +136,8 @@ def test_version_1_traces_still_read() -> None:
 
 
 def test_people_and_pipelines_are_validated_with_their_lines() -> None:
+    """Bad time zones, windows, weekly days and hours, and a person given twice: each named
+    with its line."""
     text = "\n".join([
         '{"trace": "t", "timezone": "Mars/Olympus"}',
         '{"person": "a", "timezone": "+25:00", "present": [[10, 5]]}',
@@ -153,6 +159,8 @@ def test_people_and_pipelines_are_validated_with_their_lines() -> None:
 
 
 def test_pipeline_order_is_checked() -> None:
+    """A pipeline step must follow an earlier job of the same user that exists; steps
+    arriving together are ordered after the steps they follow."""
     text = "\n".join([
         '{"trace": "t"}',
         '{"name": "x", "arrival": 10, "user": "a", "memory_bytes": 1, "runtime": 1}',

@@ -65,6 +65,9 @@ jobs:
 
 def test_queue_says_why_jobs_wait_and_what_runs_where(daemon: LauncherDaemon,
                                                       home: Path) -> None:
+    """queue shows the running job's start, attempt, GPU and starting priority and each
+    waiting job's reason with its numbers; status too; the reason kinds are the metric's
+    label."""
     spec = _write(home, "pipe.yaml", f"""
 jobs:
   - {{name: long, command: ["{PY}", "-c", "import time; time.sleep(60)"]}}
