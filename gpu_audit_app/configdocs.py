@@ -95,6 +95,16 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return out
 
 
+def _dict_values(annotation: Any) -> type[BaseModel] | None:
+    """The model a mapping of sections holds (dict[str, Model]), else None."""
+    for alt in _alternatives(annotation):
+        if get_origin(alt) is dict:
+            value = _strip_annotated(get_args(alt)[1])
+            if _is_model(value):
+                return value  # type: ignore[no-any-return]
+    return None
+
+
 def _type_name(annotation: Any) -> str:
     alts = _alternatives(annotation)
     optional = type(None) in alts
@@ -227,6 +237,12 @@ def _walk(model: type[BaseModel], path: tuple[str, ...], in_list: bool, title: s
             rows.append(Row(key_path, "list of sections", _default(key, field), "",
                             f"{description} Types: {', '.join(kinds)} (below).", env, None))
             continue
+        values = _dict_values(field.annotation)
+        if values is not None and values not in seen:
+            # a mapping of sections (urgency levels, per-user quotas): its row keeps the
+            # default; the keys of one entry get their own table
+            sub_path = (*key_path, "<name>")
+            subs.append((values, sub_path, in_list, f"`{'.'.join(sub_path)}`"))
         if models:
             model_type = models[0]
             sub_path_text = ".".join(key_path)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from launcher.config import LauncherCoreConfig
@@ -82,6 +82,13 @@ class LauncherConfig(BaseModel):
                                  "deadlines to send a request and to read an answer "
                                  "(launcher/limits.py).")
 
+    @model_validator(mode="after")
+    def _daemon_policy(self) -> LauncherConfig:
+        if self.core.policy.name == "hand-launched":
+            raise ValueError("core.policy.name: `hand-launched` is a replay baseline (people "
+                             "starting jobs by hand), not a policy the daemon runs")
+        return self
+
 
 def load_config(path: Path | None, overrides: Mapping[str, Any]) -> LauncherConfig:
     from gpu_audit.yamlload import load_file
@@ -135,9 +142,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--attempt", type=int)
     for name, text in (("cancel", "Cancel a job (running: its process group is killed)."),
                        ("hold", "Keep a waiting job from starting."),
-                       ("release", "Let a held job start again.")):
+                       ("release", "Let a held job start again."),
+                       ("retry", "Queue a failed, timed out or cancelled job again, with the "
+                        "jobs its failure cancelled (its pipeline's later steps); it resumes "
+                        "from its newest checkpoint, if any.")):
         c = client(name, text)
         c.add_argument("id")
+    from gpu_audit_app.launcher_replay import add_replay_arguments
+
+    add_replay_arguments(lsub)
 
 
 def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -147,6 +160,10 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return EXIT_USAGE
     if cmd == "serve":
         return _serve(args)
+    if cmd == "replay":
+        from gpu_audit_app.launcher_replay import replay_command
+
+        return replay_command(args, lambda path: load_config(path, {}).core)
     try:
         return _client(cmd, args)
     except RequestTooLarge as exc:
@@ -340,6 +357,12 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
                                                          strict=True))
         return f"submitted {len(resp['ids'])} job(s): {pairs}"
+    if cmd == "retry":
+        pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
+                                                         strict=True))
+        step = resp.get("resumes_from_step")
+        start = f"resumes from step {step}" if step is not None else "starts over (no checkpoint)"
+        return f"queued again: {pairs}; job {resp['id']} {start}"
     if cmd == "queue":
         return _render_queue(resp["jobs"])
     if cmd == "status":
@@ -350,31 +373,50 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
 
 
 def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
-    head = f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}  GPUS"
+    """Your jobs: a waiting one's last column is why it waits, the others' their GPUs."""
+    head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}"
+            "  GPUS / WAITING FOR")
     rows = [head]
     for j in jobs:
-        gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
+        last = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
+        if j.get("wait_reason"):
+            last = f"{j['wait_reason']}: {j.get('wait_detail') or ''}".rstrip(": ")
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
-                    f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  {gpus}")
+                    f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  {last}")
     return "\n".join(rows)
 
 
-_TERMS = ("urgency", "tier", "age", "fairshare_user", "fairshare_project")
+def _num(v: object, width: int) -> str:
+    return f"{v:>{width}.1f}" if isinstance(v, int | float) else f"{'-':>{width}}"
 
 
 def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
-    head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
-            + " ".join(f"{t.upper():>12}" for t in _TERMS))
-    rows = [head]
-    for j in jobs:
-        p = j.get("priority") or {}
-        total = p.get("total", p.get("priority"))
-        cells = " ".join(
-            f"{p[t]:>12.1f}" if isinstance(p.get(t), int | float) else f"{'-':>12}"
-            for t in _TERMS)
-        tot = f"{total:>9.1f}" if isinstance(total, int | float) else f"{'-':>9}"
+    """Running jobs (start, attempt, GPUs, the priority they started with), then waiting
+    jobs (priority by term, and the one reason each waits)."""
+    running = [j for j in jobs if j.get("state") in ("running", "preempting")]
+    waiting = [j for j in jobs if j not in running]
+    rows = [f"RUNNING {len(running)}",
+            f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'STARTED':<8} {'TRY':>3} "
+            f"{'PRIORITY':>9}  GPUS"]
+    for j in running:
+        gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
-                    f"{j['state']:<10} {tot} {cells}")
+                    f"{j['state']:<10} {_fmt_time(j.get('started_at')):<8} "
+                    f"{j.get('attempt', 0):>3} {_num(j.get('start_priority'), 9)}  {gpus}")
+    rows += ["", f"WAITING {len(waiting)}",
+             f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
+             f"{'URGENCY':>8} {'TIER':>7} {'AGE':>7} {'FAIRSHR':>8}  REASON"]
+    for j in waiting:
+        p = j.get("priority") or {}
+        fair = None
+        if isinstance(p.get("fairshare_user"), int | float):
+            fair = p["fairshare_user"] + (p.get("fairshare_project") or 0.0)
+        reason = j.get("wait_reason") or "-"
+        detail = j.get("wait_detail") or ""
+        rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
+                    f"{j['state']:<10} {_num(p.get('total'), 9)} {_num(p.get('urgency'), 8)} "
+                    f"{_num(p.get('tier'), 7)} {_num(p.get('age'), 7)} {_num(fair, 8)}  "
+                    f"{reason}: {detail}".rstrip(": "))
     return "\n".join(rows)
 
 
@@ -386,6 +428,10 @@ def _render_job(j: Mapping[str, Any]) -> str:
              f"{_fmt_time(j.get('started_at'))}, finished {_fmt_time(j.get('finished_at'))}"]
     if j.get("exit_code") is not None:
         lines.append(f"  exit code {j['exit_code']}")
+    if j.get("wait_reason"):
+        lines.append(f"  waiting: {j['wait_reason']}: {j.get('wait_detail') or ''}".rstrip())
+    if j.get("start_priority") is not None:
+        lines.append(f"  started with priority {j['start_priority']:.1f}")
     if j.get("reason"):
         lines.append(f"  reason: {j['reason']}")
     if j.get("last_checkpoint_step") is not None:

@@ -7,17 +7,55 @@ baselines run the same code with a different `policy.name`.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PolicyName = Literal["priority", "fifo-exclusive", "first-fit"]
+from launcher.limits import KIB, SPEC
+
+# `hand-launched` is a replay baseline (people starting jobs by hand while at their
+# desk); the daemon refuses it (gpu_audit_app.launcher_main).
+PolicyName = Literal["priority", "fifo-exclusive", "first-fit", "hand-launched"]
+LEVEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+MAX_LEVELS = 32
+MAX_LEVEL_GROUPS = 64
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+
+
+class UrgencyLevel(BaseModel):
+    """One urgency level a job spec may name: its priority points and who may use it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    points: float = Field(
+        ge=0, le=1_000_000, allow_inf_nan=False,
+        description="Priority points a job at this level gets (the urgency term).")
+    groups: list[str] | None = Field(
+        default=None, max_length=MAX_LEVEL_GROUPS,
+        description="Unix groups whose members may submit at this level (root and "
+        "members of admin_group always may); null: everyone.")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[str] | None) -> list[str] | None:
+        bad = [g for g in v or [] if not _GROUP_NAME.match(g)]
+        if bad:
+            raise ValueError(f"not group names: {', '.join(repr(g[:40]) for g in bad[:5])}")
+        return v
+
+
+def default_levels() -> dict[str, UrgencyLevel]:
+    """Four levels 1,000 points apart, open to everyone: a small lab's default. Restrict
+    one with `groups:` (e.g. urgent: {points: 3000, groups: [gpu-admins]})."""
+    return {"low": UrgencyLevel(points=0.0), "normal": UrgencyLevel(points=1000.0),
+            "high": UrgencyLevel(points=2000.0), "urgent": UrgencyLevel(points=3000.0)}
 
 
 class PolicyConfig(BaseModel):
     """How waiting jobs are ordered, placed and allowed to preempt (launcher/scheduler.py).
-    Policy `priority` ranks by w_urgency*urgency + w_tier*tier + w_age*hours waited
-    - w_fairshare_user*decayed measured GPU-hours of the user
+    Policy `priority` ranks by the points of the job's urgency level + w_tier*tier +
+    w_age*hours waited - w_fairshare_user*decayed measured GPU-hours of the user
     - w_fairshare_project*decayed measured GPU-hours of the project."""
 
     model_config = ConfigDict(extra="forbid")
@@ -28,11 +66,17 @@ class PolicyConfig(BaseModel):
         "preemption and idle reclaim; `fifo-exclusive`: submission order, whole GPUs only, "
         "the first job that does not fit blocks the rest, no preemption; `first-fit`: "
         "submission order, every job that fits starts, no preemption. The weights and "
-        "preemption keys below apply to `priority` only.")
-    w_urgency: float = Field(
-        default=1000.0, ge=0,
-        description="Priority points per urgency level of the job spec (low 0, normal 1, "
-        "high 2, urgent 3).")
+        "preemption keys below apply to `priority` only. (`hand-launched` is a replay "
+        "baseline only.)")
+    urgency_levels: dict[str, UrgencyLevel] = Field(
+        default_factory=default_levels,
+        description="The urgency levels a job spec may name (`urgency: high`), each with "
+        "its priority points and the groups allowed to use it. A spec naming another "
+        "level, or one its user may not use, is refused at submission.")
+    default_urgency: str = Field(
+        default="normal",
+        description="The level of a job spec without `urgency` (one of urgency_levels, "
+        "open to everyone).")
     w_tier: float = Field(
         default=500.0, ge=0,
         description="Priority points per tier level of the submitting user "
@@ -74,8 +118,16 @@ class PolicyConfig(BaseModel):
         "preempted.")
     preempt_min_priority_gap: float = Field(
         default=500.0, ge=0,
-        description="Priority points a victim must be below the waiting job (not required "
-        "of an idle-reclaim victim).")
+        description="Points a victim must be below the waiting job (not required of an "
+        "idle-reclaim victim): in urgency points with `preempt_by: urgency`, in total "
+        "priority with `preempt_by: priority`.")
+    preempt_by: Literal["urgency", "priority"] = Field(
+        default="priority",
+        description="What entitles a waiting job to preempt a busy one: `urgency` (its "
+        "urgency level's points are at least preempt_min_priority_gap above the victim's, "
+        "and its priority is higher; fair share and age only order the queue, as Slurm "
+        "preempts by QOS) or `priority` (the total priority, fair share and age "
+        "included, is at least the gap above).")
     # idle reclaim (policy "priority" only): a running job whose MEASURED utilisation stays
     # under `idle_util_threshold` for `idle_reclaim_seconds` while work waits gives way
     idle_reclaim: bool = Field(
@@ -114,6 +166,30 @@ class PolicyConfig(BaseModel):
         description="A GPU with an XID error within the GPU source's window gets no new "
         "jobs.")
 
+    @model_validator(mode="after")
+    def _levels(self) -> Self:
+        problems = [f"urgency_levels: {name[:40]!r} is not a level name (lower-case letters, "
+                    "digits, '_' or '-', at most 32)"
+                    for name in self.urgency_levels if not LEVEL_NAME.match(name)]
+        if not self.urgency_levels or len(self.urgency_levels) > MAX_LEVELS:
+            problems.append(f"urgency_levels: 1 to {MAX_LEVELS} levels")
+        level = self.urgency_levels.get(self.default_urgency)
+        if level is None:
+            problems.append(f"default_urgency: {self.default_urgency[:40]!r} is not one of "
+                            f"urgency_levels ({', '.join(sorted(self.urgency_levels))})")
+        elif level.groups is not None:
+            problems.append(f"default_urgency: level {self.default_urgency!r} is restricted "
+                            "to groups; the default level must be open to everyone")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def urgency_points(self, level: str) -> float:
+        """Points of a level; 0 for a level the configuration no longer has (a job queued
+        before the admin removed it keeps waiting, at the bottom)."""
+        found = self.urgency_levels.get(level)
+        return found.points if found is not None else 0.0
+
 
 class EngineConfig(BaseModel):
     """Protocol timings and limits of the state machine (launcher/engine.py)."""
@@ -136,6 +212,13 @@ class EngineConfig(BaseModel):
         "retries remain); doubled for each further failure.")
     backoff_max_seconds: float = Field(
         default=3600.0, ge=0, description="Upper bound of the retry delay, in seconds.")
+    checkpoint_retries: int = Field(
+        default=3, ge=0, le=SPEC.max_retries,
+        description="Retries of a job that declares a checkpoint_dir and no max_retries "
+        "when it is killed by a signal (exit code above 128: SIGKILL, SIGSEGV...) or runs "
+        "out of memory: it resumes from its newest checkpoint after the backoff. Other "
+        "failures (a plain non-zero exit) are not retried unless the spec says "
+        "max_retries.")
     release_timeout_seconds: float = Field(
         default=60.0, ge=0,
         description="A GPU a job left stays out of placement while that job's processes "
@@ -145,6 +228,87 @@ class EngineConfig(BaseModel):
         default=False,
         description="An MPS daemon runs on the node: fractional jobs also get "
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.")
+
+
+class QuotaLimits(BaseModel):
+    """Limits on one user's (or project's) jobs; null: no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_running_gpus: float | None = Field(
+        default=None, ge=0, le=SPEC.max_gpus * 64, allow_inf_nan=False,
+        description="GPUs its running jobs may hold together (a fraction counts as its "
+        "share); a job that would exceed it waits (reason user_limit / project_limit), "
+        "one that alone asks for more is refused at submission.")
+    max_queued_jobs: int | None = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Jobs it may have waiting (queued, requeued or held); a submission "
+        "past it is refused.")
+    max_gpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, allow_inf_nan=False,
+        description="GPU-hours its jobs may hold (allocated, fractions by their share) "
+        "within the last quotas.window_seconds; once used up its jobs wait until usage "
+        "slides out of the window.")
+
+
+class UserQuotaLimits(QuotaLimits):
+    """Every user's limits; null: no limit. The waiting-job cap is on by default: one
+    user cannot flood the queue (3,000 jobs made `queue` take 4 s)."""
+
+    max_queued_jobs: int | None = Field(
+        default=200, ge=0, le=1_000_000,
+        description="Jobs a user may have waiting (queued, requeued or held); a "
+        "submission past it is refused.")
+
+
+class QuotaConfig(BaseModel):
+    """What one user and one project may ask of the node, and what one submission may
+    be. The defaults suit a small lab: no limit on GPUs (priority, fair share and
+    preemption share them), 200 waiting jobs per user, 100 jobs and 256 KiB per
+    submission."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_seconds: float = Field(
+        default=7 * 86400.0, gt=0, le=366 * 86400.0, allow_inf_nan=False,
+        description="The sliding window max_gpu_hours counts in (default 7 days).")
+    user: UserQuotaLimits = Field(
+        default_factory=UserQuotaLimits,
+        description="Every user's limits (users: overrides them per user).")
+    project: QuotaLimits = Field(
+        default_factory=QuotaLimits,
+        description="Every project's limits (projects: overrides them per project).")
+    users: dict[str, QuotaLimits] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-user limits; a key given here replaces the same key of `user` "
+        "(null: no limit), the others are inherited.")
+    projects: dict[str, QuotaLimits] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-project limits, as `users`.")
+    max_jobs_per_submission: int = Field(
+        default=100, ge=1, le=SPEC.max_jobs,
+        description="Jobs one submission may hold; a larger one is refused whole.")
+    max_spec_bytes: int = Field(
+        default=256 * KIB, ge=KIB, le=64 * 1024 * KIB,
+        description="Bytes of one submission's YAML; a larger one is refused before it "
+        "is read.")
+
+    def limits_for(self, kind: str, name: str) -> QuotaLimits:
+        """The limits of user or project `name`: the defaults, overridden key by key."""
+        base, overrides = (self.user, self.users) if kind == "user" else \
+            (self.project, self.projects)
+        own = overrides.get(name)
+        if own is None:
+            return base
+        return base.model_copy(update={k: getattr(own, k) for k in own.model_fields_set})
+
+    def key(self, kind: str, name: str, field: str) -> str:
+        """The configuration key that sets `field` for user or project `name` (what a
+        refusal names)."""
+        own = (self.users if kind == "user" else self.projects).get(name)
+        if own is not None and field in own.model_fields_set:
+            return f"quotas.{kind}s.{name}.{field}"
+        return f"quotas.{kind}.{field}"
 
 
 class LauncherCoreConfig(BaseModel):
@@ -158,3 +322,7 @@ class LauncherCoreConfig(BaseModel):
     engine: EngineConfig = Field(
         default_factory=EngineConfig,
         description="Preemption grace, retry backoff, release barrier, MPS.")
+    quotas: QuotaConfig = Field(
+        default_factory=QuotaConfig,
+        description="Per-user and per-project limits (running GPUs, waiting jobs, "
+        "GPU-hours per window) and the size of one submission.")

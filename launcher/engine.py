@@ -12,14 +12,20 @@
    their max runtime, and checkpoint-and-requeue jobs whose GPU is lost or shows an XID;
 6. cancel jobs whose dependency failed; schedule the eligible ones (Scheduler.decide) and
    carry out the starts, preemption signals and idle-reclaim shares, storing each
-   decision's breakdown.
+   decision's breakdown; store every waiting job's one current reason (held, its
+   dependency, its backoff, a quota, or the scheduler's: resources, memory, priority,
+   preemption; launcher/reasons.py).
 
 Step 1 also tracks, per running job, since when its measured utilisation (the GPU's
 utilisation times the job's share of the memory in use there) has stayed under the
 policy's `idle_util_threshold`: the scheduler's idle reclaim reads it.
 
+Requests (launcher/requests.py, a part of the engine): `submit`, `cancel`, `hold`,
+`release`, `retry`.
+
 No wall clock, no sockets, no processes: the executor, the GPU state and the clock are
-injected, so replay runs a week in seconds through exactly this code.
+injected, so replay runs a week in seconds through exactly this code. A `gate` (replay's
+hand-launched baseline) may hold eligible jobs back with a reason of its own.
 """
 
 from __future__ import annotations
@@ -29,36 +35,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from launcher import reasons as r
+from launcher.admission import FAILED_STATES
 from launcher.config import EngineConfig, LauncherCoreConfig
 from launcher.constants import EXIT_PREEMPTED
 from launcher.gpustate import GpuInfo, GpuStateSource
 from launcher.identity import job_environment
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
+from launcher.quota import Budget, UsageWindow
+from launcher.requests import BadState, LauncherError, PermissionDenied, Requests, UnknownJob
 from launcher.scheduler import Decision, Scheduler
 from launcher.spec import JobSpec
-from launcher.store import ACTIVE, TERMINAL, WAITING, Event, JobRecord, Store
+from launcher.store import ACTIVE, WAITING, Event, JobRecord, Store
+from launcher.waiting import Gate, classify
 
 log = logging.getLogger("gpu_audit.launcher")
 
-# Exit codes a CUDA out-of-memory error is reported under by the executor when it saw the
-# message in the job's output (it sets Exit.oom); the kernel OOM killer shows as SIGKILL.
-FAILED_DEPENDENCY_STATES = frozenset({"failed", "cancelled", "timed_out"})
+# the request errors are the engine's to callers (service, replay, tests)
+__all__ = ["BadState", "Engine", "Executor", "Exit", "LauncherError", "PermissionDenied",
+           "Report", "UnknownJob"]
 
-
-class LauncherError(Exception):
-    """A request the engine refuses; the message says why."""
-
-
-class PermissionDenied(LauncherError):
-    """The caller may not act on this job (not theirs, and not an admin)."""
-
-
-class UnknownJob(LauncherError):
-    pass
-
-
-class BadState(LauncherError):
-    """The job is in a state where the request means nothing (e.g. release a running job)."""
+FAILED_DEPENDENCY_STATES = FAILED_STATES
 
 
 @dataclass(frozen=True)
@@ -120,15 +117,18 @@ class _Barrier:
     last_reap: float = 0.0
 
 
-class Engine:
+class Engine(Requests):
     """See the module docstring. `clock` returns the current time (unix seconds; virtual
     in replay). `env_base` is the environment every job starts from."""
+
+    executor: Executor
 
     def __init__(self, store: Store, scheduler: Scheduler,  # noqa: PLR0917 - the contract
                  gpus: GpuStateSource,
                  executor: Executor, clock: Callable[[], float],
                  config: LauncherCoreConfig | None = None,
-                 env_base: dict[str, str] | None = None) -> None:
+                 env_base: dict[str, str] | None = None,
+                 gate: Gate | None = None) -> None:
         self.store = store
         self.scheduler = scheduler
         self.gpus = gpus
@@ -138,6 +138,13 @@ class Engine:
         self.env_base = env_base or {}
         self.ledger = FairShareLedger(scheduler.config.half_life_seconds)
         self.ledger.load(store.load_fairshare())
+        self.gate = gate
+        # GPU-hours per user and project in the quotas' sliding window (allocated)
+        self.usage = UsageWindow(self.config.quotas.window_seconds)
+        self.usage.load(store.load_usage(self.usage.oldest_hour(clock())))
+        # the memory of every GPU seen up (uuid -> bytes): what "can never run" compares
+        # a submission with
+        self.node: dict[str, int] = {}
         # GPUs left by a job and not yet confirmed clean: kept in the store, so a restarted
         # daemon does not hand a GPU with a leftover process to the next job
         self.barriers = [_Barrier(u, j, t, r) for u, j, t, r in store.barriers()]
@@ -162,69 +169,10 @@ class Engine:
     def ec(self) -> EngineConfig:
         return self.config.engine
 
-    # ------------------------------------------------------------------- user requests
-
-    def submit(self, specs: Sequence[JobSpec], uid: int, user: str | None = None,
-               is_admin: bool = False) -> list[int]:
-        """Queue a validated submission. `user` is the account of `uid` as the daemon
-        resolved it from the socket's peer credentials; a spec naming another user is
-        refused unless the caller is an admin."""
-        if not specs:
-            raise LauncherError("empty submission")
-        names = {s.user for s in specs if s.user is not None}
-        if user is not None and names - {user} and not is_admin:
-            raise PermissionDenied(f"uid {uid} ({user}) may not submit as "
-                                   f"{', '.join(sorted(names - {user}))}")
-        if self.last_gpus:
-            too_big = [s.name for s in specs if s.gpus > len(self.last_gpus)]
-            if too_big:
-                raise LauncherError(f"this node has {len(self.last_gpus)} GPUs; "
-                                    f"{', '.join(too_big)} asks for more")
-        now = self.clock()
-        owner = user if user is not None else (specs[0].user or str(uid))
-        if is_admin and len(names) == 1 and user is not None:
-            owner = next(iter(names))  # an admin submitting on someone's behalf
-        ids = self.store.add_jobs(specs, uid, owner, now)
-        for job_id, spec in zip(ids, specs, strict=True):
-            self._event(now, job_id, "queued", {"name": spec.name, "user": owner,
-                                                "project": spec.project, "uid": uid})
-        return ids
-
-    def _owned(self, job_id: int, uid: int, is_admin: bool) -> JobRecord:
-        rec = self.store.get(job_id)
-        if rec is None:
-            raise UnknownJob(f"no job {job_id}")
-        if rec.uid != uid and not is_admin:
-            raise PermissionDenied(f"job {job_id} belongs to {rec.user}; only they or an "
-                                   "admin may act on it")
-        return rec
-
-    def cancel(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        now = self.clock()
-        if rec.state in TERMINAL:
-            raise BadState(f"job {job_id} already ended ({rec.state})")
-        if rec.state in ACTIVE:
-            self.store.update(job_id, cancel_requested=True)
-            self._event(now, job_id, "cancel_requested", {"by_uid": uid})
-            self.executor.kill_group(job_id)
-            self._killed_at[job_id] = now
-            return
-        self._finish(rec, "cancelled", now, f"cancelled by uid {uid}")
-
-    def hold(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        if rec.state not in WAITING:
-            raise BadState(f"job {job_id} is {rec.state}; only a waiting job can be held")
-        self.store.update(job_id, state="held")
-        self._event(self.clock(), job_id, "held", {"by_uid": uid})
-
-    def release(self, job_id: int, uid: int, is_admin: bool = False) -> None:
-        rec = self._owned(job_id, uid, is_admin)
-        if rec.state != "held":
-            raise BadState(f"job {job_id} is {rec.state}, not held")
-        self.store.update(job_id, state="queued")
-        self._event(self.clock(), job_id, "released", {"by_uid": uid})
+    def _note_node(self, gpus: Sequence[GpuInfo]) -> None:
+        for g in gpus:
+            if g.up and g.memory_total_bytes > 0:
+                self.node[g.uuid] = max(self.node.get(g.uuid, 0), g.memory_total_bytes)
 
     # ----------------------------------------------------------------------------- tick
 
@@ -242,6 +190,7 @@ class Engine:
         active = self.store.jobs(ACTIVE)
         if gpus is not None:
             self.last_gpus = gpus
+            self._note_node(gpus)
             self._account(now, gpus, active)
         for report in self.executor.reports():
             self._report(report)
@@ -261,9 +210,9 @@ class Engine:
             self._barrier(now, by_uuid)
         self._watch_running(now, by_uuid)
         self._dependencies(now)
-        if gpus is not None:
-            self._schedule(now, gpus)
+        self._schedule(now, gpus)
         self.store.save_fairshare(self.ledger.dirty())
+        self.store.add_usage(self.usage.drain())
         self._last_tick = now
         self._tick_events = None
         return events
@@ -319,6 +268,7 @@ class Engine:
             else:
                 self.idle_since.pop(rec.id, None)
             self.ledger.charge(now, rec.user, rec.project, busy * dt)
+            self.usage.charge(now, rec.user, rec.project, dt * rec.spec.gpu_share)
             self.store.update(rec.id,
                               measured_gpu_seconds=rec.measured_gpu_seconds + busy * dt,
                               allocated_gpu_seconds=rec.allocated_gpu_seconds
@@ -402,22 +352,35 @@ class Engine:
     def _failed(self, rec: JobRecord, ex: Exit, lost: float, base: dict[str, Any]) -> None:
         kind = "oom" if ex.oom else "failed"
         failures = rec.failures + 1
-        data = {**base, "kind": kind, "failures": failures, "lost_gpu_seconds": lost}
+        budget = self.retry_budget(rec, ex)
+        data = {**base, "kind": kind, "failures": failures, "lost_gpu_seconds": lost,
+                "retry_budget": budget}
         self.store.update(rec.id, failures=failures,
                           lost_gpu_seconds=rec.lost_gpu_seconds + lost)
-        if failures <= rec.spec.max_retries:
+        if failures <= budget:
             delay = min(self.ec.backoff_max_seconds,
                         self.ec.backoff_base_seconds * 2 ** (failures - 1))
             self.store.update(rec.id, state="requeued", queued_at=ex.time,
                               backoff_until=ex.time + delay, finished_at=ex.time,
                               reason=f"{kind} (exit {ex.code}); retry {failures} of "
-                                     f"{rec.spec.max_retries} after {delay:g}s")
+                                     f"{budget} after {delay:g}s")
             self._event(ex.time, rec.id, "requeued", {**data, "backoff_seconds": delay})
         else:
             reason = "out of GPU memory" if ex.oom else f"exit code {ex.code}"
-            if rec.spec.max_retries:
-                reason += f" (after {rec.spec.max_retries} retries)"
+            if budget:
+                reason += f" (after {budget} retries)"
             self._finish(rec, "failed", ex.time, reason, data)
+
+    def retry_budget(self, rec: JobRecord, ex: Exit) -> int:
+        """Retries a failure like `ex` gets: the spec's max_retries; else, for a job that
+        checkpoints, engine.checkpoint_retries when a signal killed it (exit code above
+        128, the shell's 128 + signal) or it ran out of memory (nothing is lost but the
+        work since its newest checkpoint); else none."""
+        if rec.spec.max_retries is not None:
+            return rec.spec.max_retries
+        if rec.spec.checkpoint_dir and (ex.oom or ex.code > 128 or ex.code < 0):
+            return self.ec.checkpoint_retries
+        return 0
 
     def _finish(self, rec: JobRecord, state: str, now: float, reason: str,
                 data: dict[str, Any] | None = None) -> None:
@@ -513,21 +476,29 @@ class Engine:
 
     def eligible(self, now: float) -> list[JobRecord]:
         """Waiting jobs that may start now: backoff over, every dependency succeeded."""
-        waiting = self.store.jobs(WAITING)
-        deps = self.store.states(i for j in waiting for i in j.after_ids)
-        return [j for j in waiting if j.backoff_until <= now
-                and all(deps.get(i) == "succeeded" for i in j.after_ids)]
+        return classify(self.store, now, self.store.jobs(WAITING), self.gate)[0]
 
     # ---------------------------------------------------------------------- scheduling
 
-    def _schedule(self, now: float, gpus: list[GpuInfo]) -> None:
-        queued = self.eligible(now)
+    def _schedule(self, now: float, gpus: list[GpuInfo] | None) -> None:
+        waiting = self.store.jobs((*WAITING, "held"))
+        if not waiting:
+            return
+        queued, why = classify(self.store, now, waiting, self.gate)
         running = self.store.jobs(ACTIVE)
-        if not queued:
+        if not queued or gpus is None:
+            if gpus is None:  # the GPU state could not be read: no decision this round
+                why.update({j.id: (r.RESOURCES, "the GPU state could not be read; "
+                                   "nothing starts until it can") for j in queued})
+            self._set_reasons(waiting, why)
             return
         d = self.scheduler.decide(now, queued, running, gpus, self.ledger, self.blocked_gpus,
-                                  idle=self.idle_since, shared=self.shared)
+                                  idle=self.idle_since, shared=self.shared,
+                                  budget=Budget(self.config.quotas, self.usage, running, now))
         self.last_decision = d
+        why.update(d.waits)
+        started = {job_id for job_id, _ in d.starts}
+        self._set_reasons([j for j in waiting if j.id not in started], why)
         by_id = {j.id: j for j in queued}
         by_uuid = {g.uuid: g for g in gpus}
         for position, (job_id, uuids) in enumerate(d.starts):
@@ -537,7 +508,8 @@ class Engine:
                 "policy": self.scheduler.config.name, "gpus": uuids,
                 "memory_bytes": d.memory.get(job_id), "position": position,
                 **(bd.as_dict() if bd is not None else {})})
-            self._start(rec, [by_uuid[u] for u in uuids], d.memory.get(job_id), now)
+            self._start(rec, [by_uuid[u] for u in uuids], d.memory.get(job_id), now,
+                        bd.total if bd is not None else None)
         running_by_id = {j.id: j for j in running}
         for job_id, fraction, memory in d.shares:
             rec = running_by_id[job_id]
@@ -559,8 +531,18 @@ class Engine:
                 "uncheckpointed_gpu_seconds": d.victim_cost.get(victim_id)})
             self._signal(victim, now, reason, for_id)
 
+    def _set_reasons(self, jobs: Sequence[JobRecord],
+                     why: dict[int, tuple[str, str]]) -> None:
+        """Store each job's current reason where it changed (one row write per change,
+        not per tick)."""
+        with self.store.transaction():
+            for j in jobs:
+                kind, detail = why.get(j.id, (j.wait_reason, j.wait_detail))
+                if (kind, detail) != (j.wait_reason, j.wait_detail):
+                    self.store.update(j.id, wait_reason=kind, wait_detail=detail)
+
     def _start(self, rec: JobRecord, gpus: list[GpuInfo], memory: int | None,
-               now: float) -> None:
+               now: float, start_priority: float | None = None) -> None:
         attempt = rec.attempt + 1
         if memory is not None and not rec.spec.exclusive:
             limit: int | None = memory
@@ -575,8 +557,15 @@ class Engine:
         self.store.update(rec.id, state="running", attempt=attempt, gpus=uuids,
                           memory_bytes=memory, started_at=now, finished_at=None,
                           preempt_signal_at=None, preempt_reason=None, preempt_for=None,
-                          exit_code=None, reason="")
-        kind = "resumed" if attempt > 1 else "started"
+                          exit_code=None, reason="", wait_reason="", wait_detail="",
+                          start_priority=start_priority)
+        # a later attempt resumes only from a checkpoint; without one it starts over
+        if attempt == 1:
+            kind = "started"
+        elif rec.last_checkpoint_time is not None or rec.last_checkpoint_step is not None:
+            kind = "resumed"
+        else:
+            kind = "restarted"
         self._event(now, rec.id, kind, {
             "attempt": attempt, "gpus": uuids, "memory_bytes": memory,
             "checkpoint_step": rec.last_checkpoint_step if attempt > 1 else None,

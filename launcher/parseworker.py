@@ -4,7 +4,8 @@ Reading a submission is the one request whose cost grows with what a user sends 
 megabyte of YAML takes seconds of pure-Python parsing), so the daemon never does it on
 its loop: it hands the text to this process (launcher/submissions.py) and goes on
 serving. Here, each request is one frame on stdin and its answer one frame on stdout
-(a 4-byte big-endian length, then JSON): `{"text", "source"}` in, `{"specs": [...]}`
+(a 4-byte big-endian length, then JSON): `{"text", "source", "levels"}` in (`levels`:
+the urgency level names the daemon defines), `{"specs": [...]}`
 (each a JobSpec as JSON) or `{"problems": [...]}` out.
 
 Before reading anything it gives up every privilege it can (uid and gid `nobody`, no
@@ -65,9 +66,9 @@ def _give_up_privileges() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def answer(text: str, source: str) -> dict[str, Any]:
+def answer(text: str, source: str, levels: list[str] | None = None) -> dict[str, Any]:
     try:
-        specs = load_submission(text, source=source)
+        specs = load_submission(text, source=source, levels=levels)
     except ConfigError as exc:
         return {"problems": list(exc.problems)}
     except MemoryError:
@@ -85,7 +86,9 @@ def main() -> int:
         if data is None:
             return 0
         request = orjson.loads(data)
-        result = answer(str(request.get("text", "")), str(request.get("source", "")))
+        levels = request.get("levels")
+        result = answer(str(request.get("text", "")), str(request.get("source", "")),
+                        [str(v) for v in levels] if isinstance(levels, list) else None)
         stdout.write(frame(result))
         stdout.flush()
 

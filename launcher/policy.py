@@ -1,6 +1,6 @@
 """Priority and fair share.
 
-priority = w_urgency*urgency + w_tier*tier + w_age*hours waited
+priority = points of the job's urgency level + w_tier*tier + w_age*hours waited
            - w_fairshare_user*decayed measured GPU-hours of the user
            - w_fairshare_project*decayed measured GPU-hours of the project
 
@@ -88,13 +88,13 @@ class PriorityBreakdown:
     fairshare_user: float
     fairshare_project: float
     # the raw inputs, for the `queue` display
-    urgency_level: int = 0
+    urgency_level: str = ""
     tier_level: int = 0
     age_seconds: float = 0.0
     user_gpu_hours: float = 0.0
     project_gpu_hours: float = 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
 
 
@@ -110,9 +110,10 @@ def priority(config: PolicyConfig, job: JobRecord, now: float,
     age = max(0.0, now - job.submitted_at)
     user_h = ledger.usage("user", job.user, now) / 3600.0
     project_h = ledger.usage("project", job.project, now) / 3600.0
-    terms = (config.w_urgency * job.spec.urgency, config.w_tier * tier,
+    level = job.spec.urgency or config.default_urgency
+    terms = (config.urgency_points(level), config.w_tier * tier,
              config.w_age * age / 3600.0, -config.w_fairshare_user * user_h,
              -config.w_fairshare_project * project_h)
-    return PriorityBreakdown(job.id, sum(terms), *terms, urgency_level=job.spec.urgency,
+    return PriorityBreakdown(job.id, sum(terms), *terms, urgency_level=level,
                              tier_level=tier, age_seconds=age, user_gpu_hours=user_h,
                              project_gpu_hours=project_h)

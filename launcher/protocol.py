@@ -4,7 +4,7 @@ connection.
 Request: `{"op": OP, ...}` with OP one of submit (`spec`: the YAML text, `path`: its
 name for messages, `cwd`: the client's directory), queue, status (`id` optional), logs
 (`id`, `stream` out|err, `offset`, `attempt` optional), cancel / hold / release (`id`),
-ping. Response: `{"ok": true, ...}` or `{"ok": false, "error": CODE, "message": TEXT,
+retry (`id`), ping. Response: `{"ok": true, ...}` or `{"ok": false, "error": CODE, "message": TEXT,
 "problems": [...]}`, CODE one of invalid, denied, not_found, bad_request, too_large,
 busy, internal.
 
@@ -32,7 +32,8 @@ import orjson
 
 from launcher.limits import MAX_ATTEMPT, MAX_JOB_ID, MAX_LOG_OFFSET, MAX_RESPONSE_BYTES
 
-OPS = frozenset({"submit", "queue", "status", "logs", "cancel", "hold", "release", "ping"})
+OPS = frozenset({"submit", "queue", "status", "logs", "cancel", "hold", "release", "retry",
+                 "ping"})
 DEFAULT_SOCKET = Path("/run/gpu-audit/launcher.sock")
 MAX_PROBLEMS = 200  # an answer lists at most this many problems, then says how many more
 _MAX_TEXT = 4096
@@ -43,10 +44,11 @@ KEYS: dict[str, frozenset[str]] = {
     "logs": frozenset({"id", "stream", "offset", "attempt"}),
     "submit": frozenset({"spec", "path", "cwd"}),
     "cancel": frozenset({"id"}), "hold": frozenset({"id"}), "release": frozenset({"id"}),
+    "retry": frozenset({"id"}),
 }
 REQUIRED: dict[str, frozenset[str]] = {
     "logs": frozenset({"id"}), "submit": frozenset({"spec"}), "cancel": frozenset({"id"}),
-    "hold": frozenset({"id"}), "release": frozenset({"id"}),
+    "hold": frozenset({"id"}), "release": frozenset({"id"}), "retry": frozenset({"id"}),
 }
 
 

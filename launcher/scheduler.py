@@ -18,6 +18,13 @@ them fairly:
   strictly in order (the first job that does not fit blocks the rest), no preemption.
 - `first-fit`: submission order, every job that fits starts (fractions packed by
   measured free memory), no preemption.
+- `hand-launched` (a replay baseline: people starting jobs by hand): submission order,
+  whole GPUs only, every job that fits starts, no preemption; replay also holds each job
+  back while its owner is away (the engine's `gate`).
+
+Every eligible job that does not start gets its reason (launcher/reasons.py) in
+`Decision.waits`: the quota that holds it back, the jobs ahead that took what was free,
+what it needs against what the GPUs have (with the numbers), or the preemption under way.
 
 Placement trusts measurement: a GPU is free for a whole-GPU job only when no job of ours
 holds it AND its measured used memory is at most `idle_memory_bytes`; a fractional job
@@ -32,9 +39,11 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher import reasons as r
 from launcher.config import PolicyConfig
 from launcher.gpustate import GpuInfo
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
+from launcher.quota import Budget
 from launcher.store import JobRecord
 
 
@@ -57,6 +66,8 @@ class Decision:
     # each reclaimed job had been measured idle
     shares: list[tuple[int, float, int]] = field(default_factory=list)
     idle_seconds: dict[int, float] = field(default_factory=dict)
+    # why each eligible job that does not start waits: (reason kind, detail)
+    waits: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +97,11 @@ class Scheduler:
         self._shared: dict[int, float] = {}
         self._idle: dict[int, float] = {}
         self._now = 0.0
+        self._index: dict[str, int] = {}
+        # one decision's answers to "why does a job of this shape not start" (None: it
+        # would have fit on what was free before the decision)
+        self._why_cache: dict[tuple[int, float | None, int | None],
+                              tuple[str, str] | None] = {}
 
     # -------------------------------------------------------------------------- health
 
@@ -114,7 +130,7 @@ class Scheduler:
 
     @property
     def _whole_only(self) -> bool:
-        return self.config.name == "fifo-exclusive"
+        return self.config.name in ("fifo-exclusive", "hand-launched")
 
     def _fits_exclusive(self, s: _Slot) -> bool:
         return (not s.exclusive and s.fraction == 0.0 and s.booked == 0
@@ -212,21 +228,26 @@ class Scheduler:
                gpus: Sequence[GpuInfo], ledger: FairShareLedger,
                blocked: Collection[str] = (), *,
                idle: Mapping[int, float] | None = None,
-               shared: Mapping[int, float] | None = None) -> Decision:
+               shared: Mapping[int, float] | None = None,
+               budget: Budget | None = None) -> Decision:
         """Decide at `now`. `queued`: jobs eligible to start (dependencies met, backoff
         over, not held); `running`: jobs holding GPUs (running or preempting); `blocked`:
         GPU uuids the engine keeps out (release barrier, leak); `idle`: running job id ->
         since when its measured utilisation has stayed under `idle_util_threshold`;
         `shared`: whole-GPU jobs an earlier idle reclaim re-admitted as a share (job id ->
-        fraction; their record's memory_bytes is the memory booked)."""
+        fraction; their record's memory_bytes is the memory booked); `budget`: the
+        per-user and per-project limits (None: none)."""
         c = self.config
         d = Decision()
         self._shared = dict(shared or {})
         self._idle = dict(idle or {}) if c.name == "priority" and c.idle_reclaim else {}
         self._now = now
+        self._index = {g.uuid: g.index for g in gpus}
+        self._why_cache = {}
         slots = self._slots(gpus, running, blocked, d)
         if self._idle and queued:
             self._share_idle(running, slots, d)
+        initial = {u: s.clone() for u, s in slots.items()}  # before this decision's starts
         if c.name == "priority":
             for job in queued:
                 d.breakdowns[job.id] = priority(c, job, now, ledger)
@@ -239,8 +260,11 @@ class Scheduler:
             if c.name == "priority" and c.preemption else []
         # jobs whose victims are still leaving, or left so recently that their GPUs may
         # still be passing the release barrier: they wait, they do not preempt again
-        pending = {j.preempt_for for j in running
-                   if j.state == "preempting" and j.preempt_for is not None}
+        leaving: dict[int, list[int]] = {}
+        for j in running:
+            if j.state == "preempting" and j.preempt_for is not None:
+                leaving.setdefault(j.preempt_for, []).append(j.id)
+        pending = set(leaving)
         pending |= {j.preempt_for for j in queued if j.preempt_for is not None
                     and j.finished_at is not None
                     and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
@@ -251,22 +275,46 @@ class Scheduler:
                    and j.finished_at is not None
                    and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
         no_victims: set[tuple[int, float | None, int | None]] = set()
+        ahead = 0  # jobs earlier in the order that took or reserved GPUs in this decision
+        head: JobRecord | None = None  # fifo-exclusive: the job that blocks the rest
         for job in order:
+            if head is not None:
+                d.waits[job.id] = (r.PRIORITY, f"behind job {head.id} (first in, first "
+                                               "out: it waits for GPUs)")
+                continue
             if job.id in yielded:
+                d.waits[job.id] = (r.YIELDED, f"gave its GPUs to job {job.preempt_for}; "
+                                              "waits until that job has started")
+                continue
+            held_back = budget.check(job) if budget is not None else None
+            if held_back is not None:
+                d.waits[job.id] = held_back
                 continue
             placed = self._place(job, slots)
             if placed is not None:
                 d.starts.append((job.id, placed[0]))
                 d.memory[job.id] = placed[1]
+                ahead += job.spec.gpus > 0
+                if budget is not None:
+                    budget.take(job)
                 continue
             if c.name == "fifo-exclusive":
-                break  # strict order: the head of the queue blocks everyone behind it
+                # strict order: the head of the queue blocks everyone behind it
+                d.waits[job.id] = self._why(job, initial, running, d, ahead)
+                head = job
+                continue
             if job.id in pending:
                 self._reserve(job, slots)  # keep what is free for it until victims leave
+                ahead += 1
+                still = leaving.get(job.id, [])
+                d.waits[job.id] = (r.PREEMPTING, r.cut(
+                    f"waiting for job {r.listed(still)} it preempted to checkpoint and "
+                    "leave" if still else "the jobs it preempted have left; waiting for "
+                    "their GPUs to be released"))
                 continue
             shape = (job.spec.gpus, job.spec.gpu_fraction, job.spec.gpu_memory_bytes)
-            if preemptible and now - job.queued_at >= c.preempt_wait_seconds \
-                    and shape not in no_victims:
+            may_preempt = bool(preemptible) and now - job.queued_at >= c.preempt_wait_seconds
+            if may_preempt and shape not in no_victims:
                 victims = self._victims(job, slots, preemptible, d)
                 if not victims:
                     # jobs come in priority order: a later job of the same shape has only
@@ -284,7 +332,116 @@ class Scheduler:
                         preemptible.remove(v)
                         self._release(v, slots)
                     self._reserve(job, slots)
+                    ahead += 1
+                    d.waits[job.id] = (r.PREEMPTING, r.cut(
+                        f"preempting job {r.listed([v.id for v in victims])} for its GPUs "
+                        "(they checkpoint and leave)"))
+                    continue
+            kind, detail = self._why(job, initial, running, d, ahead)
+            lower = [v.id for v in preemptible
+                     if self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
+            if kind != r.PRIORITY and lower:
+                if not may_preempt:
+                    detail += (f"; may preempt lower-priority job {r.listed(lower)} from "
+                               f"{r.clock(job.queued_at + c.preempt_wait_seconds)}")
+                else:
+                    detail += "; preempting the lower-priority jobs would not free enough"
+            d.waits[job.id] = (kind, r.cut(detail))
         return d
+
+    # ------------------------------------------------------------------------- reasons
+
+    def _why(self, job: JobRecord, initial: dict[str, _Slot],
+             running: Sequence[JobRecord], d: Decision, ahead: int) -> tuple[str, str]:
+        """Why `job` did not start: it would have fit on the GPUs as they were before this
+        decision (jobs ahead took them), or what it needs against what there is. The
+        answer depends only on the job's shape and the GPUs before the decision, so it is
+        worked out once per shape (1,000 waiting jobs are a few shapes)."""
+        spec = job.spec
+        shape = (spec.gpus, spec.gpu_fraction, spec.gpu_memory_bytes)
+        if shape not in self._why_cache:
+            self._why_cache[shape] = None if self._fits(job, initial) \
+                else self._lacks(job, initial, running, d)
+        known = self._why_cache[shape]
+        if known is not None:
+            return known
+        who = "with higher priority" if self.config.name == "priority" else "submitted earlier"
+        if ahead:
+            return r.PRIORITY, f"{r.plural(ahead, 'job')} ahead {who} took the free GPUs"
+        return r.PRIORITY, f"the free GPUs are reserved for jobs ahead {who}"
+
+    def _fits(self, job: JobRecord, slots: dict[str, _Slot]) -> bool:
+        """Would `job` be placed on `slots`? (_place without booking anything)"""
+        spec = job.spec
+        if spec.gpus == 0:
+            return True
+        if spec.gpu_fraction is None or self._whole_only:
+            m = spec.gpu_memory_bytes
+            return sum(1 for s in slots.values() if self._fits_exclusive(s)
+                       and (m is None or m <= s.total)) >= spec.gpus
+        return any(not s.exclusive and self.need_bytes(job, s.total)
+                   <= s.total - max(s.used, s.booked)
+                   and s.fraction + spec.gpu_fraction <= 1.0 + 1e-9 for s in slots.values())
+
+    def _lacks(self, job: JobRecord, initial: dict[str, _Slot],
+               running: Sequence[JobRecord], d: Decision) -> tuple[str, str]:
+        """What `job` needs against what the GPUs have (it does not fit on them)."""
+        spec = job.spec
+        count = len(self._index)
+        holders: dict[str, list[int]] = {}
+        for j in running:
+            for uuid in j.gpus:
+                holders.setdefault(uuid, []).append(j.id)
+        notes = [f"GPU {self._index.get(u, '?')} {why}" for u, why in sorted(
+            d.unusable.items(), key=lambda kv: self._index.get(kv[0], 0))]
+        if spec.gpu_fraction is None or self._whole_only:
+            m = spec.gpu_memory_bytes
+            free = [s for s in initial.values() if self._fits_exclusive(s)
+                    and (m is None or m <= s.total)]
+            head = (f"needs {r.plural(spec.gpus, 'whole GPU')}"
+                    + (f" with {r.gib(m)}" if m is not None else "")
+                    + f"; {len(free)} of {count} free")
+            whole = sorted((s for s in initial.values() if s.exclusive), key=lambda s: s.index)
+            frac = sorted((s for s in initial.values() if not s.exclusive
+                           and (s.fraction > 0 or s.booked > 0)), key=lambda s: s.index)
+            other = sorted((s for s in initial.values() if not s.exclusive
+                            and s.fraction == 0 and s.booked == 0
+                            and s.used > self.config.idle_memory_bytes), key=lambda s: s.index)
+            if whole:
+                ids = sorted({i for s in whole for i in holders.get(s.uuid, [])})
+                notes.insert(0, f"GPU {r.listed([s.index for s in whole])} held by job "
+                             f"{r.listed(ids)}")
+            if frac:
+                ids = sorted({i for s in frac for i in holders.get(s.uuid, [])})
+                notes.append(f"GPU {r.listed([s.index for s in frac])} shared by job "
+                             f"{r.listed(ids)}")
+            notes += [f"GPU {s.index} has {r.gib(s.used)} in use outside the launcher"
+                      for s in other[:r.MAX_LISTED]]
+            if m is not None:
+                small = [s for s in initial.values() if m > s.total]
+                if small:
+                    notes.append(f"GPU {r.listed([s.index for s in small])} has less than "
+                                 f"{r.gib(m)}")
+            return r.RESOURCES, r.cut(head + (": " + "; ".join(notes) if notes else ""))
+        f = spec.gpu_fraction
+        shared = [s for s in initial.values() if not s.exclusive]
+        share = f"{f:g} of a GPU"
+        if not shared:
+            ids = sorted({i for s in initial.values() for i in holders.get(s.uuid, [])})
+            text = (f"needs {share}; every usable GPU is held whole"
+                    + (f" (by job {r.listed(ids)})" if ids else ""))
+            return r.RESOURCES, r.cut(text + ("; " + "; ".join(notes) if notes else ""))
+        room = [s for s in shared if s.fraction + f <= 1.0 + 1e-9]
+        if room:
+            best = max(room, key=lambda s: s.total - max(s.used, s.booked))
+            need = self.need_bytes(job, best.total)
+            left = max(0, best.total - max(best.used, best.booked))
+            return r.GPU_MEMORY, r.cut(
+                f"needs {r.gib(need)} on one GPU for {f:g} of it; the most free is "
+                f"{r.gib(left)} (GPU {best.index})")
+        most = min(s.fraction for s in shared)
+        return r.RESOURCES, r.cut(f"needs {share}; the most left of any GPU is "
+                                  f"{max(0.0, 1 - most):.2g}")
 
     # ---------------------------------------------------------------------- idle reclaim
 
@@ -349,13 +506,12 @@ class Scheduler:
         candidate for any waiter of higher or equal priority (its own age term left out),
         and comes first."""
         mine = d.breakdowns[job.id].total
-        gap = self.config.preempt_min_priority_gap
         # (the idle job's age term does not count: it is running, not waiting)
         idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
                 and self._reclaimable(v)
                 and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
         busy = [v for v in preemptible if v not in idle
-                and d.breakdowns[v.id].total + gap <= mine]
+                and self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
         candidates = idle + busy
         if not candidates:
             return []
@@ -373,6 +529,13 @@ class Scheduler:
             if self._place(job, probe) is not None:
                 return chosen
         return []
+
+    def _outranks(self, waiter: PriorityBreakdown, victim: PriorityBreakdown) -> bool:
+        """May `waiter` preempt the busy `victim` (policy preempt_by)?"""
+        gap = self.config.preempt_min_priority_gap
+        if self.config.preempt_by == "urgency":
+            return victim.urgency + gap <= waiter.urgency and victim.total < waiter.total
+        return victim.total + gap <= waiter.total
 
     def _reserve(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
         """Book for `job` what is free now (up to its need), so lower-priority jobs in

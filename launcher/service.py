@@ -2,8 +2,10 @@
 
 `Service.handle(caller, request)` answers one protocol request for a caller the kernel
 identified (launcher.peer): submit (the YAML text is validated here, every problem
-listed), queue (each waiting job's priority broken into its terms), status, logs (own
-jobs only unless admin), cancel / hold / release (the engine checks who may).
+listed; the engine checks the admin's policy and the node), queue (each waiting job's
+priority broken into its terms and its current reason; each running job's start,
+attempt, GPUs and starting priority), status, logs (own jobs only unless admin), cancel
+/ hold / release / retry (the engine checks who may).
 `Service.tick()` runs the engine and then reports what changed since the last tick:
 lifecycle audit records (job_queued, job_started / job_resumed, job_preempted,
 job_checkpoint_committed, job_finished), job-mapping files for the exporter, and
@@ -15,6 +17,7 @@ contents of a log or a job it may not see.
 
 from __future__ import annotations
 
+import grp
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +26,7 @@ from typing import Any
 
 from gpu_audit.errors import ConfigError
 from launcher import protocol
+from launcher import reasons as wait_reasons
 from launcher.audit import LauncherAudit
 from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
 from launcher.executor import ProcessExecutor
@@ -125,6 +129,9 @@ class Service:
             if not batch:
                 break
         self.telemetry.set_states(self.store.state_counts())
+        counts = dict.fromkeys(_DAEMON_REASONS, 0)
+        counts.update(self.store.wait_reason_counts())
+        self.telemetry.set_waiting({k: n for k, n in counts.items() if k})
         self._refresh_jobmap()
         for job_id in [j for j in self._held if not self.executor.fingerprint_pending(j)]:
             self._release(job_id)
@@ -161,12 +168,13 @@ class Service:
         if job is None:
             return
         d = ev.data
-        if ev.kind == "queued":
+        if ev.kind in ("queued", "retried"):
             self._emit("job_queued", job, {"state": "queued"}, ev.time)
-        elif ev.kind in ("started", "resumed"):
+        elif ev.kind in ("started", "resumed", "restarted"):
             if self.audit is not None and job.id not in self._held:
                 self._held[job.id] = []  # until the fingerprint is known (see _release)
-            self._emit(f"job_{ev.kind}", job, {
+            # a later attempt without a checkpoint starts over: a job_started record
+            self._emit("job_resumed" if ev.kind == "resumed" else "job_started", job, {
                 "attempt": d.get("attempt"), "gpus": d.get("gpus"),
                 "checkpoint_step": d.get("checkpoint_step"), "state": "running"}, ev.time)
             self.telemetry.job_started(job.id, job.name, job.user, job.project,
@@ -251,6 +259,8 @@ class Service:
             return self._status(caller, req)
         if op == "logs":
             return self._logs(caller, req)
+        if op == "retry":
+            return self._retry(caller, req)
         return self._control(caller, op, req)
 
     def _submit(self, caller: Caller, req: Request) -> dict[str, Any]:
@@ -261,7 +271,9 @@ class Service:
         if refused is not None:
             return refused
         try:
-            parsed = Parsed(load_submission(req.spec or "", source=req.path), [])
+            parsed = Parsed(load_submission(
+                req.spec or "", source=req.path,
+                levels=list(self.engine.scheduler.config.urgency_levels)), [])
         except ConfigError as exc:
             parsed = Parsed(None, list(exc.problems))
         return self.finish_submission(caller, req, parsed)
@@ -274,6 +286,11 @@ class Service:
             return protocol.error("invalid", f"{req.path}: the submission is invalid", [
                 "root may not submit jobs (they would run as root); submit as the user "
                 "the job should run as"])
+        limit = self.engine.config.quotas.max_spec_bytes
+        size = len(req.spec.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            return protocol.error("invalid", f"{req.path}: the submission is too large", [
+                f"{size} bytes of YAML; at most {limit} (quotas.max_spec_bytes)"])
         return None
 
     def finish_submission(self, caller: Caller, req: Request,
@@ -294,11 +311,12 @@ class Service:
                      s.model_copy(update={"cwd": str(Path(req.cwd) / (s.cwd or "."))})
                      for s in specs]
         try:
-            ids = self.engine.submit(specs, uid=caller.uid, user=caller.user)
+            ids = self.engine.submit(specs, uid=caller.uid, user=caller.user,
+                                     is_admin=caller.admin, groups=_group_names(caller))
         except PermissionDenied as exc:
             return protocol.error("denied", str(exc))
         except LauncherError as exc:
-            return protocol.error("invalid", str(exc))
+            return protocol.error("invalid", f"{source}: {exc}", exc.problems)
         self._after_tick()
         return {"ok": True, "ids": list(ids), "names": [s.name for s in specs]}
 
@@ -312,6 +330,25 @@ class Service:
             row["priority"] = breakdown.as_dict()
             rows.append(row)
         return {"ok": True, "jobs": rows}
+
+    def _retry(self, caller: Caller, req: Request) -> dict[str, Any]:
+        job_id = req.id
+        if job_id is None or self.store.get(job_id) is None:
+            return protocol.error("not_found", f"no job {req.id}")
+        try:
+            ids = self.engine.retry(job_id, caller.uid, caller.admin)
+        except PermissionDenied as exc:
+            return protocol.error("denied", str(exc))
+        except UnknownJob as exc:
+            return protocol.error("not_found", str(exc))
+        except BadState as exc:
+            return protocol.error("bad_request", str(exc))
+        except LauncherError as exc:
+            return protocol.error("invalid", str(exc), exc.problems)
+        self._after_tick()
+        jobs = [j for i in ids if (j := self.store.get(i)) is not None]
+        return {"ok": True, "id": job_id, "ids": ids, "names": [j.name for j in jobs],
+                "resumes_from_step": jobs[0].last_checkpoint_step if jobs else None}
 
     def _status(self, caller: Caller, req: Request) -> dict[str, Any]:
         if req.id is None:
@@ -372,12 +409,33 @@ class Service:
         return {"ok": True, "id": job_id, "state": job.state if job else None}
 
 
+# the reason kinds a daemon can give (the hand-launched one is replay's only)
+_DAEMON_REASONS = tuple(k for k in wait_reasons.KINDS if k != wait_reasons.OWNER_AWAY)
+
+
+def _group_names(caller: Caller) -> list[str]:
+    """The names of the caller's groups (the kernel's list: SO_PEERGROUPS)."""
+    out = []
+    for gid in sorted({caller.gid, *caller.groups}):
+        try:
+            out.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return out
+
+
 def _summary(job: JobRecord) -> dict[str, Any]:
+    waiting = job.state not in ACTIVE and job.state not in TERMINAL
     return {
         "id": job.id, "name": job.name, "user": job.user, "project": job.project,
         "state": job.state, "attempt": job.attempt, "gpus": job.gpus,
-        "submitted_at": job.submitted_at, "started_at": job.started_at,
+        "urgency": job.spec.urgency,
+        "submitted_at": job.submitted_at, "queued_at": job.queued_at,
+        "started_at": job.started_at,
         "finished_at": job.finished_at, "exit_code": job.exit_code, "reason": job.reason,
+        "wait_reason": job.wait_reason if waiting else None,
+        "wait_detail": job.wait_detail if waiting else None,
+        "start_priority": job.start_priority if job.state in ACTIVE else None,
         "last_checkpoint_step": job.last_checkpoint_step,
         "allocated_gpu_seconds": job.allocated_gpu_seconds,
         "lost_gpu_seconds": job.lost_gpu_seconds,

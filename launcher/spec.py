@@ -8,7 +8,10 @@ A submission is either one job (a mapping with `name`, `command`, ...) or a pipe
       - {name: train, command: [python, train.py], gpus: 1, after: [prepare]}
 
 In a pipeline, top-level keys other than `jobs` are defaults for every job (a job's own
-value wins). `load_submission` returns the jobs in submission order or raises ConfigError
+value wins). `after` names jobs of the same submission, or gives the ids (integers) of
+earlier jobs of the same user (the engine checks those at submission). `urgency` is the
+name of one of the levels the daemon's configuration defines (checked at submission
+too). `load_submission` returns the jobs in submission order or raises ConfigError
 naming every problem found: unknown keys, bad values, duplicate names, unknown `after`
 names and dependency cycles, each with its line.
 """
@@ -20,7 +23,7 @@ import os
 import re
 import shlex
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, validation_problems
-from launcher.limits import SPEC
+from launcher.limits import MAX_JOB_ID, SPEC
 
-URGENCY_LEVELS: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
-MAX_URGENCY = SPEC.max_urgency
+# Before issue 24 an urgency was a number 0..10 (points = w_urgency x number); specs stored
+# then are read back as the level that number meant. A submission may no longer give one.
+LEGACY_URGENCY = ("low", "normal", "high", "urgent")
+URGENCY_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -65,14 +70,16 @@ def parse_bytes(value: object) -> int:
     raise ValueError(f"{_short(value)} is not a size (use bytes or e.g. 20GiB, 512MiB, 1.5GB)")
 
 
-def urgency_value(value: object) -> int:
-    """An urgency as an integer: low=0, normal=1, high=2, urgent=3, or 0..MAX_URGENCY."""
-    if isinstance(value, str) and value.strip().lower() in URGENCY_LEVELS:
-        return URGENCY_LEVELS[value.strip().lower()]
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_URGENCY:
-        return value
-    raise ValueError(f"urgency must be one of {', '.join(URGENCY_LEVELS)} or an integer "
-                     f"0..{MAX_URGENCY}, not {_short(value)}")
+def urgency_value(value: object) -> str:
+    """An urgency level's name (lower-cased); which names exist is the daemon's
+    configuration (checked at submission). A number is a spec stored before levels
+    were names: it reads as the level it meant."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10:
+        return LEGACY_URGENCY[min(value, 3)]
+    if isinstance(value, str) and URGENCY_NAME.match(value.strip().lower()):
+        return value.strip().lower()
+    raise ValueError(f"urgency is the name of a level (e.g. low, normal, high, urgent), "
+                     f"not {_short(value)}")
 
 
 def _no_nul(where: str, text: str) -> None:
@@ -95,7 +102,7 @@ class JobSpec(BaseModel):
     gpu_fraction: float | None = Field(default=None, ge=SPEC.min_gpu_fraction, le=1.0,
                                        allow_inf_nan=False)
     gpu_memory_bytes: int | None = Field(default=None, gt=0, le=SPEC.max_gpu_memory_bytes)
-    urgency: int = 1
+    urgency: str | None = None  # a level name; None: the configuration's default_urgency
     user: str | None = Field(default=None, max_length=64)
     project: str = Field(default="default", min_length=1, max_length=SPEC.max_label)
     department: str | None = Field(default=None, max_length=SPEC.max_label)
@@ -103,8 +110,8 @@ class JobSpec(BaseModel):
     max_runtime_seconds: float | None = Field(default=None, gt=0,
                                               le=SPEC.max_runtime_seconds,
                                               allow_inf_nan=False)
-    max_retries: int = Field(default=0, ge=0, le=SPEC.max_retries)
-    after: list[str] = Field(default_factory=list, max_length=SPEC.max_after)
+    max_retries: int | None = Field(default=None, ge=0, le=SPEC.max_retries)
+    after: list[str | int] = Field(default_factory=list, max_length=SPEC.max_after)
     env: dict[str, str] = Field(default_factory=dict, max_length=SPEC.max_env)
     preempt_signal: str = "SIGUSR1"
 
@@ -147,8 +154,21 @@ class JobSpec(BaseModel):
 
     @field_validator("urgency", mode="before")
     @classmethod
-    def _urgency(cls, v: object) -> int:
-        return urgency_value(v)
+    def _urgency(cls, v: object) -> str | None:
+        return None if v is None else urgency_value(v)
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after(cls, v: object) -> object:
+        if isinstance(v, list):
+            for dep in v:
+                if isinstance(dep, bool) or not isinstance(dep, str | int):
+                    raise ValueError("`after` lists job names (of this submission) or ids "
+                                     f"(integers, of your earlier jobs), not {_short(dep)}")
+                if isinstance(dep, int) and not 1 <= dep <= MAX_JOB_ID:
+                    raise ValueError(f"job id {_short(dep)} is out of range "
+                                     f"(1..{MAX_JOB_ID})")
+        return v
 
     @field_validator("preempt_signal")
     @classmethod
@@ -198,6 +218,16 @@ class JobSpec(BaseModel):
         return self
 
     @property
+    def after_names(self) -> list[str]:
+        """The dependencies on jobs of the same submission."""
+        return [d for d in self.after if isinstance(d, str)]
+
+    @property
+    def after_ids(self) -> list[int]:
+        """The dependencies on earlier jobs (ids)."""
+        return [d for d in self.after if isinstance(d, int)]
+
+    @property
     def argv(self) -> list[str]:
         """The command as an argument vector (a string is split like a shell would)."""
         return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
@@ -225,10 +255,13 @@ def _source_and_text(text_or_path: str | Path, source: str | None) -> tuple[str,
     return source or "<submission>", text_or_path
 
 
-def load_submission(text_or_path: str | Path, source: str | None = None) -> list[JobSpec]:
+def load_submission(text_or_path: str | Path, source: str | None = None,
+                    levels: Collection[str] | None = None) -> list[JobSpec]:
     """Parse and validate a submission (one job or a `jobs:` pipeline); ConfigError lists
     every problem. A Path (or a string naming an existing file) is read; other strings are
-    the YAML text itself."""
+    the YAML text itself. `levels`: the urgency levels the daemon defines (an unknown one
+    is then a problem here, listed with the others; who may use a level is the engine's
+    check)."""
     source, text = _source_and_text(text_or_path, source)
     doc = parse_yaml(text, source)  # refuses alias bombs, cycles, duplicate keys, tags
     problems: list[tuple[Loc, str]] = [(loc, msg) for loc, _, msg in doc.problems]
@@ -257,7 +290,8 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
     specs: list[tuple[Loc, JobSpec]] = []
     names: dict[str, Loc] = {}
     all_names = {r.get("name") for _, r in raw_jobs if isinstance(r.get("name"), str)}
-    for loc, raw in raw_jobs:
+    for loc, given in raw_jobs:
+        raw = given
         name = raw.get("name")
         if isinstance(name, str):
             if name in names:
@@ -265,18 +299,36 @@ def load_submission(text_or_path: str | Path, source: str | None = None) -> list
                                  f"this submission (first at {dotted(names[name])})"))
             else:
                 names[name] = loc
+        urgency = raw.get("urgency")
+        if isinstance(urgency, int | float) and not isinstance(urgency, bool):
+            problems.append(((*loc, "urgency"), f"{_short(urgency)}: urgency is the name of "
+                             "a level the launcher defines (e.g. low, normal, high, urgent), "
+                             "not a number"))
+            raw = {k: v for k, v in raw.items() if k != "urgency"}
         try:
-            specs.append((loc, JobSpec.model_validate(raw)))
+            spec = JobSpec.model_validate(raw)
+            specs.append((loc, spec))
+            if levels is not None and spec.urgency is not None and spec.urgency not in levels:
+                problems.append(((*loc, "urgency"), f"{spec.urgency!r} is not a level here "
+                                 f"(one of {', '.join(levels)})"))
         except ValidationError as exc:
             for sub, msg in validation_problems(exc, raw):
                 problems.append(((*loc, *sub), msg))
+            # a well-formed level name that does not exist is listed too (a malformed
+            # one already is, by the validation)
+            level = raw.get("urgency")
+            if levels is not None and isinstance(level, str) and \
+                    URGENCY_NAME.match(level.strip().lower()) and \
+                    level.strip().lower() not in levels:
+                problems.append(((*loc, "urgency"), f"{_short(level)} is not a level here "
+                                 f"(one of {', '.join(levels)})"))
         after = raw.get("after", [])
         if isinstance(after, list):
             for j, dep in enumerate(after[:SPEC.max_after]):
                 if isinstance(dep, str) and dep not in all_names:
                     problems.append(((*loc, "after", j), f"no job named {_short(dep)} in this "
                                      "submission"))
-    problems.extend(_cycles({s.name: (loc, s.after) for loc, s in specs}))
+    problems.extend(_cycles({s.name: (loc, s.after_names) for loc, s in specs}))
     if problems:
         def render(loc: Loc, msg: str) -> str:
             line = line_for(loc, doc.marks)

@@ -27,7 +27,15 @@ WAITING: frozenset[str] = frozenset({"queued", "requeued"})
 ACTIVE: frozenset[str] = frozenset({"running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What each older schema lacks, added in place when a newer daemon opens it (a lab's
+# queue survives the upgrade): version 1 had no wait reasons, no starting priority and
+# no usage window (issue 24).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE jobs ADD COLUMN wait_reason TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN wait_detail TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN start_priority REAL"),
+}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
@@ -58,7 +66,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     preempt_for INTEGER,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     exit_code INTEGER,
-    reason TEXT NOT NULL DEFAULT ''
+    reason TEXT NOT NULL DEFAULT '',
+    wait_reason TEXT NOT NULL DEFAULT '',
+    wait_detail TEXT NOT NULL DEFAULT '',
+    start_priority REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS events (
@@ -83,6 +94,13 @@ CREATE TABLE IF NOT EXISTS barriers (
     leak_reported INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (uuid, job_id)
 );
+CREATE TABLE IF NOT EXISTS usage (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    hour INTEGER NOT NULL,
+    gpu_seconds REAL NOT NULL,
+    PRIMARY KEY (kind, name, hour)
+);
 CREATE TABLE IF NOT EXISTS fairshare (
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -97,7 +115,8 @@ _MUTABLE = frozenset({
     "state", "attempt", "failures", "gpus", "memory_bytes", "queued_at", "started_at",
     "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
     "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds", "preempt_signal_at",
-    "preempt_reason", "preempt_for", "cancel_requested", "exit_code", "reason"})
+    "preempt_reason", "preempt_for", "cancel_requested", "exit_code", "reason",
+    "wait_reason", "wait_detail", "start_priority", "submitted_at"})
 
 
 @dataclass
@@ -131,6 +150,11 @@ class JobRecord:
     cancel_requested: bool = False
     exit_code: int | None = None
     reason: str = ""
+    # why a waiting job waits (launcher/reasons.py: a kind from a small fixed set, and
+    # a sentence with the numbers); the priority a running job started with
+    wait_reason: str = ""
+    wait_detail: str = ""
+    start_priority: float | None = None
 
     @property
     def name(self) -> str:
@@ -167,7 +191,7 @@ _COLUMNS = ("id", "submission", "uid", "user", "state", "attempt", "failures",
             "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
             "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds",
             "preempt_signal_at", "preempt_reason", "preempt_for", "cancel_requested",
-            "exit_code", "reason")
+            "exit_code", "reason", "wait_reason", "wait_detail", "start_priority")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"  # noqa: S608 - constant column names
 
 
@@ -207,14 +231,26 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
         with self.transaction():
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path}: launcher state schema {row[0]}, this version "
-                                   f"reads {SCHEMA_VERSION}")
+            row = None
+            has_meta = self._db.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                        "AND name='meta'").fetchone()
+            if has_meta:
+                row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            version = int(row[0]) if row is not None else SCHEMA_VERSION
+            if version > SCHEMA_VERSION or (version < SCHEMA_VERSION
+                                            and version not in _MIGRATIONS):
+                raise RuntimeError(f"{self.path}: launcher state schema {version}, this "
+                                   f"version reads {SCHEMA_VERSION}")
+            while version < SCHEMA_VERSION:  # upgrade in place, in this one transaction
+                for statement in _MIGRATIONS[version]:
+                    self._db.execute(statement)
+                version += 1
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?) ON CONFLICT(key) DO "
+                             "UPDATE SET value=excluded.value", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         with self._lock:
@@ -261,8 +297,9 @@ class Store:
                 ids[spec.name] = cur.lastrowid
             for spec in specs:
                 if spec.after:
+                    after = [ids[d] if isinstance(d, str) else d for d in spec.after]
                     self._db.execute("UPDATE jobs SET after_ids=? WHERE id=?",
-                                     (json.dumps([ids[n] for n in spec.after]), ids[spec.name]))
+                                     (json.dumps(after), ids[spec.name]))
             return [ids[s.name] for s in specs]
 
     def get(self, job_id: int) -> JobRecord | None:
@@ -298,6 +335,41 @@ class Store:
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return self._records(rows)
+
+    def waiting_counts(self) -> dict[str, dict[str, int]]:
+        """Waiting jobs (queued, requeued, held) per user and per project:
+        {"user": {name: n}, "project": {name: n}} (the queued-jobs quotas)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT user, json_extract(spec, '$.project'), COUNT(*) FROM jobs WHERE "
+                "state IN ('queued', 'requeued', 'held') GROUP BY 1, 2").fetchall()
+        out: dict[str, dict[str, int]] = {"user": {}, "project": {}}
+        for user, project, n in rows:
+            out["user"][user] = out["user"].get(user, 0) + int(n)
+            out["project"][str(project)] = out["project"].get(str(project), 0) + int(n)
+        return out
+
+    def dependents(self, job_id: int) -> list[JobRecord]:
+        """Jobs whose `after` names `job_id`."""
+        with self._lock:
+            rows = self._db.execute(
+                _SELECT + " WHERE after_ids != '[]' AND EXISTS (SELECT 1 FROM "  # noqa: S608
+                "json_each(jobs.after_ids) WHERE json_each.value = ?) ORDER BY id",
+                (job_id,)).fetchall()
+        return self._records(rows)
+
+    def owners(self, ids: Iterable[int]) -> dict[int, tuple[str, str, str]]:
+        """(user, state, name) of each of `ids` that exists."""
+        wanted = list(set(ids))
+        out: dict[int, tuple[str, str, str]] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT id, user, state, name FROM jobs WHERE id IN "  # noqa: S608
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
+            out.update({int(i): (str(u), str(s), str(n)) for i, u, s, n in rows})
+        return out
 
     def states(self, ids: Iterable[int]) -> dict[int, str]:
         wanted = list(set(ids))
@@ -368,6 +440,13 @@ class Store:
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {str(s): int(n) for s, n in rows}
 
+    def wait_reason_counts(self) -> dict[str, int]:
+        """Waiting jobs (queued, requeued, held) per current reason kind."""
+        with self._lock:
+            rows = self._db.execute("SELECT wait_reason, COUNT(*) FROM jobs WHERE state IN "
+                                    "('queued', 'requeued', 'held') GROUP BY 1").fetchall()
+        return {str(k): int(n) for k, n in rows}
+
     def add_decision(self, now: float, job_id: int, action: str,
                      breakdown: dict[str, Any]) -> None:
         with self.transaction():
@@ -397,6 +476,24 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT kind, name, value, at FROM fairshare").fetchall()
         return [(str(k), str(n), float(v), float(a)) for k, n, v, a in rows]
+
+    # ----------------------------------------------------------------------- usage window
+
+    def add_usage(self, rows: Iterable[tuple[str, str, int, float]]) -> None:
+        """Add allocated GPU-seconds to (kind, name, hour) buckets."""
+        with self.transaction():
+            self._db.executemany("INSERT INTO usage VALUES (?, ?, ?, ?) ON CONFLICT(kind, "
+                                 "name, hour) DO UPDATE SET gpu_seconds=gpu_seconds + "
+                                 "excluded.gpu_seconds", list(rows))
+
+    def load_usage(self, since_hour: int) -> list[tuple[str, str, int, float]]:
+        """Usage buckets from `since_hour` on; older ones are deleted (they left every
+        window)."""
+        with self.transaction():
+            self._db.execute("DELETE FROM usage WHERE hour < ?", (since_hour,))
+            rows = self._db.execute("SELECT kind, name, hour, gpu_seconds FROM usage"
+                                    ).fetchall()
+        return [(str(k), str(n), int(h), float(g)) for k, n, h, g in rows]
 
     # ------------------------------------------------------------------ release barrier
 

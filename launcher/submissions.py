@@ -57,8 +57,9 @@ class SubmissionReader:
     """See the module docstring."""
 
     def __init__(self, *, timeout_seconds: float = 10.0, max_pending: int = 64,
-                 per_uid: int = 8) -> None:
+                 per_uid: int = 8, levels: list[str] | None = None) -> None:
         self._timeout = timeout_seconds
+        self._levels = levels  # the urgency levels (an unknown one is listed as a problem)
         self._max_pending, self._per_uid = max_pending, per_uid
         self._lock = threading.Condition()
         self._waiting: collections.OrderedDict[int, collections.deque[_Job]] = \
@@ -175,7 +176,8 @@ class SubmissionReader:
         assert worker.stdin is not None and worker.stdout is not None
         deadline = time.monotonic() + self._timeout
         try:
-            worker.stdin.write(frame({"text": job.text, "source": job.source}))
+            worker.stdin.write(frame({"text": job.text, "source": job.source,
+                                      "levels": self._levels}))
             worker.stdin.flush()
         except OSError:
             self._stop_worker()

@@ -4,7 +4,9 @@ Per running attempt (labels job, name, user, project, attempt): the newest `step
 `loss` and any numeric user metric the job-side helper reported in its events file
 (`{"event": "metrics", "step": ..., "loss": ..., "<name>": <number>}`), so a dashboard
 can put a loss curve beside the GPU usage of the same job. For the launcher: jobs by
-state, scheduling decisions, preemptions, preemption latency histograms
+state, waiting jobs by the kind of their current reason (launcher/reasons.py: a fixed set
+of values; the numbers stay in `queue`'s text), scheduling decisions, preemptions,
+preemption latency histograms
 (signal-to-commit, commit-to-exit) and GPU-seconds lost to preemption.
 
 Every family is named `gpu_audit_launcher_*` and declared in FAMILIES below (name, type,
@@ -53,6 +55,11 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
     Family("gpu_audit_launcher_job_last_checkpoint_step", "gauge",
            "Step of the job's newest committed checkpoint.", JOB_LABELS),
     Family("gpu_audit_launcher_jobs", "gauge", "Jobs in the launcher by state.", ("state",)),
+    Family("gpu_audit_launcher_waiting_jobs", "gauge",
+           "Waiting jobs (queued, requeued, held) by the kind of their current reason: new, "
+           "held, dependency, backoff, user_limit, project_limit, priority, resources, "
+           "gpu_memory, preempting, yielded (`gpu-audit launcher queue` gives the numbers).",
+           ("reason",)),
     Family("gpu_audit_launcher_decisions_total", "counter",
            "Scheduling decisions made (starts and preemptions).", ("action",)),
     Family("gpu_audit_launcher_preemptions_total", "counter",
@@ -113,6 +120,7 @@ class Telemetry(Collector):
         self._lock = threading.Lock()
         self._jobs: dict[Any, _JobSeries] = {}
         self._states: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
         self._decisions: dict[str, int] = {}
         self._preemptions: dict[str, int] = {}
         self._s2c = _Histogram()
@@ -159,6 +167,11 @@ class Telemetry(Collector):
         with self._lock:
             self._states = dict(counts)
 
+    def set_waiting(self, counts: Mapping[str, int]) -> None:
+        """Waiting jobs per reason kind (every kind listed, 0 where none waits)."""
+        with self._lock:
+            self._waiting = dict(counts)
+
     def decision(self, action: str) -> None:
         with self._lock:
             self._decisions[action] = self._decisions.get(action, 0) + 1
@@ -186,6 +199,11 @@ class Telemetry(Collector):
             g = GaugeMetricFamily(f.name, f.help, labels=list(f.labels))
             for state, n in sorted(self._states.items()):
                 g.add_metric([state], n)
+            yield g
+            f = FAMILIES["gpu_audit_launcher_waiting_jobs"]
+            g = GaugeMetricFamily(f.name, f.help, labels=list(f.labels))
+            for kind, n in sorted(self._waiting.items()):
+                g.add_metric([kind], n)
             yield g
             for name, table in (("gpu_audit_launcher_decisions_total", self._decisions),
                                 ("gpu_audit_launcher_preemptions_total", self._preemptions)):

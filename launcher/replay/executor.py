@@ -7,7 +7,8 @@ newest committed checkpoint holds. On the preemption signal a checkpointing job 
 its next step boundary (or finishes the commit it is writing) and exits with the
 "preempted" code; a job that cannot commit within the grace period, or never
 checkpoints, is killed by the engine and loses everything since its last commit. A
-failing job exits 1 (an out-of-memory one with `oom`) when its work reaches `fails_at`.
+failing job exits with its `exit_code` (1 unless the trace says, e.g. 137 for a job the
+kernel killed; an out-of-memory one with `oom`) when its work reaches `fails_at`.
 A leaking job's processes stay on the GPUs, holding memory, after it exits, until the
 engine reaps its process group.
 
@@ -28,8 +29,6 @@ from launcher.gpustate import GpuInfo
 from launcher.replay.trace import TraceJob
 from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
-
-EXIT_FAILED = 1
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ class VirtualExecutor:
             end = self._natural_end(run)
             self._report_commits(run, min(now, end[0]))
             if end[0] <= now:
-                self._end(run, end[0], end[1], oom=end[2])
+                self._end(run, end[0], end[1], oom=end[2], crashed=end[3])
 
     def _report_commits(self, run: _Run, until: float) -> None:
         tj = self.truth[run.job_id].trace
@@ -215,22 +214,23 @@ class VirtualExecutor:
             return n * interval + rest, n * interval, False
         return (n + 1) * interval, n * interval, True
 
-    def _natural_end(self, run: _Run) -> tuple[float, int, bool]:
-        """(time, exit code, oom) of the run's next exit if nothing interrupts it."""
+    def _natural_end(self, run: _Run) -> tuple[float, int, bool, bool]:
+        """(time, exit code, oom, crashed) of the run's next exit if nothing interrupts
+        it."""
         truth = self.truth[run.job_id]
         tj = truth.trace
         remaining = tj.runtime - run.base
-        end = (run.started + self._elapsed_for(tj, remaining), 0, False)
+        end = (run.started + self._elapsed_for(tj, remaining), 0, False, False)
         if tj.fails_at is not None and truth.failures < tj.fail_attempts:
             fail_work = tj.fails_at * tj.runtime - run.base
             if fail_work > 0:
                 t = run.started + self._elapsed_for(tj, fail_work)
                 if t < end[0]:
-                    end = (t, EXIT_FAILED, tj.oom)
+                    end = (t, tj.exit_code, tj.oom, True)
         if run.signal_at is not None and tj.checkpoint_interval is not None:
             commit, _ = self._commit_after_signal(run, tj)
             if commit <= run.signal_at + self.grace and commit < end[0]:
-                end = (commit, EXIT_PREEMPTED, False)
+                end = (commit, EXIT_PREEMPTED, False, False)
         return end
 
     def _commit_after_signal(self, run: _Run, tj: TraceJob) -> tuple[float, float]:
@@ -249,7 +249,7 @@ class VirtualExecutor:
         return run.signal_at + extra + tj.checkpoint_seconds, boundary_work
 
     def _end(self, run: _Run, at: float, code: int, *, killed: bool = False,
-             oom: bool = False) -> None:
+             oom: bool = False, crashed: bool = False) -> None:
         truth = self.truth[run.job_id]
         tj = truth.trace
         elapsed = at - run.started
@@ -271,12 +271,13 @@ class VirtualExecutor:
             lost = max(0.0, at - since) * tj.gpu_share
         truth.committed_work = run.base + committed
         truth.held += elapsed * tj.gpu_share
-        if run.signal_at is not None and code in (EXIT_PREEMPTED, EXIT_SIGKILL):
+        if run.signal_at is not None and code in (EXIT_PREEMPTED, EXIT_SIGKILL) \
+                and not crashed:
             truth.preemptions += 1
             truth.lost_preempt += lost
         else:
             truth.lost_failure += lost
-        if code == EXIT_FAILED:
+        if crashed:
             truth.failures += 1
         truth.exits.append((at, code))
         if code == 0:

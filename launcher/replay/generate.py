@@ -6,17 +6,38 @@ hours (often a fraction of a GPU, data-loader bound, so low utilisation), intera
 notebooks that hold a GPU for hours at near-zero utilisation, a burst of urgent and high
 jobs before a deadline, a few crashes (one out of memory) and one job that leaks its GPU
 memory after exit. The same seed always gives the same trace.
+
+Version 2 adds the people (launcher/replay/people.py), drawn from their own random
+stream so the jobs stay exactly those of the first version: each user is at the desk on
+working days from 08:30-10:30 to 17:30-20:00 (lab time, +01:00), and for a quarter of an
+hour around every submission outside those hours (someone who submits at 03:00 was
+there, or logged in, to do it).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from launcher.replay.people import Person
 from launcher.replay.trace import GIB, TraceHeader, TraceJob
 
 DAY = 86400.0
 HOUR = 3600.0
+LAB_TIMEZONE = "+01:00"
+
+
+def presence_days(days: int) -> int:
+    """Days of presence a trace of `days` days carries: past its window too, so a lab
+    without a launcher can work through the backlog the window leaves."""
+    return 2 * days + 7
+
+
+class Generated(NamedTuple):
+    header: TraceHeader
+    jobs: list[TraceJob]
+    people: list[Person]
 
 
 @dataclass(frozen=True)
@@ -45,8 +66,35 @@ def _work_hours_arrival(rng: random.Random, day: int) -> float:
     return day * DAY + hour * HOUR
 
 
+def office_hours(rng: random.Random, days: int, *, arrive: tuple[float, float] = (8.5, 10.5),
+                 leave: tuple[float, float] = (17.5, 20.0), weekend: float = 0.0,
+                 ) -> list[tuple[float, float]]:
+    """One person's presence windows (trace seconds, lab time) over `days` days: working
+    days from `arrive` to `leave` (hours, drawn per day), weekend days with probability
+    `weekend` for 2-5 afternoon hours."""
+    out = []
+    for day in range(days):
+        if _workday(day):
+            a, b = rng.uniform(*arrive), rng.uniform(*leave)
+        elif rng.random() < weekend:
+            a = rng.uniform(12.0, 15.0)
+            b = a + rng.uniform(2.0, 5.0)
+        else:
+            continue
+        out.append((round(day * DAY + a * HOUR, 1), round(day * DAY + b * HOUR, 1)))
+    return out
+
+
+def cover(windows: list[tuple[float, float]], arrivals: list[float],
+          ) -> list[tuple[float, float]]:
+    """`windows` plus a quarter of an hour from each arrival none of them covers."""
+    extra = [(t, round(t + 900.0, 1)) for t in arrivals
+             if not any(a <= t < b for a, b in windows)]
+    return sorted(windows + extra)
+
+
 def generate(seed: int = 7, days: int = 7, shape: LabShape | None = None,
-             name: str | None = None) -> tuple[TraceHeader, list[TraceJob]]:
+             name: str | None = None) -> Generated:
     """The header and jobs of a `days`-long lab trace (the deadline falls on day 4 of a
     week, on the last day of shorter traces)."""
     shape = shape or LabShape()
@@ -141,5 +189,12 @@ def generate(seed: int = 7, days: int = 7, shape: LabShape | None = None,
     header = TraceHeader(trace=name or ("lab-week" if days == 7 else f"lab-{days}d"),
                          gpus=shape.gpus, gpu_memory_bytes=shape.gpu_memory_bytes,
                          window_seconds=days * DAY, seed=seed,
-                         generator="launcher.replay.generate")
-    return header, out
+                         generator="launcher.replay.generate", timezone=LAB_TIMEZONE)
+    # the people from a stream of their own: the jobs above are those of version 1
+    people_rng = random.Random(seed * 7919 + 1)  # noqa: S311 (a reproducible workload)
+    people = []
+    for user in sorted({j.user for j in out}):
+        mine = [j.arrival for j in out if j.user == user]
+        people.append(Person(person=user, present=tuple(
+            cover(office_hours(people_rng, presence_days(days)), mine))))
+    return Generated(header, out, people)

@@ -3,25 +3,31 @@ GPUs really did), never from the engine's own bookkeeping.
 
 - utilisation: busy GPU-seconds / available GPU-seconds, where a GPU's busy ratio at any
   moment is min(1, sum of the utilisation of the processes on it); over the trace's
-  window (the week) and over the whole replay (until the last job ended);
+  window (the week) and over the whole replay (until the last job ended); and the
+  window's utilisation as a share of the demand ceiling (launcher/replay/demand.py: the
+  most any scheduler could get out of these jobs in the window);
+- night completion: of the jobs submitted in the night (17:00-09:00, owner's time; not
+  notebooks) that could have ended by 09:00 on an empty node, the share that did;
 - idle-held GPU-hours: time a GPU was held by a process of ours (a job or a leak) while
   under IDLE_UTIL busy;
 - queue wait: first start - arrival, per urgency class (mean, p95); a job that never
   started counts as waiting until the replay ended;
 - lost GPU-seconds: work thrown away (since the newest commit) by preemption and by
   failures; delivered GPU-hours: GPU-seconds the jobs' runs held;
-- fairness: each user's share of delivered GPU-seconds in the window against a max-min
-  fair share of them given what each user asked for, and Jain's index over the ratios.
+- fairness: Jain's index over the users' GPU-hours in the window, each divided by the
+  user's max-min fair share of them given what they asked for (1 = every user got their
+  fair share; raw GPU-hours would call a user who asked for little "starved").
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from launcher.replay.demand import demand_ceiling, earliest_finish, night_deadline
 from launcher.replay.executor import Interval, JobTruth
 from launcher.replay.trace import URGENCIES, Trace
 
@@ -70,6 +76,10 @@ class ReplayMetrics:
     user_share: dict[str, dict[str, float]]
     utilisation_hourly: list[float] = field(default_factory=list)
     ticks: int = 0
+    demand_ceiling: float = 0.0
+    night_could: int = 0  # night jobs that could have ended by 09:00
+    night_did: int = 0  # ... and did
+    refused: int = 0  # trace jobs the launcher refused at submission
 
     @property
     def preemption_loss_ratio(self) -> float:
@@ -77,9 +87,20 @@ class ReplayMetrics:
             return 0.0
         return self.lost_preemption_gpu_hours / self.delivered_gpu_hours
 
+    @property
+    def ceiling_share(self) -> float:
+        """Utilisation over the window as a share of the demand ceiling."""
+        return self.utilisation_window / self.demand_ceiling if self.demand_ceiling else 0.0
+
+    @property
+    def night_completion(self) -> float:
+        return self.night_did / self.night_could if self.night_could else math.nan
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["preemption_loss_ratio"] = self.preemption_loss_ratio
+        out["ceiling_share"] = self.ceiling_share
+        out["night_completion"] = self.night_completion
         return out
 
 
@@ -140,9 +161,11 @@ def max_min_fair(demand: dict[str, float], total: float) -> dict[str, float]:
 
 def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
             intervals: Sequence[Interval], started: dict[str, float | None],
-            end: float, ticks: int = 0) -> ReplayMetrics:
+            end: float, ticks: int = 0, refused: int = 0,
+            failed: Collection[str] = ()) -> ReplayMetrics:
     """Metrics of one replay. `started` maps each trace job's name to its first start
-    (None: never started); `end` is when the replay stopped."""
+    (None: never started); `end` is when the replay stopped; `failed`: the jobs the
+    launcher gave up on (failed, or cancelled because a step before them failed)."""
     header = trace.header
     window = header.window_seconds
     by_gpu: dict[str, list[Interval]] = defaultdict(list)
@@ -163,11 +186,12 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
     hourly = [round(x / (HOUR * header.gpus), 4) for x in hourly]
 
     finished = sum(1 for t in truth.values() if t.finished_at is not None)
-    gave_up = sum(1 for t in truth.values() if t.finished_at is None and _gave_up(t))
+    gave_up = len(failed)
     last_exit = max((t.exits[-1][0] for t in truth.values() if t.exits), default=0.0)
 
-    waits: dict[str, list[float]] = {u: [] for u in URGENCIES}
-    never: dict[str, int] = dict.fromkeys(URGENCIES, 0)
+    levels = [*URGENCIES, *sorted({j.urgency for j in trace.jobs} - set(URGENCIES))]
+    waits: dict[str, list[float]] = {u: [] for u in levels}
+    never: dict[str, int] = dict.fromkeys(levels, 0)
     for job in trace.jobs:
         first = started.get(job.name)
         if first is None:
@@ -198,8 +222,11 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
                       "ratio": round(got[u] / fair[u], 3) if fair[u] > 0 else 1.0}
                   for u in sorted(demand)}
 
+    could, did = night_completion(trace, truth)
     return ReplayMetrics(
         policy=policy, gpus=header.gpus, window_s=window, end_s=end,
+        demand_ceiling=demand_ceiling(trace), night_could=could, night_did=did,
+        refused=refused,
         utilisation_window=busy_w / (header.gpus * window),
         utilisation_overall=busy_all / (header.gpus * max(end, 1e-9)),
         idle_held_gpu_hours=idle / HOUR, busy_gpu_hours=busy_all / HOUR,
@@ -213,6 +240,19 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
         ticks=ticks)
 
 
-def _gave_up(t: JobTruth) -> bool:
-    """The job failed more often than its retries allow (the engine will not rerun it)."""
-    return t.failures > t.trace.max_retries
+def night_completion(trace: Trace, truth: dict[int, JobTruth]) -> tuple[int, int]:
+    """(night jobs that could have ended by 09:00, those that did). Notebooks are left
+    out: a session is not work that completes."""
+    finished = {t.trace.name: t.finished_at for t in truth.values()}
+    soonest = earliest_finish(trace)
+    could = did = 0
+    for job in trace.jobs:
+        if job.interactive:
+            continue
+        deadline = night_deadline(trace, job)
+        if deadline is None or soonest[job.name] > deadline:
+            continue
+        could += 1
+        end = finished.get(job.name)
+        did += end is not None and end <= deadline
+    return could, did

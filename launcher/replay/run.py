@@ -6,24 +6,33 @@ preemption grace deadline) and, while jobs wait or GPUs await release, at least 
 `tick_seconds` (the daemon's tick: it lets waiting jobs age and preemption thresholds
 pass). Each stop is one `Engine.tick()`, exactly as the daemon does it; nothing here
 schedules, places or preempts.
+
+Each trace job is submitted at its arrival as its user would submit it (pipeline steps
+with `after:` naming the ids of the steps before them). The `hand-launched` baseline is
+the same engine with whole GPUs, no preemption, and a gate: a job starts only while its
+owner is at the desk (the trace's people), as in a lab without a launcher.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher import reasons as r
 from launcher.config import LauncherCoreConfig, PolicyName
-from launcher.engine import Engine
+from launcher.engine import Engine, LauncherError
 from launcher.replay.executor import VirtualExecutor
 from launcher.replay.metrics import ReplayMetrics, compute
+from launcher.replay.people import Presence
 from launcher.replay.trace import Trace, TraceJob
 from launcher.scheduler import Scheduler
 from launcher.sim.gpus import SimGpuSource
 from launcher.spec import JobSpec
-from launcher.store import ACTIVE, WAITING, Store
+from launcher.store import ACTIVE, WAITING, JobRecord, Store
+from launcher.waiting import Gate
 
-POLICIES: tuple[PolicyName, ...] = ("priority", "fifo-exclusive", "first-fit")
+POLICIES: tuple[PolicyName, ...] = ("priority", "first-fit", "fifo-exclusive", "hand-launched")
 BASE_UID = 20_000
 
 
@@ -43,16 +52,32 @@ class ReplayRun:
     engine: Engine
     executor: VirtualExecutor
     wall_seconds: float
+    refused: dict[str, list[str]]  # trace jobs the engine refused, and why
 
 
-def job_spec(job: TraceJob) -> JobSpec:
-    """The launcher job a trace entry is submitted as (what its user would write)."""
+def job_spec(job: TraceJob, after: list[int] | None = None) -> JobSpec:
+    """The launcher job a trace entry is submitted as (what its user would write);
+    `after`: the ids its pipeline's earlier steps got."""
     return JobSpec(
         name=job.name, command=["replay", job.name], gpus=job.gpus,
         gpu_fraction=job.gpu_fraction, gpu_memory_bytes=job.memory_bytes,
         urgency=job.urgency, user=job.user, project=job.project,
         checkpoint_dir=f"/replay/ckpt/{job.name}" if job.checkpoint_interval else None,
-        max_retries=job.max_retries)
+        max_retries=job.max_retries, after=list(after or []))
+
+
+def presence_gate(presence: dict[str, Presence], calendar_note: Callable[[float], str],
+                  ) -> Gate:
+    """The hand-launched lab: a job starts only while its owner is at the desk (a user
+    without a person line is always there)."""
+    def gate(job: JobRecord, now: float) -> tuple[str, str] | None:
+        p = presence.get(job.user)
+        if p is None or p.at(now):
+            return None
+        back = p.next_arrival(now)
+        when = f"until {calendar_note(back)}" if back is not None else "for good"
+        return r.OWNER_AWAY, f"{job.user} is away {when}: nobody is there to start it"
+    return gate
 
 
 def config_for(policy: PolicyName, base: LauncherCoreConfig | None = None
@@ -74,21 +99,36 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
     sim = SimGpuSource(header.gpus, memory_total_bytes=header.gpu_memory_bytes)
     executor = VirtualExecutor({j.name: j for j in trace.jobs}, sim, clock,
                                cfg.engine.preempt_grace_seconds)
-    engine = Engine(Store(":memory:"), Scheduler(cfg.policy), sim, executor, clock, cfg)
+    horizon = header.window_seconds * horizon_windows
+    gate = None
+    if policy == "hand-launched":
+        calendar = trace.calendar()
+        gate = presence_gate(trace.presence(horizon + 2 * 86400),
+                             lambda t: calendar.local(t).strftime("%a %H:%M"))
+    engine = Engine(Store(":memory:"), Scheduler(cfg.policy), sim, executor, clock, cfg,
+                    gate=gate)
     users = sorted({j.user for j in trace.jobs})
     uids = {u: BASE_UID + i for i, u in enumerate(users)}
-    jobs = sorted(trace.jobs, key=lambda j: (j.arrival, j.name))
+    jobs = list(trace.jobs)  # arrival order, pipeline steps after the steps they follow
     names: dict[int, str] = {}
-    horizon = header.window_seconds * horizon_windows
+    ids: dict[str, int] = {}
+    refused: dict[str, list[str]] = {}
     nxt = 0
     ticks = 0
     while True:
         now = clock.now
         while nxt < len(jobs) and jobs[nxt].arrival <= now:
             job = jobs[nxt]
-            (job_id,) = engine.submit([job_spec(job)], uids[job.user], job.user)
-            names[job_id] = job.name
             nxt += 1
+            try:
+                (job_id,) = engine.submit(
+                    [job_spec(job, [ids[d] for d in job.after if d in ids])],
+                    uids[job.user], job.user)
+            except LauncherError as exc:  # e.g. its pipeline's previous step failed
+                refused[job.name] = exc.problems or [str(exc)]
+                continue
+            names[job_id] = job.name
+            ids[job.name] = job_id
         executor.advance()
         engine.tick()
         ticks += 1
@@ -116,6 +156,8 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
     for job_id, truth in executor.truth.items():
         if truth.starts:
             started[names[job_id]] = truth.starts[0]
+    failed = {names[j.id] for j in engine.store.jobs(("failed", "cancelled", "timed_out"))}
     metrics = compute(policy, trace, executor.truth, intervals=executor.intervals,
-                      started=started, end=end, ticks=ticks)
-    return ReplayRun(metrics, engine, executor, time.perf_counter() - wall0)
+                      started=started, end=end, ticks=ticks, refused=len(refused),
+                      failed=failed)
+    return ReplayRun(metrics, engine, executor, time.perf_counter() - wall0, refused)

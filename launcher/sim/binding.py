@@ -45,9 +45,15 @@ class SimGpuBinding(ProcessExecutor):
                 self._sim.add_process(g.uuid, pid, used)
 
     def poll(self) -> list[Exit]:
+        # Every pid the attempt had, dead or alive: `pids()` of an ended job lists only
+        # the live ones (what the release barrier needs on a real GPU), and a process that
+        # exited between the engine's GPU read and this poll is already dead here. Asking
+        # `pids()` left it on its simulated GPU for good (issue 24, defect 1).
+        attempts = {job: set(a.pids) for job, a in self._running.items()}
         exits = super().poll()
         for e in exits:
-            self._sim.remove_pids(self.pids(e.job_id))
+            self._sim.remove_pids(attempts.get(e.job_id, set())
+                                  | self._ended_pids.get(e.job_id, set()))
         return exits
 
     def sync(self) -> None:

@@ -14,6 +14,7 @@ from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, R
 from launcher.gpustate import GIB
 from launcher.scheduler import Scheduler
 from launcher.sim import SimBehaviour
+from launcher.spec import load_submission
 from launcher.store import Store
 from tests.launcher.harness import Node
 
@@ -30,7 +31,8 @@ jobs:
 
 
 def _started(node: Node, job_id: int) -> list[float]:
-    return [e.time for e in node.store.events(job_id) if e.kind in ("started", "resumed")]
+    return [e.time for e in node.store.events(job_id)
+            if e.kind in ("started", "resumed", "restarted")]
 
 
 def test_pipeline_runs_in_dependency_order_with_identity() -> None:
@@ -362,8 +364,9 @@ def test_engine_restart_mid_queue_loses_and_duplicates_nothing(tmp_path: Path) -
 def test_a_job_asking_for_more_gpus_than_the_node_has_is_refused() -> None:
     node = Node(gpus=2)
     node.run(10)
-    with pytest.raises(LauncherError, match="this node has 2 GPUs; big asks for more"):
+    with pytest.raises(LauncherError) as info:
         node.submit("{name: big, command: x, gpus: 4}")
+    assert info.value.problems == ["big: needs 4 GPUs; this node has 2: it can never run"]
 
 
 def test_freed_gpus_are_kept_for_the_waiter_not_taken_by_lower_jobs() -> None:
@@ -401,3 +404,21 @@ def test_step_reports_are_kept_as_job_events_at_most_once_an_interval() -> None:
     node.run(10)
     kept = [e.data["step"] for e in node.store.events(job, "telemetry")]
     assert kept == [0, 120, 240]
+
+
+@pytest.mark.parametrize(("preempt_by", "preempts"), [("priority", True), ("urgency", False)])
+def test_preempt_by_urgency_lets_fair_share_order_the_queue_but_not_preempt(
+        preempt_by: str, preempts: bool) -> None:
+    """Two normal-urgency jobs: the waiter's fair share puts it 1,000 points above the
+    running one. `preempt_by: priority` preempts for that; `preempt_by: urgency` (Slurm's
+    preemption by QOS) waits, since both are the same level."""
+    policy = PolicyConfig(preempt_wait_seconds=0, preempt_min_runtime_seconds=0,
+                          preempt_by=preempt_by)  # type: ignore[arg-type]
+    node = Node(gpus=1, policy=policy, default=SimBehaviour(work_seconds=50_000))
+    node.engine.ledger.charge(node.now, "heavy", "p-heavy", 100 * 3600.0)
+    (running,) = node.engine.submit(load_submission(
+        "{name: long, command: x, checkpoint_dir: /c, project: p-heavy}"), 1001, "heavy")
+    node.run(20)
+    node.submit("{name: mine, command: x}")
+    node.run(20)
+    assert ("preempt_signal" in node.kinds(running)) is preempts

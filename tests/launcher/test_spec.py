@@ -19,9 +19,10 @@ urgency: high
 preempt_signal: usr2
 """)
     assert job.argv == ["python", "train.py", "--lr", "3e-4"]
-    assert job.gpu_memory_bytes == 20 * 2**30 and job.urgency == 2
+    assert job.gpu_memory_bytes == 20 * 2**30 and job.urgency == "high"
     assert job.gpus == 1 and job.exclusive and job.project == "default"
-    assert job.preempt_signal == "SIGUSR2" and job.max_retries == 0
+    # no max_retries: the engine's default applies (a budget for checkpointing jobs)
+    assert job.preempt_signal == "SIGUSR2" and job.max_retries is None
 
 
 def test_pipeline_takes_top_level_defaults(tmp_path: Path) -> None:
@@ -37,8 +38,8 @@ jobs:
 """)
     jobs = load_submission(path)
     assert [j.name for j in jobs] == ["prepare", "train", "evaluate"]
-    assert {j.project for j in jobs} == {"vision"} and jobs[0].urgency == 0
-    assert jobs[1].urgency == 3 and jobs[2].gpu_share == 0.25 and not jobs[2].exclusive
+    assert {j.project for j in jobs} == {"vision"} and jobs[0].urgency == "low"
+    assert jobs[1].urgency == "urgent" and jobs[2].gpu_share == 0.25 and not jobs[2].exclusive
     assert load_submission(str(path)) == jobs  # a string naming a file is read too
 
 
@@ -50,7 +51,7 @@ def test_every_problem_is_listed_with_its_line() -> None:
     colour: blue
   - name: train
     command: ""
-    urgency: whenever
+    urgency: 10
     gpu_memory_bytes: lots
     after: [prepare, nosuch]
   - name: eval
@@ -71,7 +72,7 @@ def test_every_problem_is_listed_with_its_line() -> None:
         "line 4: jobs.0.gpus: Input should be greater than or equal to 0",
         "line 5: jobs.0.colour: unknown key",
         "line 7: jobs.1.command: the command is empty",
-        "line 8: jobs.1.urgency: urgency must be one of low, normal, high, urgent",
+        "line 8: jobs.1.urgency: 10: urgency is the name of a level the launcher defines",
         "line 9: jobs.1.gpu_memory_bytes: 'lots' is not a size",
         "line 10: jobs.1.after.1: no job named 'nosuch' in this submission",
         "line 13: jobs.2.gpu_fraction: Input should be less than or equal to 1",
@@ -144,7 +145,8 @@ def test_spec_round_trips_through_json() -> None:
     ("gpu_memory_bytes", "'1" + "0" * 400 + "GiB'", "more than any GPU has"),
     ("max_retries", "100000", "less than or equal to 100"),
     ("gpus", "65", "less than or equal to 64"),
-    ("urgency", "11", "urgency must be"),
+    ("urgency", "11", "not a number"),
+    ("urgency", "'" + "u" * 40 + "'", "is the name of a level"),
     ("project", "''", "at least 1"),
     ("project", "'" + "p" * 200 + "'", "at most 128"),
     ("cwd", "'" + "d" * 5000 + "'", "at most 4096"),
@@ -181,3 +183,16 @@ def test_counts_and_nul_bytes_are_bounded() -> None:
     for where in ("command: the command contains a NUL", "cwd: the value contains a NUL",
                   "env: Dictionary should have at most 256 items"):
         assert where in text, (where, text)
+
+
+def test_an_unknown_urgency_level_is_listed_with_the_other_problems() -> None:
+    """The daemon hands its levels to the reader, so a level it lacks is one more problem
+    of the same answer, not a second round trip."""
+    with pytest.raises(ConfigError) as info:
+        load_submission("jobs:\n  - {name: a, command: x, urgency: sometime, gpus: -1}\n"
+                        "  - {name: b, command: x, urgency: asap}\n",
+                        levels=["low", "normal"])
+    assert info.value.problems == [
+        "line 2: jobs.0.gpus: Input should be greater than or equal to 0",
+        "line 2: jobs.0.urgency: 'sometime' is not a level here (one of low, normal)",
+        "line 3: jobs.1.urgency: 'asap' is not a level here (one of low, normal)"]

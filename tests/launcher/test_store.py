@@ -112,3 +112,48 @@ def test_events_after_a_sequence_number_and_state_counts() -> None:
     assert store.last_event_seq() == rest[-1][0] and store.events_after(rest[-1][0]) == []
     store.update(ids[0], state="running")
     assert store.state_counts() == {"queued": 2, "running": 1}
+
+
+def test_a_version_1_state_is_upgraded_in_place_and_its_jobs_read_back(
+        tmp_path: Path) -> None:
+    """A lab's queue survives the upgrade of issue 24: a schema-1 database (no wait
+    reasons, no usage window; urgency stored as a number) opens, gains the new columns
+    and table, and its queued job reads back with the level its number meant."""
+    import sqlite3
+
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '1');
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, submission INTEGER NOT NULL, name TEXT NOT NULL,
+    spec TEXT NOT NULL, uid INTEGER NOT NULL, user TEXT NOT NULL, state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0,
+    after_ids TEXT NOT NULL DEFAULT '[]', gpus TEXT NOT NULL DEFAULT '[]',
+    memory_bytes INTEGER, submitted_at REAL NOT NULL, queued_at REAL NOT NULL,
+    started_at REAL, finished_at REAL, backoff_until REAL NOT NULL DEFAULT 0,
+    last_checkpoint_time REAL, last_checkpoint_step INTEGER,
+    measured_gpu_seconds REAL NOT NULL DEFAULT 0, allocated_gpu_seconds REAL NOT NULL
+    DEFAULT 0, lost_gpu_seconds REAL NOT NULL DEFAULT 0, preempt_signal_at REAL,
+    preempt_reason TEXT, preempt_for INTEGER, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    exit_code INTEGER, reason TEXT NOT NULL DEFAULT '');
+""")
+    db.execute("INSERT INTO jobs (submission, name, spec, uid, user, state, submitted_at, "
+               "queued_at) VALUES (1, 'old', ?, 1000, 'alice', 'queued', 1.0, 1.0)",
+               ('{"name": "old", "command": ["x"], "urgency": 3, "max_retries": 0}',))
+    db.commit()
+    db.close()
+    store = Store(path)
+    (job,) = store.jobs()
+    assert job.spec.urgency == "urgent" and job.spec.max_retries == 0
+    assert (job.wait_reason, job.wait_detail, job.start_priority) == ("", "", None)
+    store.update(job.id, wait_reason="resources", wait_detail="needs 1 GPU")
+    store.add_usage([("user", "alice", 5, 10.0)])
+    store.close()
+    again = Store(path)
+    assert again.get(job.id).wait_reason == "resources"  # type: ignore[union-attr]
+    assert again.load_usage(0) == [("user", "alice", 5, 10.0)]
+    with pytest.raises(RuntimeError, match="schema 99"):
+        sqlite3.connect(path).execute("UPDATE meta SET value='99'").connection.commit()
+        Store(path)

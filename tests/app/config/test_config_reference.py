@@ -4,6 +4,7 @@ model's, and no key is left without a description."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +136,28 @@ def test_check_mode_covers_the_launcher_part(tmp_path: Path) -> None:
     assert configdocs.main(["--check", "--output", str(out)]) == 1
 
 
-def _launcher_leaf_paths(model: type[Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+def _launcher_leaf_paths(model: type[Any], prefix: tuple[str, ...] = (),
+                         seen: set[type[Any]] | None = None) -> set[tuple[str, ...]]:
+    """Every leaf key; a model met a second time (the quota limits of `project`,
+    `users.<name>`, `projects.<name>`) is documented once, where it is met first."""
+    seen = set() if seen is None else seen
+    seen.add(model)
     out: set[tuple[str, ...]] = set()
+    subs: list[tuple[type[Any], tuple[str, ...]]] = []
     for name, field in model.model_fields.items():
         path = (*prefix, field.alias or name)
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out |= _launcher_leaf_paths(annotation, path)
+            subs.append((annotation, path))
         else:
             out.add(path)
+            args = typing.get_args(annotation)
+            if typing.get_origin(annotation) is dict and isinstance(args[1], type) \
+                    and issubclass(args[1], BaseModel):  # a mapping of sections
+                subs.append((args[1], (*path, "<name>")))
+    for sub, path in subs:  # breadth first, as the reference is generated
+        if sub not in seen:
+            out |= _launcher_leaf_paths(sub, path, seen)
     return out
 
 
@@ -153,7 +167,8 @@ def test_every_launcher_key_is_listed_and_described() -> None:
     rows = configdocs.launcher_rows()
     documented = {r.path for r in rows if r.type != "section"}
     expected = _launcher_leaf_paths(LauncherConfig)
-    assert ("core", "policy", "w_urgency") in expected
+    assert ("core", "policy", "urgency_levels", "<name>", "groups") in expected
+    assert ("core", "quotas", "project", "max_gpu_hours") in expected
     assert ("core", "engine", "preempt_grace_seconds") in expected
     assert documented == expected
     missing = [".".join(r.path) for r in rows if not r.description.strip()]

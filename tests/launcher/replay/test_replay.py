@@ -4,13 +4,18 @@ failure and leak protocols the engine expects (hand-made traces on a 1-GPU node)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from launcher import reasons as r
 from launcher.config import LauncherCoreConfig
 from launcher.constants import EXIT_PREEMPTED, EXIT_SIGKILL
+from launcher.replay.demand import demand_ceiling
 from launcher.replay.metrics import ReplayMetrics, max_min_fair, percentile
+from launcher.replay.people import Person
+from launcher.replay.report import write_report
 from launcher.replay.run import POLICIES, ReplayRun, replay
 from launcher.replay.trace import GIB, Trace, TraceHeader, TraceJob, load_trace
 
@@ -55,7 +60,31 @@ def test_idle_reclaim_holds_fewer_gpus_idle_than_first_fit(
 def test_only_the_priority_policy_preempts(day: dict[str, ReplayMetrics]) -> None:
     assert day["priority"].preemptions > 0
     assert day["fifo-exclusive"].preemptions == day["first-fit"].preemptions == 0
+    assert day["hand-launched"].preemptions == 0
     assert day["fifo-exclusive"].lost_preemption_gpu_hours == 0
+
+
+def test_the_launcher_beats_people_launching_by_hand_on_the_day(
+        day: dict[str, ReplayMetrics]) -> None:
+    """The claim the replay exists for, on the CI trace: more of the GPUs' time used and
+    more of the night's jobs done than when a job starts only while its owner is in."""
+    hand, pri = day["hand-launched"], day["priority"]
+    assert pri.utilisation_window > hand.utilisation_window
+    assert pri.night_could > 0 and pri.night_completion > hand.night_completion
+    assert 0 < pri.demand_ceiling <= 1 and pri.ceiling_share <= 1.0 + 1e-9
+    assert all(m.demand_ceiling == pri.demand_ceiling for m in day.values())
+
+
+def test_the_report_has_the_table_the_targets_and_a_plot(
+        day: dict[str, ReplayMetrics], tmp_path: Path) -> None:
+    """write_report: the metrics table with night completion, the issue's targets, the JSON
+    and an SVG line per policy."""
+    paths = write_report(tmp_path / "r", day, title="lab-day")
+    md, data, plot = (p.read_text() for p in paths)
+    assert "| night completion (could / did) |" in md and "## Targets" in md
+    assert "utilisation >= 2.5x hand-launched" in md
+    assert json.loads(data)["policies"].keys() == set(POLICIES)
+    assert plot.startswith("<svg") and plot.count("<polyline") == len(POLICIES)
 
 
 def test_same_trace_same_metrics() -> None:
@@ -66,9 +95,10 @@ def test_same_trace_same_metrics() -> None:
 
 # ------------------------------------------------------------------ hand-made traces
 
-def _trace(*jobs: TraceJob, gpus: int = 1) -> Trace:
-    return Trace(header=TraceHeader(trace="t", gpus=gpus, window_seconds=86400.0),
-                 jobs=tuple(jobs))
+def _trace(*jobs: TraceJob, gpus: int = 1, people: tuple[Person, ...] = (),
+           window: float = 86400.0) -> Trace:
+    return Trace(header=TraceHeader(trace="t", gpus=gpus, window_seconds=window),
+                 jobs=tuple(jobs), people=people)
 
 
 def _job(name: str, arrival: float, **kw: object) -> TraceJob:
@@ -156,3 +186,100 @@ def test_a_job_that_keeps_crashing_past_its_retries_counts_as_failed() -> None:
     assert len(failed) == 1 and "out of GPU memory" in failed[0].data["reason"]
     assert (run.metrics.jobs_finished, run.metrics.jobs_failed,
             run.metrics.jobs_unfinished) == (1, 1, 0)
+
+
+HOUR = 3600.0
+
+
+def test_hand_launched_jobs_start_only_while_their_owner_is_in() -> None:
+    """The baseline the seed's numbers were measured against: a pipeline's second step,
+    ready at 02:00, waits for its owner to come in at 09:00; the launcher starts it at
+    02:00. The waiting step says why."""
+    ann = Person(person="ann", present=((17 * HOUR, 18 * HOUR), (33 * HOUR, 40 * HOUR)))
+    trace = _trace(_job("train", 17 * HOUR, user="ann", runtime=9 * HOUR),
+                   _job("eval", 17 * HOUR, user="ann", runtime=HOUR, after=("train",)),
+                   people=(ann,), window=2 * 86400.0)
+    hand = replay(trace, "hand-launched", tick_seconds=60)
+    starts = {t.trace.name: t.starts[0] for t in hand.executor.truth.values()}
+    assert starts["train"] == pytest.approx(17 * HOUR, abs=60)
+    assert starts["eval"] == pytest.approx(33 * HOUR, abs=60)
+    away = [e for e in hand.engine.store.decisions() if e[2] == "start"]
+    assert len(away) == 2
+    launcher = replay(trace, "priority", tick_seconds=60)
+    starts = {t.trace.name: t.starts[0] for t in launcher.executor.truth.values()}
+    assert starts["eval"] == pytest.approx(26 * HOUR, abs=60)
+    # night completion: both submitted at 17:00 could end by 09:00 (03:00); by hand the
+    # eval ends at 10:00
+    assert (hand.metrics.night_could, hand.metrics.night_did) == (2, 1)
+    assert (launcher.metrics.night_could, launcher.metrics.night_did) == (2, 2)
+
+
+def test_the_owner_away_reason_names_when_they_are_back() -> None:
+    """Under hand-launched a job whose owner is away waits as owner_away, saying when they
+    are back."""
+    ann = Person(person="ann", present=((0.0, 60.0), (10 * HOUR, 12 * HOUR)))
+    trace = _trace(_job("a", 0, user="ann", runtime=HOUR),
+                   _job("b", 0, user="ann", runtime=HOUR), people=(ann,))
+    run = replay(trace, "hand-launched", tick_seconds=60, horizon_windows=0.2)
+    waiting = [j for j in run.engine.store.jobs() if j.state == "queued"]
+    assert [j.wait_reason for j in waiting] == [r.OWNER_AWAY]
+    assert waiting[0].wait_detail == "ann is away until Mon 10:00: nobody is there to start it"
+
+
+def test_the_demand_ceiling_is_what_the_jobs_allow_at_best() -> None:
+    """Half-busy work fills a quarter of a two-hour window; two jobs wanting the one GPU
+    at once cap at the GPU; a pipeline step cannot start before the step it follows."""
+    half = _trace(_job("a", 0, runtime=HOUR, util=0.5), window=2 * HOUR)
+    assert demand_ceiling(half) == pytest.approx(0.25)
+    both = _trace(_job("a", 0, runtime=HOUR, util=1.0), _job("b", 0, runtime=HOUR, util=1.0),
+                  window=HOUR)
+    assert demand_ceiling(both) == pytest.approx(1.0)
+    late = _trace(_job("a", 0, runtime=HOUR, util=1.0, gpus=2),
+                  _job("b", 0, user="a", runtime=HOUR, util=1.0, after=("a",)),
+                  gpus=4, window=HOUR)
+    assert demand_ceiling(late) == pytest.approx(0.5)
+
+
+def test_an_unknown_urgency_is_refused_by_the_replay_not_skipped(tmp_path: Path) -> None:
+    """A trace naming a level the configuration lacks: the command says so (exit 2); with
+    a daemon configuration that defines it (`--config`), it replays."""
+    from gpu_audit_app.cli import main
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"trace": "t"}\n{"name": "a", "arrival": 0, "user": "u", '
+                    '"memory_bytes": 1, "runtime": 60, "urgency": "asap"}\n')
+    assert main(["launcher", "replay", str(path)]) == 2
+    config = tmp_path / "launcher.yaml"
+    config.write_text("core:\n  policy:\n    urgency_levels:\n      normal: {points: 0}\n"
+                      "      asap: {points: 9000}\n")
+    assert main(["launcher", "replay", str(path), "--config", str(config),
+                 "--policy", "priority"]) == 0
+
+
+def test_the_replay_command_writes_its_report(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpu-audit launcher replay TRACE --policy ... --report DIR`."""
+    from gpu_audit_app.cli import main
+
+    path = tmp_path / "t.jsonl"
+    trace = _trace(_job("a", 0, runtime=HOUR), _job("b", 60, runtime=HOUR, urgency="urgent"))
+    from launcher.replay.trace import dump_trace
+
+    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    code = main(["launcher", "replay", str(path), "--policy", "priority", "--policy",
+                 "hand-launched", "--report", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0 and "| metric | priority | hand-launched |" in out
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "metrics.json", "report.md", "utilisation.svg"]
+    assert main(["launcher", "replay", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_a_daemon_refuses_the_hand_launched_baseline() -> None:
+    """`hand-launched` is people at their desks, not a policy to run a node with."""
+    from pydantic import ValidationError
+
+    from gpu_audit_app.launcher_main import LauncherConfig
+
+    with pytest.raises(ValidationError, match="replay baseline"):
+        LauncherConfig.model_validate({"core": {"policy": {"name": "hand-launched"}}})

@@ -286,7 +286,10 @@ def test_a_submission_slow_to_read_never_stalls_the_daemon(home: Path) -> None:
     import subprocess
     import threading
 
-    d = LauncherDaemon(home, gpus=1, extra={"limits": {"submit_timeout_seconds": 3}})
+    # the admin's size cap (quotas.max_spec_bytes, 256 KiB) would refuse it unread: raised
+    # here to what the request limit allows, so the worker's deadline is what stops it
+    d = LauncherDaemon(home, gpus=1, core={"quotas": {"max_spec_bytes": 1 << 20}},
+                       extra={"limits": {"submit_timeout_seconds": 3}})
     d.start()
     try:
         spec = home / "slow.yaml"

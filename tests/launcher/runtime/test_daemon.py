@@ -59,7 +59,8 @@ jobs:
     r = daemon.client(ALICE, "submit", "pipe.yaml")
     assert r.stdout.startswith("submitted 2 job(s)")
     q = daemon.client(ALICE, "queue")
-    assert "PRIORITY" in q.stdout and "URGENCY" in q.stdout and "FAIRSHARE_USER" in q.stdout
+    assert "RUNNING" in q.stdout and "WAITING" in q.stdout and "REASON" in q.stdout
+    assert "PRIORITY" in q.stdout and "URGENCY" in q.stdout and "FAIRSHR" in q.stdout
     prep = int(r.stdout.split(": ", 1)[1].split()[0])
     train = prep + 1
     daemon.wait_state(train, {"succeeded"}, timeout=60)
