@@ -144,7 +144,7 @@ class IntervalUsage:
             _holders, fleet = close_cycle(GpuCycle(elapsed=e, up=False))
             acc.fleet[F_DOWN] += fleet[F_DOWN]
             return
-        cyc, tasks = self._cycle(snap, gpu, prev_gpu, e, counter_share, acc)
+        cyc, tasks = self._cycle(snap, gpu, prev_gpu, e, counter_share=counter_share, acc=acc)
         holders, fleet = close_cycle(cyc)
         for i, v in enumerate(fleet):
             acc.fleet[i] += v
@@ -162,7 +162,7 @@ class IntervalUsage:
             _add_task(h, p, job, e)
 
     def _cycle(
-        self, snap: Snapshot, gpu: GpuSample, prev_gpu: GpuSample | None, e: float,
+        self, snap: Snapshot, gpu: GpuSample, prev_gpu: GpuSample | None, e: float, *,
         counter_share: float, acc: _Gpu,
     ) -> tuple[GpuCycle, list[tuple[Owner, ProcessSample, str]]]:
         """The sample as the per-cycle trail would record it, reduced for the bill."""

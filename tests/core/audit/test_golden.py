@@ -220,8 +220,8 @@ def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
     number, no usage row for an interval of 0)."""
     key = b"k" if keyed else None
     spool = MemorySpool()
-    producer = AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=gi.HOST, exporter_version=gi.VERSION,
-                             simulated=False, clock=gi._Clock(gi.T0))
+    producer = AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=gi.HOST,
+                             exporter_version=gi.VERSION, simulated=False, clock=gi._Clock(gi.T0))
     producer._key = key
     producer.start()
     for snap in snaps:

@@ -43,8 +43,8 @@ CLOCK = Clock()
 
 
 def _producer(spool: Any, cfg: AuditConfig | None = None, **kw: Any) -> AuditProducer:
-    return AuditProducer(cfg or AuditConfig(interval_seconds=5.0), spool, host=HOST, exporter_version="0.1.0",
-                         simulated=False, clock=CLOCK, **kw)
+    return AuditProducer(cfg or AuditConfig(interval_seconds=5.0), spool, host=HOST,
+                         exporter_version="0.1.0", simulated=False, clock=CLOCK, **kw)
 
 
 def _cycles(n: int, start: float = T0) -> Iterator[Any]:
