@@ -193,8 +193,11 @@ def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
                     if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
                     and parse_name(p.name) is None)
     for f in others:
-        for n, line_raw in jsonl_lines(f):
-            v.feed(line_raw, f"{f.name} line {n}")
+        damage: list[str] = []
+        for n, line_raw in jsonl_lines(f, damage):
+            v.feed_line(line_raw, (f.name, n))
+        for d in damage:
+            v.problem("damaged_part", f.name, d)
     report = v.report()
     # fast mode: what the seals say of a stream (the verifier read only unsealed parts)
     report.streams.update(from_seals)

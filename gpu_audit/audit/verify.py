@@ -37,7 +37,6 @@ print an HMAC key.
 from __future__ import annotations
 
 import bisect
-import gzip
 import hmac
 import re
 from collections import Counter, deque
@@ -49,6 +48,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit.archive.reader import PartLines
 from gpu_audit.audit.canonical import KNOWN_SCHEMAS, SCHEMA_V1, ZERO_HASH, expected_hash
 from gpu_audit.audit.ports import SpoolReaderPort
 
@@ -506,15 +506,22 @@ def verify_records(
     return v.report()
 
 
-def jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def jsonl_lines(path: Path, damage: list[str] | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSON Lines file, plain or gzip (detected by content). A
+    gzip file that ends early or is not gzip ends the lines at the last complete one;
+    what happened is appended to `damage` (never raised)."""
     with open(path, "rb") as raw:
         magic = raw.read(2)
-    opener: Any = gzip.open if magic == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:
-        for n, line in enumerate(f, 1):
+    reader = PartLines(path, compressed=magic == b"\x1f\x8b")
+    for first, lines in reader.chunks():
+        for i, line in enumerate(lines):
             stripped = line.strip()
             if stripped:
-                yield n, stripped
+                yield first + i, stripped
+    if reader.torn is not None and reader.torn.strip():
+        yield reader.lines + 1, reader.torn.strip()
+    if reader.damage is not None and damage is not None:
+        damage.append(reader.where_damaged())
 
 
 def verify_jsonl(
@@ -522,12 +529,16 @@ def verify_jsonl(
 ) -> VerifyReport:
     """Verify a JSON Lines export (plain or gzip, detected by content); problems name lines.
 
-    A line that is not valid JSON is reported with its number, never a crash. Raises
+    A line that is not valid JSON is reported with its number, and a damaged gzip file
+    (truncated) as `damaged_part` naming its last good line, never a crash. Raises
     OSError only when the file itself cannot be read.
     """
     v = Verifier(hmac_key=hmac_key, complete=complete, source=str(path))
-    for n, line in jsonl_lines(path):
-        v.feed(line, f"line {n}")
+    damage: list[str] = []
+    for n, line in jsonl_lines(path, damage):
+        v.feed_line(line, f"line {n}")
+    for d in damage:
+        v.problem("damaged_part", path.name, d)
     return v.report()
 
 
