@@ -55,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unverified", action="store_true",
                    help="Bill from an archive whose hash chain does not verify (said in the "
                    "report).")
+    p.add_argument("--allow-gaps", action="store_true",
+                   help="Bill from a trail with gaps (records missing, a part missing or "
+                   "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
+                   "manifest. Without it such a bill exits 1.")
+    p.add_argument("--verify-records", action="store_true",
+                   help="Archive: read every record of the sealed parts too, and check "
+                   "that their seals' sums are the records' (slower).")
     sim = p.add_argument_group("simulator (a SIMULATED bill, for demos and tests)")
     sim.add_argument("--simulate", metavar="SCENARIO", help="Play a simulator scenario "
                      "(name or file) over the period in virtual time through the real "
@@ -113,6 +120,7 @@ def request(args: argparse.Namespace) -> Request:
                    directory=args.directory, idle_policy=args.idle_policy, out=args.out,
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
+                   allow_gaps=args.allow_gaps, verify_records=args.verify_records,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))
 
@@ -250,6 +258,19 @@ def chargeback_command(args: argparse.Namespace) -> int:
         print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
               f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
               f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
+    comp = result.bill.completeness
+    if comp is not None:
+        print(f"completeness: {comp.status}; {comp.inventory_gpus} GPU(s) on "
+              f"{comp.inventory_hosts} host(s): expected {comp.expected_gpu_hours:.2f} GPU-h, "
+              f"observed {comp.observed_gpu_hours:.2f} (up + down)")
+        for line in comp.chains:
+            print(f"  {line}")
+        for line in comp.silent:
+            print(f"  silent: {line}")
+        for line in comp.gaps:
+            print(f"  GAP: {line}")
+        if comp.gaps:
+            print("INCOMPLETE: this bill was made with --allow-gaps; every output says so")
     if result.bill.simulated_included:
         print("SIMULATED: this bill includes simulated records (--include-simulated); "
               "the report, notes and manifest say so")

@@ -23,7 +23,23 @@ the index searched:
 - simulated: how many records in the period are `simulated: true` (left out of the
   three above unless `include_simulated`).
 
-What aggregations cannot give exactly, and what is done instead (in `notes`):
+Version 3 usage records (the interval trail: one record per GPU and holder) carry the
+bill's sums themselves, so two more aggregations add them up exactly: per (user, project,
+GPU name, day) the holders' `s`, `c`, `b`, `i`, `e`, `pe` (records with `s`), and per
+(GPU name, day) the GPUs' `gs`, `gd`, `gi`, `ge`, `gpe` (records with `gs`); a GPU's held
+and busy time are its holders' charged and busy sums. Both trails may share an index
+(an upgrade): each aggregation selects its own kinds.
+
+Completeness (as the archive source states it): per host and stream, by aggregation,
+the lowest and highest `seq` in the period and their count (`count == max - min + 1`:
+none missing inside; more: the same seq twice), the highest seq before the period (the
+chain must go on from it: min == before + 1, or min == 1 when nothing came before) and
+the lowest after it (max == after - 1; none: the period is still open). Streams with
+records in the period before and none in this one are listed as silent. A gap refuses
+the bill unless --allow-gaps.
+
+What aggregations cannot give exactly for version 1 and 2 records, and what is done
+instead (in `notes`):
 - used: the sum over process records, so an owner with several processes on one GPU
   counts each (the archive counts the GPU once);
 - charged: per (GPU name, day), the owners' used time scaled to the time held by owners
@@ -33,19 +49,21 @@ What aggregations cannot give exactly, and what is done instead (in `notes`):
 - idle-held: by the process's own utilisation, not the GPU's;
 - the owners' power cross-check: their energy share of the fleet's integrated power;
 - allocated = used (records carry no allocation).
-There is no hash-chain check here (a search index holds no order); `verified` is None.
+There is no hash check here (the records' hashes are not recomputed: `audit verify --sink`
+does that on a read-back); `verified` is None. Seq contiguity is checked (above).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
-from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
+from chargeback.model import UNATTRIBUTED, Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.tls import TlsConfig
 
 IDLE_UTILIZATION = 0.05
@@ -104,7 +122,8 @@ def _filters(req: Request, kind: str) -> list[dict[str, Any]]:
 
 
 def _not_simulated(req: Request) -> list[dict[str, Any]]:
-    return [] if req.include_simulated else [{"term": {"simulated": True}}]
+    return [] if req.include_simulated else [{"term": {"simulated": True}},
+                                             {"term": {"sim": True}}]
 
 
 def _day_source() -> dict[str, Any]:
@@ -193,14 +212,99 @@ def fleet_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str
     }
 
 
+def usage3_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Version 3: per (user, project, GPU name, day) the holders' sums."""
+    composite: dict[str, Any] = {
+        "size": PAGE_SIZE,
+        "sources": [_terms("user", "user"), _terms("project", "project"),
+                    _terms("model", "model"), _day_source()],
+    }
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": [*_filters(req, "usage"), {"range": {"s": {"gte": 0}}}],
+                           "must_not": _not_simulated(req)}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            name: _sum(name) for name in ("s", "c", "b", "i", "e", "pe")}}},
+    }
+
+
+def fleet3_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Version 3: per (GPU name, day) the GPUs' own sums."""
+    composite: dict[str, Any] = {"size": PAGE_SIZE,
+                                 "sources": [_terms("model", "model"), _day_source()]}
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": [*_filters(req, "usage"), {"range": {"gs": {"gte": 0}}}],
+                           "must_not": _not_simulated(req)}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            name: _sum(name) for name in ("gs", "gd", "gi", "ge", "gpe")}}},
+    }
+
+
+USAGE_KINDS = ["gpu", "process", "unattributed", "usage"]
+
+
 def simulated_body(req: Request) -> dict[str, Any]:
-    """How many records in the period are simulated."""
+    """How many usage records in the period are simulated."""
     return {
         "size": 0,
         "track_total_hits": True,
-        "query": {"bool": {"filter": [
-            {"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
-            {"term": {"simulated": True}}]}},
+        "query": {"bool": {
+            "filter": [{"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
+                       {"terms": {"kind": USAGE_KINDS}}],
+            "should": [{"term": {"simulated": True}}, {"term": {"sim": True}}],
+            "minimum_should_match": 1}},
+    }
+
+
+def chains_body(req: Request, where: str, after: Mapping[str, Any] | None = None,
+                ) -> dict[str, Any]:
+    """Per host and stream, the seqs of the records `where` ("before", "in", "after")
+    the period: lowest, highest, how many, and the newest record's time."""
+    start, end = _ns(req.start), _ns(req.end)
+    bounds = {"before": {"lte": start}, "in": {"gt": start, "lte": end},
+              "after": {"gt": end}}[where]
+    composite: dict[str, Any] = {"size": PAGE_SIZE,
+                                 "sources": [_terms("host", "host"), _terms("stream", "stream")]}
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {"filter": [{"range": {"time_ns": bounds}}]}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            "min_seq": {"min": {"field": "seq"}}, "max_seq": {"max": {"field": "seq"}},
+            "count": {"value_count": {"field": "seq"}},
+            "first_ns": {"min": {"field": "time_ns"}},
+            "last_ns": {"max": {"field": "time_ns"}}}}},
+    }
+
+
+def _chains_page(where: str, req: Request, after: Mapping[str, Any] | None) -> dict[str, Any]:
+    return chains_body(req, where, after)
+
+
+def inventory_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per host and GPU (v3 `uuid`, v1/v2 `gpu.uuid`), the up + down seconds accounted."""
+    composite: dict[str, Any] = {
+        "size": PAGE_SIZE,
+        "sources": [_terms("host", "host"), _terms("uuid3", "uuid"),
+                    _terms("uuid2", "gpu.uuid")]}
+    if after is not None:
+        composite["after"] = dict(after)
+    return {
+        "size": 0,
+        "query": {"bool": {
+            "filter": [{"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
+                       {"terms": {"kind": ["gpu", "usage"]}}],
+            "must_not": _not_simulated(req)}},
+        "aggs": {"rows": {"composite": composite, "aggs": {
+            "gs": _sum("gs"), "gd": _sum("gd"), "up": _sum("gpu_seconds"),
+            "down": {"filter": {"term": {"gpu.up": False}},
+                     "aggs": {"seconds": _sum("elapsed_seconds")}}}}},
     }
 
 
@@ -223,6 +327,12 @@ def _value(agg: Any, *path: str) -> float:
         agg = agg.get(p) if isinstance(agg, Mapping) else None
     v = agg.get("value") if isinstance(agg, Mapping) else None
     return float(v) if isinstance(v, int | float) else 0.0
+
+
+def _opt(agg: Any, name: str) -> int | None:
+    """A min/max as an integer, None for an empty bucket (ES answers null)."""
+    v = agg.get(name, {}).get("value") if isinstance(agg, Mapping) else None
+    return round(v) if isinstance(v, int | float) else None
 
 
 def _day(key: Any) -> str:
@@ -338,14 +448,46 @@ def read_search(
                       energy_joules=_value(b, "up", "energy"),
                       power_energy_joules=_value(b, "up", "power"))
             _add(fleet_md, (model, day), f)
+        v3_owner_rows: list[tuple[Owner, str, str, Usage]] = []
+        held3: dict[tuple[str, str], list[float]] = {}  # (model, day) -> [held, busy]
+        for b in pager.buckets(usage3_body, req):
+            k = b["key"]
+            owner3: Owner = (k.get("user"), k.get("project"))
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            used = _value(b, "s")
+            u = Usage(allocated_gpu_seconds=used, used_gpu_seconds=used,
+                      charged_gpu_seconds=_value(b, "c"), busy_gpu_seconds=_value(b, "b"),
+                      idle_held_gpu_seconds=_value(b, "i"),
+                      energy_joules=_value(b, "e") / 1000.0,
+                      power_energy_joules=_value(b, "pe") / 1000.0)
+            v3_owner_rows.append((owner3, model, day, u))
+            hb = held3.setdefault((model, day), [0.0, 0.0])
+            hb[0] += u.charged_gpu_seconds
+            hb[1] += u.busy_gpu_seconds
+        fleet3: dict[tuple[str, str], Fleet] = {}
+        for b in pager.buckets(fleet3_body, req):
+            k = b["key"]
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            fleet3[model, day] = Fleet(
+                gpu_seconds=_value(b, "gs"), down_gpu_seconds=_value(b, "gd"),
+                idle_held_gpu_seconds=_value(b, "gi"), energy_joules=_value(b, "ge") / 1000.0,
+                power_energy_joules=_value(b, "gpe") / 1000.0)
         sim = pager.ask(simulated_body(req)).get("hits", {}).get("total", {})
         simulated = int(sim.get("value", 0)) if isinstance(sim, Mapping) else int(sim or 0)
+        completeness = _completeness(pager, req)
     finally:
         if own:
             client.close()
     if not req.include_simulated:
         data.simulated_excluded = simulated
-    if not owner_rows and not fleet_md and not unknown:
+    if completeness.gaps and not req.allow_gaps:
+        raise SearchUnavailable(
+            f"{settings.describe()}: records are missing: the bill cannot be proven complete "
+            "(pass --allow-gaps to bill anyway, stamped incomplete everywhere):\n  - "
+            + "\n  - ".join(completeness.gaps))
+    completeness.allowed = bool(completeness.gaps)
+    data.completeness = completeness
+    if not owner_rows and not fleet_md and not unknown and not v3_owner_rows and not fleet3:
         why = (f"{simulated} simulated record(s) only (--include-simulated bills them)"
                if simulated and not req.include_simulated else "no usage record")
         raise SearchUnavailable(
@@ -386,6 +528,12 @@ def read_search(
             u.power_energy_joules = fm.power_energy_joules * u.energy_joules / fm.energy_joules
         if u.used_gpu_seconds or u.energy_joules:
             _record(data, UNATTRIBUTED, model, day, u)
+    for owner3, model, day, u in v3_owner_rows:
+        _record(data, owner3, model, day, u)
+    for (model, day), f in fleet3.items():
+        held, busy = held3.get((model, day), [0.0, 0.0])
+        f.held_gpu_seconds, f.busy_gpu_seconds = held, busy
+        _add(fleet_md, (model, day), f)
     for (model, day), f in sorted(fleet_md.items()):
         _add(data.fleet, model, _copy_fleet(f))
         entry = data.days.setdefault(day, ({}, Fleet()))
@@ -398,6 +546,88 @@ def read_search(
         "the archive or `gpu-audit audit verify` the sink's read-back",
     ])
     return data
+
+
+def _completeness(pager: _Pager, req: Request) -> Completeness:
+    """Every host's stream proven continuous across the period from seq aggregations
+    (see the module docstring)."""
+    chains: dict[str, dict[tuple[str, str], Mapping[str, Any]]] = {}
+    for where in ("before", "in", "after"):
+        make = functools.partial(_chains_page, where)
+        chains[where] = {(b["key"].get("host") or "", b["key"].get("stream") or ""): b
+                         for b in pager.buckets(make, req)}
+    comp = Completeness()
+    start, end = _ns(req.start), _ns(req.end)
+    period = end - start
+    for key in sorted(set(chains["in"]) | set(chains["before"])):
+        host, stream = key
+        name = f"stream {stream} of host {host}"
+        inside, before, after = (chains[w].get(key) for w in ("in", "before", "after"))
+        if inside is None:
+            last_ns = _opt(before, "last_ns")
+            if last_ns is not None and start - period < last_ns <= start:
+                comp.silent.append(f"{name}: records in the period before, none in this one "
+                                   f"(its last: seq {_opt(before, 'max_seq')})")
+            continue
+        lo, hi = _opt(inside, "min_seq"), _opt(inside, "max_seq")
+        count = round(_value(inside, "count"))
+        if lo is None or hi is None:
+            continue
+        gaps_before = len(comp.gaps)
+        prev = _opt(before, "max_seq") if before is not None else None
+        nxt = _opt(after, "min_seq") if after is not None else None
+        if count < hi - lo + 1:
+            comp.gaps.append(f"{name}: {hi - lo + 1 - count} seq(s) of {lo}..{hi} missing "
+                             "in the period")
+        elif count > hi - lo + 1:
+            comp.gaps.append(f"{name}: {count - (hi - lo + 1)} seq(s) of {lo}..{hi} indexed "
+                             "twice")
+        if prev is None and lo != 1:
+            comp.gaps.append(f"{name}: no record of it before the period; its first in it is "
+                             f"seq {lo}: seq 1..{lo - 1} are not in the index")
+        elif prev is not None and lo != prev + 1:
+            comp.gaps.append(f"{name}: seq {prev + 1}..{lo - 1} missing between the last "
+                             "record before the period and the first in it")
+        if nxt is not None and nxt != hi + 1:
+            comp.gaps.append(f"{name}: seq {hi + 1}..{nxt - 1} missing between the last "
+                             "record in the period and the first after it")
+        if len(comp.gaps) > gaps_before:
+            comp.chains.append(f"{name}: NOT complete ({len(comp.gaps) - gaps_before} gap(s))")
+            continue
+        frm = f"seq {prev}" if prev is not None else "seq 1, the start of its chain"
+        to = (f"seq {nxt}" if nxt is not None else
+              f"its newest record, seq {hi}; the period is still open")
+        comp.chains.append(f"{name}: continuous from {frm} to {to} ({count} record(s) in "
+                           "the period)")
+    # the time each host's chains cover: from the period's start when a record came
+    # before it (else their first record), to its end when one came after (else the last)
+    cover: dict[str, tuple[int, int]] = {}
+    for key2, b in chains["in"].items():
+        c_from: int = (start if chains["before"].get(key2) is not None
+                       else (_opt(b, "first_ns") or start))
+        c_to: int = (end if chains["after"].get(key2) is not None
+                     else (_opt(b, "last_ns") or end))
+        old = cover.get(key2[0])
+        cover[key2[0]] = ((c_from, c_to) if old is None
+                          else (min(old[0], c_from), max(old[1], c_to)))
+    observed = 0.0
+    gpus: set[tuple[str, str]] = set()
+    for b in pager.buckets(inventory_body, req):
+        k = b["key"]
+        host, uuid = k.get("host") or "", k.get("uuid3") or k.get("uuid2")
+        if not uuid:
+            continue
+        gpus.add((host, str(uuid)))
+        observed += (_value(b, "gs") + _value(b, "gd") + _value(b, "up")
+                     + _value(b, "down", "seconds"))
+    expected = 0.0
+    for host, _uuid in gpus:
+        g_from, g_to = cover.get(host, (start, end))
+        expected += (g_to - g_from) / 1e9
+    hosts = {h for h, _u in gpus}
+    comp.inventory_gpus, comp.inventory_hosts = len(gpus), len(hosts)
+    comp.expected_gpu_hours, comp.observed_gpu_hours = expected / 3600.0, observed / 3600.0
+    return comp
 
 
 def _copy_fleet(f: Fleet) -> Fleet:

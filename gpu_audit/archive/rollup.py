@@ -67,6 +67,7 @@ class Rollup:
         self.holders: dict[HolderKey, list[float]] = {}
         self.fleet: dict[FleetKey, list[float]] = {}
         self.records = 0  # usage records added (v3), or v1/v2 usage records grouped
+        self.simulated = 0  # of them, simulated (`sim` / `simulated` true)
         self.mig_instance_records = 0
         self.energy_sources: dict[str, int] = {}  # GPU intervals by where energy came from
         self._days: dict[int, str] = {}
@@ -114,6 +115,7 @@ class Rollup:
         self.records += 1
         day = self.day_name(t)
         sim = rec.get("sim") is True
+        self.simulated += sim
         model = _str(rec.get("model")) or UNKNOWN_MODEL
         get = rec.get
         if "gs" in rec:  # the GPU's own sums: on the first record of its interval only
@@ -148,6 +150,7 @@ class Rollup:
         if not isinstance(gpu, Mapping) or type(t) is not int:
             return
         self.records += 1
+        self.simulated += rec.get("simulated") is True
         uuid = str(gpu.get("uuid", ""))
         key = (str(rec.get("host", "")), uuid)
         entry = self._open.get(key)
@@ -231,6 +234,7 @@ class Rollup:
             for i, v in enumerate(fv):
                 mine[i] += v
         self.records += other.records
+        self.simulated += other.simulated
         self.mig_instance_records += other.mig_instance_records
         for src, n in other.energy_sources.items():
             self.energy_sources[src] = self.energy_sources.get(src, 0) + n
@@ -242,6 +246,7 @@ class Rollup:
             "holders": [[*k, *v] for k, v in sorted(self.holders.items(), key=_hkey)],
             "fleet": [[*k, *v] for k, v in sorted(self.fleet.items())],
             "records": self.records,
+            "simulated": self.simulated,
             "mig_instance_records": self.mig_instance_records,
             "energy_sources": dict(sorted(self.energy_sources.items())),
         }
@@ -270,6 +275,7 @@ class Rollup:
                     raise ValueError(f"bad fleet row {row!r}")
                 r.fleet[day, sim, model, uuid] = [float(x) for x in sums]
             r.records = int(obj["records"])
+            r.simulated = int(obj.get("simulated", 0))
             r.mig_instance_records = int(obj.get("mig_instance_records", 0))
             r.energy_sources = {str(k): int(v) for k, v in obj.get("energy_sources", {}).items()}
         except (KeyError, TypeError) as exc:

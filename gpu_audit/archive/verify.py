@@ -246,7 +246,7 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
                 fast_summary.last_seq = s.last_seq
                 fast_summary.records += s.records
             continue
-        if prev is not None and v.chain_end(host, stream) is None:
+        if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
         summary = Summary() if rollups and s is not None else None
         r = read_part(v, p, expect=expect, live=live, summary=summary)

@@ -471,18 +471,17 @@ class Verifier:
 
     def continue_chain(self, host: str, stream: str, seq: int, hash_: str,
                        where: Where) -> None:
-        """Start (or go on with) a chain at a record known from elsewhere (a seal): the
-        next record fed must follow seq with prev_hash == hash_."""
+        """Go on with a chain from a record known from elsewhere (a seal, which accounts
+        for the seqs up to `seq`): the next record fed must be seq + 1 with prev_hash
+        == hash_."""
         name = f"{stream}@{host}" if host else stream
         st = self._streams.get(name)
         if st is None:
             st = self._streams[name] = _Stream(name, False)
-            st.low = st.high = seq
+            st.low = seq
             st.min_seen = seq + 1
-        elif seq > st.high:
-            st.add_gap(st.high + 1, seq, where)
-            st.high = seq
-        st.succ[seq] = (hash_, where)
+        st.high = max(st.high, seq)
+        st.succ = {seq: (hash_, where)}
         st.last_seq, st.last_hash = seq, hash_
 
 

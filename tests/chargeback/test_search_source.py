@@ -116,7 +116,8 @@ def test_every_request_body_is_recorded_as_canonical_json(server: AggSearchServe
     filters = first["query"]["bool"]["filter"]
     lo = int(_req().start.timestamp()) * 10**9
     assert {"range": {"time_ns": {"gt": lo, "lte": lo + 2 * 3600 * 10**9}}} in filters
-    assert first["query"]["bool"]["must_not"] == [{"term": {"simulated": True}}]
+    assert first["query"]["bool"]["must_not"] == [{"term": {"simulated": True}},
+                                                  {"term": {"sim": True}}]
     sources = [next(iter(s)) for s in first["aggs"]["rows"]["composite"]["sources"]]
     assert sources == ["user", "project", "model", "day"]
     with_sim = read_search(_req(include_simulated=True), _settings(server.flavour, server.url))

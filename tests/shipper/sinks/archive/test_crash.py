@@ -141,6 +141,7 @@ def life(directory: Path, cursor: int, faults: FaultyOs,
     """
     monkeypatch.setattr(archive_mod, "os", faults)
     faults.committed = cursor  # type: ignore[attr-defined]
+    sink: ArchiveSink | None = None
     try:
         sink = new_sink(directory)
         sink.start()
@@ -154,6 +155,11 @@ def life(directory: Path, cursor: int, faults: FaultyOs,
                 faults.committed = pos  # type: ignore[attr-defined]
         sink.close()
         return pos
+    except Crash:
+        # the kernel closes a dead process's files: so do we (thousands of lives)
+        if sink is not None:
+            sink._close_fds()
+        raise
     finally:
         monkeypatch.setattr(archive_mod, "os", os)
 
