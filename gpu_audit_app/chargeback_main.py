@@ -73,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="Copies of the scenario's node (default 1): N x its GPUs.")
     sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
                      help="Simulated sampling interval (default 300).")
+    sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
+                     help="audit.interval_seconds of the simulated exporter: a multiple of "
+                     "--sim-step (default: the step, one record per sample).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
 
@@ -209,7 +212,7 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
           flush=True)
     sim = simulate_archive(args.simulate, start, end, archive.resolve(),
                            (out / CONFIG_NAME).resolve(), step=args.sim_step,
-                           nodes=args.sim_nodes)
+                           nodes=args.sim_nodes, audit_interval=args.sim_audit_interval)
     print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
           f"hash-chained records (all simulated: true); billing them with "
           f"--include-simulated from {out / CONFIG_NAME}")
