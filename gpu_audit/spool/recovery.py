@@ -139,7 +139,8 @@ def describe_damage(name: str, scan: SegmentScan) -> str:
 def delivered_floor(directory: Path) -> tuple[int, list[str]] | None:
     """(the lowest committed cursor, the sinks' names): offsets below it were delivered
     to every sink; None when no sink has a cursor (or one cannot be read)."""
-    from gpu_audit.spool.cursors import CursorError, CursorStore  # noqa: PLC0415
+    from gpu_audit.spool.cursors import CursorStore  # noqa: PLC0415 - cursors imports format
+    from gpu_audit.spool.errors import CursorError  # noqa: PLC0415
 
     store = CursorStore(directory)
     try:

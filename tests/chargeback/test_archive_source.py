@@ -68,10 +68,13 @@ def _sim_snaps() -> list[Snapshot]:
             for k in range(N + 1)]
 
 
-def _runs() -> tuple[list[bytes], list[bytes]]:
-    real = produce(_snaps(), host="gpu-node-07", start_s=DAY_S - 40, stop_s=DAY_S + 40)
+def _runs(interval_s: float | None = None) -> tuple[list[bytes], list[bytes]]:
+    """The real node's and the simulated node's records (per cycle, or with audit
+    interval `interval_s`)."""
+    real = produce(_snaps(), host="gpu-node-07", start_s=DAY_S - 40, stop_s=DAY_S + 40,
+                   interval_s=interval_s)
     sim = produce(_sim_snaps(), host="sim-node", stream="sim", simulated=True,
-                  start_s=DAY_S - 40, stop_s=DAY_S + 40)
+                  start_s=DAY_S - 40, stop_s=DAY_S + 40, interval_s=interval_s)
     return real, sim
 
 

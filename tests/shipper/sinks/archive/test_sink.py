@@ -243,3 +243,41 @@ def test_a_part_deleted_behind_the_sinks_back_holds_it(tmp_path: Path) -> None:
     with pytest.raises(SinkError) as err:
         s2.start()
     assert err.value.outcome is Outcome.HOLD and "gone" in err.value.reason
+
+
+def test_rotation_lists_no_directory_whatever_the_number_of_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22, defect e: every rotation listed the whole directory (97 ms at 2,635
+    files), so a small max_file_bytes made delivery fall behind without bound. The sink
+    lists the directory once, when it starts; hundreds of rotations after that list
+    nothing, so a rotation costs the same with 10 parts or 10,000."""
+    import os as real_os
+    from pathlib import Path as P
+
+    s = sink(tmp_path, max_file_bytes=4096)
+    listings: list[str] = []
+    real_iterdir, real_scandir, real_listdir = P.iterdir, real_os.scandir, real_os.listdir
+
+    def iterdir(self: P) -> object:
+        listings.append(str(self))
+        return real_iterdir(self)
+
+    def scandir(path: object = ".") -> object:
+        listings.append(str(path))
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    def listdir(path: object = ".") -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(P, "iterdir", iterdir)
+    monkeypatch.setattr(real_os, "scandir", scandir)
+    monkeypatch.setattr(real_os, "listdir", listdir)
+    batch = make_batch(400, pad=900)
+    for i in range(0, len(batch), 4):
+        s.send(batch[i : i + 4])
+    monkeypatch.undo()
+    parts = [p for p in tmp_path.iterdir() if ".jsonl" in p.name]
+    assert len(parts) > 80
+    assert listings == [], f"{len(listings)} listing(s) during {len(parts)} rotations"
