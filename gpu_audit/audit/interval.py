@@ -50,10 +50,10 @@ Record = dict[str, Any]
 TaskKey = tuple[int, str, int | None, int | None, int | None]  # pid, type, gi, ci, start
 
 
-def _r6(x: float) -> float:
-    # microsecond (and micro-unit) resolution: short numbers, and far below what a bill
-    # can see (0.5 us per record)
-    return round(x, 6)
+def _s(x: float) -> float:
+    # millisecond resolution: what sampling times carry (a cycle's jitter is milliseconds),
+    # short numbers, and far below what a bill can see (0.5 ms per record and sum)
+    return round(x, 3)
 
 
 def _mj(joules_: float) -> int:
@@ -250,7 +250,7 @@ class IntervalUsage:
         rec: Record = {
             "schema": SCHEMA_V3, "kind": "usage", "id": h.hexdigest(),
             "stream": self.stream, "host": self.host, "time_ns": time_ns,
-            "dt": _r6(g.elapsed), "n": g.samples, "uuid": uuid, "idx": g.index,
+            "dt": _s(g.elapsed), "n": g.samples, "uuid": uuid, "idx": g.index,
         }
         if g.model:
             rec["model"] = g.model
@@ -266,10 +266,10 @@ class IntervalUsage:
                 rec["project"] = project
             if hold.counted:
                 s = hold.sums
-                rec["s"] = _r6(s[0])
-                rec["c"] = _r6(s[1])
-                rec["b"] = _r6(s[2])
-                rec["i"] = _r6(s[3])
+                rec["s"] = _s(s[0])  # always: it marks a holder the bill counts
+                _nonzero(rec, "c", s[1])
+                _nonzero(rec, "b", s[2])
+                _nonzero(rec, "i", s[3])
                 if g.energy_known:
                     rec["e"] = _mj(s[4])
                     rec["pe"] = _mj(s[5])
@@ -285,11 +285,18 @@ def _holder_order(item: tuple[Owner, _Holder]) -> tuple[Any, ...]:
     return (user is None and project is None, user or "", project or "")
 
 
+def _nonzero(rec: Record, key: str, seconds: float) -> None:
+    # a sum of seconds that is 0 is left out (never down, never idle): absent reads as 0
+    value = _s(seconds)
+    if value:
+        rec[key] = value
+
+
 def _gpu_fields(rec: Record, g: _Gpu) -> None:
     f = g.fleet
-    rec["gs"] = _r6(f[F_GPU])
-    rec["gd"] = _r6(f[F_DOWN])
-    rec["gi"] = _r6(f[F_IDLE_HELD])
+    rec["gs"] = _s(f[F_GPU])  # always: it marks the GPU's own sums
+    _nonzero(rec, "gd", f[F_DOWN])
+    _nonzero(rec, "gi", f[F_IDLE_HELD])
     if g.energy_known:
         rec["ge"] = _mj(f[F_ENERGY])
         rec["gpe"] = _mj(f[F_POWER])
@@ -324,7 +331,7 @@ def _add_task(h: _Holder, p: ProcessSample, job: str, e: float) -> None:
 
 
 def _task_json(t: _Task) -> dict[str, Any]:
-    out: dict[str, Any] = {"pid": t.pid, "s": _r6(t.seconds)}
+    out: dict[str, Any] = {"pid": t.pid, "s": _s(t.seconds)}
     if t.type != "compute":
         out["type"] = t.type
     if t.gi is not None:
