@@ -13,6 +13,7 @@ there is no record to verify (a wrong folder must not read as a healthy, empty t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +68,9 @@ def verify_command(args: argparse.Namespace) -> int:
         expected = ("the spool holds none (none written yet, or every segment shipped and "
                     "deleted); expected records to verify: read the sinks' copy with --sink NAME")
     elif path.is_dir():
-        report = verify_archive(path, key, fast=args.fast, rollups=args.rollups)
+        workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
+        report = verify_archive(path, key, fast=args.fast, rollups=args.rollups,
+                                workers=max(1, workers))
         expected = EXPECTED_PATH
     else:
         report, expected = verify_jsonl(path, key), EXPECTED_PATH

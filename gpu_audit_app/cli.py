@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rollups", action="store_true",
                    help="Archive: also recompute each seal's rollup (the sums a bill adds "
                    "up) from the part's records.")
+    v.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Archive: verify hosts' streams in N processes (default: one per "
+                   "CPU).")
     _add_config_args(v)
 
     p = sub.add_parser("spool", help="Spool tools (fsck and statistics).")

@@ -108,41 +108,70 @@ class Rollup:
         return h
 
     def _add_usage(self, rec: Mapping[str, Any]) -> None:
-        t = rec.get("time_ns")
-        uuid = rec.get("uuid")
-        if type(t) is not int or not isinstance(uuid, str):
+        # Written out (no helper per field): this runs once per record of every part a
+        # bill reads and every part the archive sink seals. A value that is not a
+        # number (a bool, a string) counts as 0, as absent does.
+        get = rec.get
+        t, uuid = get("time_ns"), get("uuid")
+        if type(t) is not int or type(uuid) is not str:
             return
         self.records += 1
-        day = self.day_name(t)
-        sim = rec.get("sim") is True
+        n = (t - 1) // _DAY_NS
+        day = self._days.get(n)
+        if day is None:
+            day = self.day_name(t)
+        sim = get("sim") is True
         self.simulated += sim
-        model = _str(rec.get("model")) or UNKNOWN_MODEL
-        get = rec.get
-        if "gs" in rec:  # the GPU's own sums: on the first record of its interval only
-            f = self._fleet((day, sim, model, uuid))
-            f[F_GPU] += _num(get("gs")) or 0.0
-            f[F_DOWN] += _num(get("gd")) or 0.0
-            f[F_IDLE_HELD] += _num(get("gi")) or 0.0
-            f[F_ENERGY] += (_num(get("ge")) or 0.0) / 1000.0
-            f[F_POWER] += (_num(get("gpe")) or 0.0) / 1000.0
-            if (_num(get("gs")) or 0.0) > 0:
+        model = get("model")
+        if type(model) is not str or not model:
+            model = UNKNOWN_MODEL
+        fkey = (day, sim, model, uuid)
+        gs = get("gs")
+        if gs is not None:  # the GPU's own sums: on the first record of its interval only
+            f = self.fleet.get(fkey)
+            if f is None:
+                f = self.fleet[fkey] = [0.0] * 7
+            up = gs if type(gs) is float or type(gs) is int else 0.0
+            f[F_GPU] += up
+            v = get("gd")
+            f[F_DOWN] += v if type(v) is float or type(v) is int else 0.0
+            v = get("gi")
+            f[F_IDLE_HELD] += v if type(v) is float or type(v) is int else 0.0
+            v = get("ge")
+            f[F_ENERGY] += v / 1000.0 if type(v) is int or type(v) is float else 0.0
+            v = get("gpe")
+            f[F_POWER] += v / 1000.0 if type(v) is int or type(v) is float else 0.0
+            if up > 0:
                 src = get("ges")
-                src = src if isinstance(src, str) else ("counter" if "ge" in rec else "none")
+                src = src if type(src) is str else ("counter" if "ge" in rec else "none")
                 self.energy_sources[src] = self.energy_sources.get(src, 0) + 1
-        if "s" in rec:  # a holder's sums
-            h = self._holder((day, sim, model, uuid, _str(get("user")), _str(get("project"))))
-            charged = _num(get("c")) or 0.0
-            busy = _num(get("b")) or 0.0
-            h[0] += _num(get("s")) or 0.0
-            h[1] += charged
-            h[2] += busy
+        s = get("s")
+        if s is not None:  # a holder's sums
+            user, project = get("user"), get("project")
+            hkey = (day, sim, model, uuid, user if type(user) is str and user else None,
+                    project if type(project) is str and project else None)
+            h = self.holders.get(hkey)
+            if h is None:
+                h = self.holders[hkey] = [0.0] * 6
+            f = self.fleet.get(fkey)
+            if f is None:
+                f = self.fleet[fkey] = [0.0] * 7
+            h[0] += s if type(s) is float or type(s) is int else 0.0
+            c = get("c")
+            c = c if type(c) is float or type(c) is int else 0.0
+            b = get("b")
+            b = b if type(b) is float or type(b) is int else 0.0
+            h[1] += c
+            h[2] += b
             # the GPU's held and busy time are its holders' (docs/AUDIT.md, version 3)
-            f = self._fleet((day, sim, model, uuid))
-            f[F_HELD] += charged
-            f[F_BUSY] += busy
-            h[3] += _num(get("i")) or 0.0
-            h[4] += (_num(get("e")) or 0.0) / 1000.0
-            h[5] += (_num(get("pe")) or 0.0) / 1000.0
+            f[F_HELD] += c
+            f[F_BUSY] += b
+            v = get("i")
+            h[3] += v if type(v) is float or type(v) is int else 0.0
+            v = get("e")
+            h[4] += v / 1000.0 if type(v) is int or type(v) is float else 0.0
+            v = get("pe")
+            h[5] += v / 1000.0 if type(v) is int or type(v) is float else 0.0
 
     def _add_cycle_record(self, rec: Mapping[str, Any], kind: str) -> None:
         gpu = rec.get("gpu")

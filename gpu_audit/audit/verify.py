@@ -172,6 +172,8 @@ class _Stream:
         self.declared: list[tuple[int, int, int]] = []  # chain_restart: (lo, hi, its seq)
         self.last_seq = 0  # of the last record fed (in-order fast path)
         self.last_hash = ""
+        self.host = ""  # set by Verifier._chain
+        self.stream = name
 
     def add_gap(self, lo: int, hi: int, where: Where) -> None:
         if lo > hi:
@@ -217,7 +219,11 @@ class Verifier:
         self._id_window = id_window
         self._streams: dict[str, _Stream] = {}
         self.report_ = VerifyReport(source=source)
-        self.last_entry: _Entry | None = None  # the last record sequenced
+        # the last record sequenced: (seq, hash, prev_hash)
+        self.last_seq: int | None = None
+        self.last_hash: str | None = None
+        self.last_prev: str | None = None
+        self._by_bytes: dict[tuple[bytes, bytes], _Stream] = {}  # feed_line's chains
 
     def problem(
         self,
@@ -239,31 +245,33 @@ class Verifier:
     def feed_line(self, raw: bytes, where: Where, expect: tuple[str, str] | None = None,
                   ) -> None:
         """One stored line (canonical JSON with `hash`). `expect`: the (host, stream) of
-        the part it is in: a record of another is `foreign`."""
+        the part it is in: a record of another is `foreign`.
+
+        Reads the chain members by position where the canonical layout fixes them
+        (sorted keys: `host` directly after `hash`, `seq` directly after `schema`) and no
+        object or array opens before `stream`; anything else, and any line whose stored
+        bytes do not hash, goes to `feed` (the spec's full parse)."""
         i = raw.find(b',"hash":"')
-        j = raw.find(b',"prev_hash":"', i)
-        k = raw.find(b',"seq":', j)
-        m = raw.find(b',"stream":"', k)
-        h = raw.find(b',"host":"', i)
-        if (i < 0 or j < 0 or k < 0 or m < 0 or h < 0 or raw[i + 73:i + 74] != b'"'
-                or raw.find(b"{", 1, m) >= 0 or raw.find(b"[", 1, m) >= 0):
+        if i < 0 or raw[i + 73:i + 83] != b'","host":"':
+            self.feed(raw, where, expect)
+            return
+        h_end = raw.find(b'"', i + 83)
+        d = raw.find(b',"id":"', h_end)
+        j = raw.find(b',"prev_hash":"', d)
+        sc = raw.find(b',"schema":"gpu-audit.record/', j)
+        k = sc + 31
+        if (d < 0 or j < 0 or sc < 0 or raw[d + 39] != 34  # '"'
+                or raw[j + 78] != 34 or raw[sc + 30] not in b"123"
+                or raw[k:k + 7] != b',"seq":'):
+            self.feed(raw, where, expect)
+            return
+        c_end = raw.find(b",", k + 7)
+        m = raw.find(b',"stream":"', c_end - 1)
+        if (c_end < 0 or m < 0 or raw.find(b"{", 1, m) >= 0 or raw.find(b"[", 1, m) >= 0):
             self.feed(raw, where, expect)
             return
         m_end = raw.find(b'"', m + 11)
-        h_end = raw.find(b'"', h + 9)
-        c_end = raw.find(b",", k + 7)
-        if c_end < 0:
-            c_end = raw.find(b"}", k + 7)
-        stream_b, host_b = raw[m + 11:m_end], raw[h + 9:h_end]
         prev = raw[j + 14:j + 78]
-        seq_b = raw[k + 7:c_end]
-        d = raw.find(b',"id":"', h_end)
-        sc = raw.find(b',"schema":"', j)
-        sc_end = raw.find(b'"', sc + 11) if sc >= 0 else -1
-        if (d < 0 or sc < 0 or b"\\" in stream_b or b"\\" in host_b or not seq_b.isdigit()
-                or raw[j + 78:j + 79] != b'"' or prev == ZERO_HASH_B):
-            self.feed(raw, where, expect)  # escapes, restarts, anything unusual
-            return
         stored = raw[i + 9:i + 73]
         body = raw[:i] + raw[i + 74:]
         key = self._key
@@ -271,20 +279,55 @@ class Verifier:
             ok = sha256(prev + body).hexdigest().encode() == stored
         else:
             ok = hmac.new(key, prev + body, sha256).hexdigest().encode() == stored
-        if not ok:
-            self.feed(raw, where, expect)  # not stored canonically, or modified: the spec
-            return
-        schema = raw[sc + 11:sc_end].decode()
-        if schema not in KNOWN_SCHEMAS:
+        seq_b = raw[k + 7:c_end]
+        if not ok or prev == ZERO_HASH_B or not seq_b.isdigit():
+            # not stored canonically, modified, a chain's start: the spec's path
             self.feed(raw, where, expect)
             return
+        ck = (raw[m + 11:m_end], raw[i + 83:h_end])
+        st = self._by_bytes.get(ck)
+        if st is None:
+            if b"\\" in ck[0] or b"\\" in ck[1]:
+                self.feed(raw, where, expect)  # an escaped stream or host name
+                return
+            st = self._chain(ck[1].decode(), ck[0].decode())
+            self._by_bytes[ck] = st
         self.report_.records += 1
-        stream, host = stream_b.decode(), host_b.decode()
-        rid = raw[d + 7:raw.find(b'"', d + 7)].decode()
+        seq = int(seq_b)
+        rid = raw[d + 7:d + 39].decode()
+        if expect is not None and (st.host, st.stream) != expect:
+            self._foreign(st.name, seq, rid, where, expect)
+        prev_s, hash_s = prev.decode(), stored.decode()
+        before = st.succ.get(seq - 1)
+        if (st.low is not None and seq == st.high + 1 and before is not None
+                and before[0] == prev_s and not st.pred):
+            # the common case, in order and linked: what _sequence would do, inline
+            self.last_seq, self.last_hash, self.last_prev = seq, hash_s, prev_s
+            st.count += 1
+            st.high = seq
+            first = st.ids.get(rid)
+            if first is not None:
+                self._problem("duplicate_id", where,
+                              f"id already used at {where_text(first)} (sample chained "
+                              "twice)", stream=st.name, seq=seq, rid=rid)
+            else:
+                st.ids[rid] = where
+                st.id_order.append(rid)
+                if len(st.id_order) > self._id_window:
+                    st.ids.pop(st.id_order.popleft(), None)
+            del st.succ[seq - 1]
+            st.succ[seq] = (hash_s, where)
+            st.last_seq, st.last_hash = seq, hash_s
+            return
+        self._sequence(_Entry(st.name, seq, hash_s, prev_s, rid, where))
+
+    def _chain(self, host: str, stream: str) -> _Stream:
         name = f"{stream}@{host}" if host else stream
-        if expect is not None and (host, stream) != expect:
-            self._foreign(name, int(seq_b), rid, where, expect)
-        self._sequence(_Entry(name, int(seq_b), stored.decode(), prev.decode(), rid, where))
+        st = self._streams.get(name)
+        if st is None:
+            st = self._streams[name] = _Stream(name, self._complete)
+        st.host, st.stream = host, stream
+        return st
 
     def _foreign(self, name: str, seq: int, rid: str | None, where: Where,
                  expect: tuple[str, str]) -> None:
@@ -369,7 +412,7 @@ class Verifier:
             st.id_order.clear()
 
     def _sequence(self, e: _Entry) -> None:
-        self.last_entry = e
+        self.last_seq, self.last_hash, self.last_prev = e.seq, e.hash, e.prev_hash
         name, s, rid, where = e.stream, e.seq, e.id, e.where
         st = self._streams.get(name)
         if st is None:

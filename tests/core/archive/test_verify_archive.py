@@ -173,6 +173,20 @@ def test_fast_reads_only_the_unsealed_parts(archive: Path, monkeypatch: pytest.M
         return real(v, p, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(averify, "read_part", spy)
-    assert main(["audit", "verify", "--fast", str(archive)]) == 0, capsys.readouterr().out
+    assert main(["audit", "verify", "--fast", "--workers", "1", str(archive)]) == 0, \
+        capsys.readouterr().out
     assert sorted(read) == sorted(p.path.name for p in list_parts(archive)
                                   if not p.seal_path.exists())
+
+
+def test_two_workers_report_what_one_does(archive: Path) -> None:
+    """Hosts' streams verified in two processes (as `zcat | sha256sum` uses two) give the
+    same report: records, streams and every problem (gaps are listed per stream, when
+    each stream ends, rather than all at the end)."""
+    _parts(archive)[1].write_bytes(_parts(archive)[1].read_bytes()[:1500])
+    intruder = _trail("gpu-node-99", n=13)[0]
+    rewrite_part(_parts(archive, "gpu-node-02")[3], lambda ls: [ls[0], intruder, *ls[1:]])
+    one, two = verify_archive(archive, None), verify_archive(archive, None, workers=2)
+    assert (two.records, two.counts, two.streams) == (one.records, one.counts, one.streams)
+    assert sorted(p.render() for p in two.problems) == sorted(p.render() for p in one.problems)
+    assert {"damaged_part", "foreign"} <= set(two.counts)
