@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from gpu_audit.archive import read_lines
-from gpu_audit.archive.verify import verify_archive
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.audit.verify import verify_archive_dir
 from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
 from gpu_audit.spool.cursors import CursorStore
 from gpu_audit.spool.recovery import list_segments
@@ -39,7 +39,7 @@ def _run(spool: Path, clock: Clock, cycles: int, state: Path | None, start: floa
     """One exporter life: start, `cycles` snapshots, stop."""
     writer = SpoolWriter(SpoolConfig(directory=spool, min_free_bytes=0, fsync_window_ms=0))
     try:
-        p = AuditProducer(AuditConfig(interval_seconds=5.0, state_directory=state), writer,
+        p = AuditProducer(AuditConfig(state_directory=state), writer,
                           host=HOST, exporter_version="t", simulated=False, clock=clock)
         p.start()
         s = realistic(start)
@@ -95,7 +95,7 @@ def test_a_damaged_newest_frame_that_was_shipped_never_gets_its_seq_again(
     assert "already delivered to every sink" in said and "lost" not in said.split(
         "already delivered")[0].rsplit(";", 1)[-1]
     _ship(spool, archive)
-    report = verify_archive(archive, None)
+    report = verify_archive_dir(archive, None)
     assert report.ok, report.render()
     assert not {"duplicate_seq", "chain_break"} & set(report.counts)
     records = [orjson.loads(line.raw) for line in read_lines(archive)]
@@ -123,7 +123,7 @@ def test_unshipped_damage_is_a_named_gap_the_restart_explains(tmp_path: Path) ->
     _flip_newest_frame(spool)
     _run(spool, clock, 2, None, T0 + 100)
     _ship(spool, archive)
-    report = verify_archive(archive, None)
+    report = verify_archive_dir(archive, None)
     assert set(report.counts) == {"gap"}, report.render()
     [gap] = [p for p in report.problems if p.kind == "gap"]
     assert "declared lost by the chain_restart" in gap.detail
