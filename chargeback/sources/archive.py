@@ -109,7 +109,11 @@ class _Chain:
 
     host: str
     stream: str
-    rollup: Rollup = field(default_factory=Rollup)
+    # the bill's sums, over GPUs and hosts: shared by every chain (small for a month of
+    # a thousand GPUs: per day, model and owner)
+    rollup: Rollup
+    gpus: dict[bool, set[str]] = field(default_factory=dict)  # simulated? -> GPU uuids
+    observed: dict[bool, float] = field(default_factory=dict)  # simulated? -> up + down s
     start: str | None = None  # the last record before the period (or the chain's start)
     proven_before: bool = False  # a record before the period was seen (not just seq 1)
     end: str | None = None  # the first record after the period
@@ -126,12 +130,20 @@ class _Chain:
     def name(self) -> str:
         return f"{self.stream}@{self.host}"
 
+    def absorb(self, part: Rollup) -> None:
+        """A part's sums (finished): its GPUs for the inventory, the rest over GPUs."""
+        for (_day, sim, _model, uuid), f in part.fleet.items():
+            self.gpus.setdefault(sim, set()).add(uuid)
+            self.observed[sim] = self.observed.get(sim, 0.0) + f[0] + f[1]
+        self.rollup.merge(part, per_gpu=False)
+
 
 class _Reader:
     """Reads parts for one bill: the verifier, the period, inputs and queries."""
 
     def __init__(self, req: Request, key: bytes | None, progress: Progress | None,
                  total: int) -> None:
+        self.rollup = Rollup()  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
         self.v = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
@@ -150,6 +162,7 @@ class _Reader:
         """A part record by record: verify it, add the period's records, note the last
         record before the period and the first after it."""
         start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
+        sums = Rollup()
 
         def on_record(_part: Part, rec: dict[str, Any]) -> None:
             t, seq = rec.get("time_ns"), rec.get("seq")
@@ -166,11 +179,12 @@ class _Reader:
                 if chain.first_in is None:
                     chain.first_in = t
                 chain.last_in = t
-                chain.rollup.add(rec)
+                sums.add(rec)
             chain.last_ns, chain.last_seq = t, seq
 
         result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
                            summary=summary)
+        chain.absorb(sums.finish())  # a cycle's records never span two parts
         self.queries.append(f"archive part {name} (records)")
         if chain.first_seq is None and result.first_seq is not None:
             chain.first_seq, chain.first_prev = result.first_seq, result.first_prev_hash
@@ -203,7 +217,7 @@ def _follow(r: _Reader, chain: _Chain, p: Part, s: Seal, prev: tuple[int, str] |
 
 def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
     """Bill one host's stream and prove it complete for the period (see the module)."""
-    chain = _Chain(host, stream)
+    chain = _Chain(host, stream, r.rollup)
     expect = (host, stream)
     v = r.v
     # From the names alone: the last part wholly before the period and the first wholly
@@ -249,7 +263,7 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
             elif after:
                 chain.end = chain.end or f"seq {s.first_seq} ({p.path.name}, {_when(first_t)})"
             else:
-                chain.rollup.merge(s.rollup())
+                chain.absorb(s.rollup())
                 r.queries.append(f"archive part {p.path.name} (sealed: its rollup)")
                 chain.first_in = first_t if chain.first_in is None else chain.first_in
                 chain.last_in = last_t
@@ -348,12 +362,11 @@ def read_archive(
             "(files <prefix>_<host>_<stream>_YYYY-MM-DD[.N].jsonl[.gz])"])
     legacy, series = group_series(all_parts)
     r = _Reader(req, key, progress, sum(p.path.stat().st_size for p in all_parts))
-    rollup = _legacy(r, legacy, all_parts[-1]) if legacy else Rollup()
+    if legacy:
+        r.rollup.merge(_legacy(r, legacy, all_parts[-1]).finish(), per_gpu=False)
     chains = [_series(r, host, stream, sparts)
               for (_prefix, host, stream), sparts in series.items()]
-    for c in chains:
-        rollup.merge(c.rollup.finish())
-    rollup.finish()
+    rollup = r.rollup
     return _finish(r, req, archive_dir, chains, rollup)
 
 
@@ -437,8 +450,8 @@ def _inventory(r: _Reader, chains: list[_Chain], comp: Completeness,
     for c in chains:
         if c.first_in is None:
             continue
-        fleet = {k: f for k, f in c.rollup.fleet.items() if include_sim or not k[1]}
-        mine = {k[3] for k in fleet}
+        flags = (False, True) if include_sim else (False,)
+        mine = set().union(*(c.gpus.get(sim, set()) for sim in flags))
         if not mine:
             continue
         hosts.add(c.host)
@@ -446,7 +459,7 @@ def _inventory(r: _Reader, chains: list[_Chain], comp: Completeness,
         frm = r.start_ns if c.proven_before else c.first_in
         to = r.end_ns if c.end is not None else (c.last_in or c.first_in)
         expected += len(mine) * max(0, to - frm) / 1e9
-        observed += sum(f[0] + f[1] for f in fleet.values())
+        observed += sum(c.observed.get(sim, 0.0) for sim in flags)
     comp.inventory_gpus, comp.inventory_hosts = len(gpus), len(hosts)
     comp.expected_gpu_hours = expected / 3600.0
     comp.observed_gpu_hours = observed / 3600.0

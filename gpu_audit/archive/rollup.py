@@ -252,14 +252,16 @@ class Rollup:
         return self
 
     # -- combining and storing -------------------------------------------------------
-    def merge(self, other: Rollup) -> None:
-        """Add another rollup's sums to these (both finished)."""
+    def merge(self, other: Rollup, *, per_gpu: bool = True) -> None:
+        """Add another rollup's sums to these (both finished). `per_gpu=False` adds them
+        up over GPUs (the uuid of every key becomes ""): what a bill keeps of a month of
+        a thousand GPUs."""
         for hk, hv in other.holders.items():
-            mine = self._holder(hk)
+            mine = self._holder(hk if per_gpu else (*hk[:3], "", *hk[4:]))
             for i, v in enumerate(hv):
                 mine[i] += v
         for fk, fv in other.fleet.items():
-            mine = self._fleet(fk)
+            mine = self._fleet(fk if per_gpu else (*fk[:3], ""))
             for i, v in enumerate(fv):
                 mine[i] += v
         self.records += other.records
