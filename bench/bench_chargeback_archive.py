@@ -1,5 +1,7 @@
 """Chargeback from the archive (issue 12): the streaming orjson engine against DuckDB
-reading the compressed JSON Lines directly, on one generated archive, in one run.
+reading the compressed JSON Lines directly, on one generated archive of the per-cycle
+trail (audit.interval_seconds = the sampling interval, schema 2), in one run. The
+default interval trail and sealed parts: bench_chargeback_sealed.py (issue 22).
 
     .venv/bin/python bench/bench_chargeback_archive.py [--days 1] [--gpus 64] \
         [--interval 10] [--dir DIR] [--keep] [--json out.json]
@@ -11,8 +13,6 @@ the other, reporting wall time and peak RSS (ru_maxrss of that subprocess):
 
 - streaming: `chargeback.sources.archive.read_archive`, the engine the CLI uses: one
   pass, orjson, the hash chain verified as it reads, O(GPUs + owners) memory;
-- streaming x2: the same with `workers=2` (runs of whole days in two processes, their
-  chains joined); its RSS is the parent's plus twice the largest worker's (a bound);
 - duckdb: the same sums (fleet, per-owner used / charged / busy / energy) as SQL over
   `read_json('*.jsonl.gz')`. It cannot verify the chain (a SHA-256 over canonical JSON
   per record, chained), so a bill from it would need the verification pass on top: the
@@ -78,7 +78,8 @@ def generate(directory: Path, days: float, gpus: int, interval: float) -> dict[s
 
     spools = [Spool() for _ in range(nodes)]
     clock = iter(range(10**9))
-    producers = [AuditProducer(AuditConfig(stream=f"node-{n:02d}"), spools[n],
+    producers = [AuditProducer(AuditConfig(stream=f"node-{n:02d}", interval_seconds=interval),
+                               spools[n],
                                host=f"node-{n:02d}", exporter_version="bench", simulated=False,
                                clock=lambda: t0 - 60 + next(clock) * 1e-3)
                  for n in range(nodes)]
@@ -126,10 +127,10 @@ def _request(start: str, end: str) -> Any:
                    directory=None, idle_policy="none", out="-")
 
 
-def run_streaming(directory: Path, start: str, end: str, workers: int = 1) -> dict[str, Any]:
+def run_streaming(directory: Path, start: str, end: str) -> dict[str, Any]:
     from chargeback.sources.archive import read_archive
 
-    d = read_archive(_request(start, end), directory, workers=workers)
+    d = read_archive(_request(start, end), directory)
     assert d.verified is True, d.verification_problems
     owners: dict[str, list[float]] = {}
     for ((user, project), _model), u in d.usage.items():
@@ -189,7 +190,8 @@ def run_duckdb(directory: Path, start: str, end: str) -> dict[str, Any]:
     from chargeback.sources.archive import _ns
 
     s = _request(start, end)
-    files = sorted(str(p) for p in directory.iterdir() if p.name.startswith("gpu-audit-"))
+    files = sorted(str(p) for p in directory.iterdir()
+                   if p.name.startswith("gpu-audit_") and ".jsonl" in p.name)
     con = duckdb.connect()
     con.execute("SET preserve_insertion_order = false")
     rows = con.execute(DUCKDB_SQL.format(files=files, start=_ns(s.start), end=_ns(s.end))
@@ -199,22 +201,14 @@ def run_duckdb(directory: Path, start: str, end: str) -> dict[str, Any]:
     return {"owners": owners, "fleet": fleet}
 
 
-def run_streaming_2(directory: Path, start: str, end: str) -> dict[str, Any]:
-    return run_streaming(directory, start, end, workers=2)
-
-
-ENGINES = {"streaming": run_streaming, "streaming-2": run_streaming_2, "duckdb": run_duckdb,
-           "verify": run_verify_only}
+ENGINES = {"streaming": run_streaming, "duckdb": run_duckdb, "verify": run_verify_only}
 
 
 def child(engine: str, directory: Path, start: str, end: str) -> None:
     t = time.perf_counter()
     out = ENGINES[engine](directory, start, end)
     out["seconds"] = time.perf_counter() - t
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    # with workers: this process plus each worker at the largest one's peak (a bound)
-    out["peak_rss_mb"] = own + (2 * worker if engine == "streaming-2" else 0)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
 
@@ -265,14 +259,11 @@ def main() -> int:
               f"{gen['archive_bytes'] / 1e6:.1f} MB gzipped, generated in "
               f"{gen['generate_seconds']:.0f} s (x{scale:.1f} to the issue's 30 days)")
         res = {name: measure(name, base, gen)
-               for name in ("streaming", "streaming-2", "duckdb", "verify")}
+               for name in ("streaming", "duckdb", "verify")}
         _same(res["streaming"], res["duckdb"])
-        _same(res["streaming"], res["streaming-2"])
         print("engines agree on every owner's used / charged / busy / energy and the fleet")
         print(f"{'engine':<16}{'seconds':>10}{'peak RSS MB':>13}{'30-day s (extrap.)':>20}")
         rows = [("streaming", res["streaming"]["seconds"], res["streaming"]["peak_rss_mb"]),
-                ("streaming x2", res["streaming-2"]["seconds"],
-                 res["streaming-2"]["peak_rss_mb"]),
                 ("duckdb", res["duckdb"]["seconds"], res["duckdb"]["peak_rss_mb"]),
                 ("verify only", res["verify"]["seconds"], res["verify"]["peak_rss_mb"]),
                 ("duckdb + verify", res["duckdb"]["seconds"] + res["verify"]["seconds"],
@@ -281,8 +272,7 @@ def main() -> int:
             print(f"{name:<16}{secs:>10.1f}{rss:>13.0f}{secs * scale:>20.0f}")
         ratio = res["duckdb"]["seconds"] / res["streaming"]["seconds"]
         print(f"time duckdb / streaming: {ratio:.2f}; "
-              f"(duckdb + verify) / streaming: {rows[4][1] / rows[0][1]:.2f}; "
-              f"streaming x2 / streaming: {rows[1][1] / rows[0][1]:.2f}")
+              f"(duckdb + verify) / streaming: {rows[3][1] / rows[0][1]:.2f}")
         if args.json:
             args.json.write_text(json.dumps({
                 "generated": gen, "scale_to_30_days": scale,

@@ -128,6 +128,7 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
         unmapped=sorted(unmapped), simulated_excluded=data.simulated_excluded,
         simulated_included=data.simulated_included, verified=data.verified,
         verification_problems=list(data.verification_problems), notes=list(data.notes),
+        completeness=data.completeness,
     )
 
 

@@ -21,12 +21,13 @@ from typing import Any
 
 import orjson
 
-from chargeback.model import Request, SourceData
+from chargeback.model import Completeness, Request, SourceData
 from chargeback.values import (
     MANIFEST_NAME,
     OUTPUT_NAMES,
     parse_rfc3339,
     rfc3339,
+    rounded,
     sha256_bytes,
     software_version,
 )
@@ -82,7 +83,19 @@ def _source_json(data: SourceData) -> dict[str, Any]:
         "simulated_excluded": data.simulated_excluded,
         "simulated_included": data.simulated_included,
         "notes": list(data.notes),
+        "completeness": completeness_json(data.completeness),
     }
+
+
+def completeness_json(c: Completeness | None) -> dict[str, Any] | None:
+    """The proof of completeness as the manifest and the JSON bill write it."""
+    if c is None:
+        return None
+    return {"status": c.status, "allowed": c.allowed, "chains": list(c.chains),
+            "gaps": list(c.gaps), "silent": list(c.silent),
+            "inventory_gpus": c.inventory_gpus, "inventory_hosts": c.inventory_hosts,
+            "expected_gpu_hours": rounded(c.expected_gpu_hours),
+            "observed_gpu_hours": rounded(c.observed_gpu_hours)}
 
 
 def build_manifest(req: Request, data: SourceData, outputs: dict[str, str]) -> dict[str, Any]:
@@ -138,7 +151,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
     request = doc["request"]
     problems += [f"request.{key}: unknown option" for key in sorted(set(request) - names)]
     problems += [f"request.{key}: missing" for key in sorted(names - set(request))
-                 if key not in ("include_simulated", "allow_unverified", "compare_with")]
+                 if key not in ("include_simulated", "allow_unverified", "compare_with",
+                                "allow_gaps", "verify_records")]
     for key in TIME_FIELDS:
         if isinstance(request.get(key), str):
             try:

@@ -82,6 +82,38 @@ class Fleet:
 
 
 @dataclass(slots=True)
+class Completeness:
+    """Whether the records a bill was made from are all there (the archive source).
+
+    chains: per host and stream, one sentence: the chain proven continuous from the
+        last record before the period to the first after it (or "open": no record
+        after it yet), or why it is not;
+    gaps: every gap, missing or damaged part, each naming host, stream, seqs and files;
+        a bill with any is refused unless --allow-gaps (`allowed` then), and says so
+        everywhere it is written;
+    silent: hosts and streams with records in the period before this one and none in it;
+    expected_gpu_hours: GPU-hours the inventory (the GPUs each host's records name in
+        the period) stands for over the time each host's chain covers;
+        observed_gpu_hours: up + down GPU-hours its records account for. The difference
+        is time no record accounts for (exporter stopped, samples paused).
+    """
+
+    chains: list[str] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
+    silent: list[str] = field(default_factory=list)
+    inventory_gpus: int = 0
+    inventory_hosts: int = 0
+    expected_gpu_hours: float = 0.0
+    observed_gpu_hours: float = 0.0
+    allowed: bool = False  # billed with gaps (--allow-gaps)
+
+    @property
+    def status(self) -> str:
+        """"complete", or "GAPS (--allow-gaps)" (what the CSV column and banner say)."""
+        return "GAPS (--allow-gaps)" if self.gaps else "complete"
+
+
+@dataclass(slots=True)
 class SourceData:
     """Everything one source measured for [start, end): the input of `build_bill`.
 
@@ -117,6 +149,8 @@ class SourceData:
     # --compare-with: what each other source read for the same period (source -> data);
     # the manifest records their queries and inputs beside this source's
     compared: dict[str, SourceData] = field(default_factory=dict)
+    # the archive and search sources: proof that no record is missing (None: no proof)
+    completeness: Completeness | None = None
 
 
 @dataclass(slots=True)
@@ -211,6 +245,7 @@ class Bill:
     verified: bool | None
     verification_problems: list[str]
     notes: list[str]
+    completeness: Completeness | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +268,9 @@ class Request:
     out: str  # output directory
     include_simulated: bool = False
     allow_unverified: bool = False
+    allow_gaps: bool = False  # bill from a trail with gaps, stamped everywhere
+    # archive: read every record of sealed parts too (and check the seals' sums)
+    verify_records: bool = False
     # --compare-with: other sources read for the same period, whose bills are compared
     # with this one (reconciliation.comparisons); none of them may be `source`
     compare_with: tuple[str, ...] = ()

@@ -22,9 +22,10 @@ from typing import Any
 
 import orjson
 
-from chargeback.manifest import render_manifest
+from chargeback.manifest import completeness_json, render_manifest
 from chargeback.model import (
     Bill,
+    Completeness,
     Fleet,
     Owner,
     Reconciliation,
@@ -81,6 +82,7 @@ CSV_COLUMNS = (
     "currency",
     "idle_policy",
     "source",
+    "completeness",
 )
 
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
@@ -90,6 +92,12 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 def _csv_text(value: str) -> str:
     return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+def completeness_status(bill: Bill) -> str:
+    """What every CSV row says of the trail behind the bill."""
+    c = bill.completeness
+    return "not proven (no hash chain)" if c is None else c.status
 
 
 def render_csv(bill: Bill) -> bytes:
@@ -102,7 +110,7 @@ def render_csv(bill: Bill) -> bytes:
             start, end, row.kind,
             _csv_text(row.department), _csv_text(row.project), _csv_text(row.user),
             *(fmt_number(getattr(row, name)) for name in ROW_NUMBER_COLUMNS),
-            bill.currency, bill.idle_policy, bill.source,
+            bill.currency, bill.idle_policy, bill.source, completeness_status(bill),
         ])
     return buf.getvalue().encode("utf-8")
 
@@ -170,7 +178,19 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         "verified": bill.verified,
         "verification_problems": list(bill.verification_problems),
         "notes": list(bill.notes),
+        "completeness": completeness_json(bill.completeness),  # as in the manifest
     }
+
+
+def completeness_from_json(obj: Any) -> Completeness | None:
+    if not isinstance(obj, dict):
+        return None
+    return Completeness(chains=list(obj["chains"]), gaps=list(obj["gaps"]),
+                        silent=list(obj["silent"]), inventory_gpus=obj["inventory_gpus"],
+                        inventory_hosts=obj["inventory_hosts"],
+                        expected_gpu_hours=obj["expected_gpu_hours"],
+                        observed_gpu_hours=obj["observed_gpu_hours"],
+                        allowed=obj["allowed"])
 
 
 def render_json(bill: Bill) -> bytes:
@@ -228,6 +248,7 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
         unmapped=list(obj["unmapped"]), simulated_excluded=obj["simulated_excluded"],
         simulated_included=obj["simulated_included"], verified=obj["verified"],
         verification_problems=list(obj["verification_problems"]), notes=list(obj["notes"]),
+        completeness=completeness_from_json(obj.get("completeness")),
     )
 
 

@@ -158,7 +158,35 @@ def _dept_hint(departments: list[str], key: str) -> str:
 
 
 def _trail(bill: Bill) -> str:
-    return _simulated(bill) + _chain(bill)
+    return _simulated(bill) + _gaps(bill) + _chain(bill)
+
+
+def _gaps(bill: Bill) -> str:
+    c = bill.completeness
+    if c is None or not c.gaps:
+        return ""
+    listed = "".join(f"<li>{_e(g)}</li>" for g in c.gaps)
+    return ('<div class="banner" id="gaps">INCOMPLETE audit trail: records are missing and '
+            "this bill was made with --allow-gaps. It cannot be proven complete."
+            f"<ul>{listed}</ul></div>")
+
+
+def _completeness(bill: Bill) -> str:
+    c = bill.completeness
+    if c is None:
+        return ""
+    parts = ['<section id="completeness"><h2>Completeness</h2>',
+             f'<p id="completeness-status"><b>{_e(c.status)}</b>: '
+             f"{c.inventory_gpus} GPU(s) on {c.inventory_hosts} host(s) in the period stand "
+             f"for {_h(c.expected_gpu_hours)} GPU-hours over the time their chains cover; "
+             f"the records account for {_h(c.observed_gpu_hours)} (up + down), "
+             f"{_h(c.expected_gpu_hours - c.observed_gpu_hours)} not observed.</p>"]
+    parts.append("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in c.chains) + "</ul>")
+    if c.silent:
+        parts.append("<p>Silent this period (records in the one before):</p><ul>"
+                     + "".join(f"<li>{_e(x)}</li>" for x in c.silent) + "</ul>")
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _simulated(bill: Bill) -> str:
@@ -399,6 +427,8 @@ def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
         flags.append("--include-simulated")
     if req.allow_unverified:
         flags.append("--allow-unverified")
+    if req.allow_gaps:
+        flags.append("--allow-gaps")
     provenance = (f"Made by {_e(software_version())} from source <b>{_e(bill.source)}</b> "
                   f"({len(data.queries)} queries, {len(data.inputs)} inputs"
                   f"{', ' + _e(' '.join(flags)) if flags else ''}). {MANIFEST_NAME} beside "
@@ -421,6 +451,7 @@ def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
         _by_day(bill),
         _reconciliation(bill),
         _coverage(bill),
+        _completeness(bill),
         _full(bill, money),
         f"<footer>{provenance}</footer>",
     ]

@@ -2,8 +2,9 @@
 checking itself is gpu_audit.audit.verify).
 
 PATH may be a spool directory, an archive directory (its parts in archive order, read by
-gpu_audit.archive; other .jsonl / .jsonl.gz files after them, in name order) or one JSON
-Lines file. With --sink NAME the records are read back from that
+gpu_audit.archive; other .jsonl / .jsonl.gz files after them, in name order; `--fast`
+checks seals and part digests and reads only unsealed parts, `--rollups` recomputes
+every seal's sums) or one JSON Lines file. With --sink NAME the records are read back from that
 configured sink for the --from/--to range. Exit 0 when the trail is intact, 1 when a
 problem was found (each one printed with where it is), 2 for bad arguments and when
 there is no record to verify (a wrong folder must not read as a healthy, empty trail).
@@ -12,14 +13,15 @@ there is no record to verify (a wrong folder must not read as a healthy, empty t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from gpu_audit.archive.verify import verify_archive
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.audit.verify import (
     VerifyReport,
-    verify_archive_dir,
     verify_jsonl,
     verify_readback,
     verify_spool_dir,
@@ -66,7 +68,10 @@ def verify_command(args: argparse.Namespace) -> int:
         expected = ("the spool holds none (none written yet, or every segment shipped and "
                     "deleted); expected records to verify: read the sinks' copy with --sink NAME")
     elif path.is_dir():
-        report, expected = verify_archive_dir(path, key), EXPECTED_PATH
+        workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
+        report = verify_archive(path, key, fast=args.fast, rollups=args.rollups,
+                                workers=max(1, workers))
+        expected = EXPECTED_PATH
     else:
         report, expected = verify_jsonl(path, key), EXPECTED_PATH
     if _nothing_to_verify(report, str(path), expected):

@@ -57,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unverified", action="store_true",
                    help="Bill from an archive whose hash chain does not verify (said in the "
                    "report).")
+    p.add_argument("--allow-gaps", action="store_true",
+                   help="Bill from a trail with gaps (records missing, a part missing or "
+                   "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
+                   "manifest. Without it such a bill exits 1.")
+    p.add_argument("--verify-records", action="store_true",
+                   help="Archive: read every record of the sealed parts too, and check "
+                   "that their seals' sums are the records' (slower).")
     sim = p.add_argument_group("simulator (a SIMULATED bill, for demos and tests)")
     sim.add_argument("--simulate", metavar="SCENARIO", help="Play a simulator scenario "
                      "(name or file) over the period in virtual time through the real "
@@ -68,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="Copies of the scenario's node (default 1): N x its GPUs.")
     sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
                      help="Simulated sampling interval (default 300).")
+    sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
+                     help="audit.interval_seconds of the simulated exporter: a multiple of "
+                     "--sim-step (default: the step, one record per sample).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
@@ -89,6 +99,7 @@ def request(args: argparse.Namespace) -> Request:
                    directory=args.directory, idle_policy=args.idle_policy, out=args.out,
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
+                   allow_gaps=args.allow_gaps, verify_records=args.verify_records,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))
 
@@ -137,10 +148,8 @@ def _archive(req: Request, progress: bool) -> SourceData:
 
 def _search(req: Request, progress: bool) -> SourceData:
     settings = _settings(req)
-    from chargeback.sources.search import (
-        SearchUnavailable,
-        read_search,
-    )
+    from chargeback.sources.search import read_search
+    from chargeback.sources.search_query import SearchUnavailable
 
     try:
         data: SourceData = read_search(req, settings)
@@ -186,7 +195,7 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
           flush=True)
     sim = simulate_archive(args.simulate, start, end, archive.resolve(),
                            (out / CONFIG_NAME).resolve(), step=args.sim_step,
-                           nodes=args.sim_nodes)
+                           nodes=args.sim_nodes, audit_interval=args.sim_audit_interval)
     print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
           f"hash-chained records (all simulated: true); billing them with "
           f"--include-simulated from {out / CONFIG_NAME}")
@@ -244,6 +253,19 @@ def chargeback_command(args: argparse.Namespace) -> int:
         print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
               f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
               f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
+    comp = result.bill.completeness
+    if comp is not None:
+        print(f"completeness: {comp.status}; {comp.inventory_gpus} GPU(s) on "
+              f"{comp.inventory_hosts} host(s): expected {comp.expected_gpu_hours:.2f} GPU-h, "
+              f"observed {comp.observed_gpu_hours:.2f} (up + down)")
+        for line in comp.chains:
+            print(f"  {line}")
+        for line in comp.silent:
+            print(f"  silent: {line}")
+        for line in comp.gaps:
+            print(f"  GAP: {line}")
+        if comp.gaps:
+            print("INCOMPLETE: this bill was made with --allow-gaps; every output says so")
     if result.bill.simulated_included:
         print("SIMULATED: this bill includes simulated records (--include-simulated); "
               "the report, notes and manifest say so")

@@ -100,17 +100,24 @@ class _Node:
 
 
 def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Path,
-                     config: Path, *, step: float = 300.0, nodes: int = 1) -> Simulated:
+                     config: Path, *, step: float = 300.0, nodes: int = 1,
+                     audit_interval: float | None = None) -> Simulated:
     """Play `scenario` over [start, end] in `step`-second cycles into `archive` (which
     must be empty or absent: a simulated trail is never appended to another), and write
     `config`, a gpu-audit configuration naming it as the archive sink.
 
     `nodes` > 1 plays that many copies of the scenario's node (hosts sim-node-01, ...,
     each its own hash-chained stream, the scenario's seed + i for its noise), their
-    records delivered cycle by cycle in time order.
+    records delivered cycle by cycle in time order. `audit_interval` is
+    audit.interval_seconds (a multiple of `step`; default `step`: the per-cycle trail).
     """
     if not step > 0:
         raise SimulationError(f"--sim-step {step}: must be > 0")
+    interval = step if audit_interval is None else audit_interval
+    ratio = interval / step
+    if ratio < 1 - 1e-9 or abs(ratio - round(ratio)) > 1e-6 * ratio:
+        raise SimulationError(f"--sim-audit-interval {interval:g}: must be a multiple of "
+                              f"--sim-step {step:g}")
     if nodes < 1:
         raise SimulationError(f"--sim-nodes {nodes}: must be >= 1")
     if archive.exists() and any(archive.iterdir()):
@@ -135,7 +142,8 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
             proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
             fleet.append(_Node(
                 host=host, backend=backend, info=backend.open(),
-                producer=AuditProducer(AuditConfig(stream="sim"), spool, host=host,
+                producer=AuditProducer(AuditConfig(stream="sim", interval_seconds=interval),
+                                       spool, host=host,
                                        exporter_version=__version__, simulated=True,
                                        clock=lambda: clock[0]),
                 proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc))))

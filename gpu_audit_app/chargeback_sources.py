@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from chargeback.sources.search import SearchSettings
+from chargeback.sources.search_query import SearchSettings
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.credentials import resolve_secret
 from gpu_audit.errors import ConfigError

@@ -89,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--sink", metavar="NAME", help="Read back from this configured sink.")
     v.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start of range (--sink).")
     v.add_argument("--to", dest="time_to", metavar="RFC3339", help="End of range (--sink).")
+    v.add_argument("--fast", action="store_true",
+                   help="Archive: check the seals (their chain, each part's SHA-256 and "
+                   "place in the hash chain) and read only unsealed parts record by record.")
+    v.add_argument("--rollups", action="store_true",
+                   help="Archive: also recompute each seal's rollup (the sums a bill adds "
+                   "up) from the part's records.")
+    v.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Archive: verify hosts' streams in N processes (default: one per "
+                   "CPU).")
     _add_config_args(v)
 
     p = sub.add_parser("spool", help="Spool tools (fsck and statistics).")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from exporter.attribution.config import AttributionConfig
 from exporter.config import ExporterConfig
@@ -35,6 +35,18 @@ class Config(Section):
     audit: AuditConfig = AuditConfig()
     spool: SpoolConfig = SpoolConfig()
     shipper: ShipperConfig = ShipperConfig()
+
+    @model_validator(mode="after")
+    def _audit_interval(self) -> Config:
+        # The audit interval adds up whole samples: a multiple of the sampling interval
+        # (equal: the per-cycle trail). Checked here, where both sections are known.
+        audit, sample = self.audit.interval_seconds, self.exporter.interval_seconds
+        ratio = audit / sample
+        if ratio < 1 - 1e-9 or abs(ratio - round(ratio)) > 1e-6 * ratio:
+            raise ValueError(
+                f"audit.interval_seconds {audit:g} must be a multiple of "
+                f"exporter.interval_seconds {sample:g} (equal to it: one record per sample)")
+        return self
 
 
 def load_settings(

@@ -1,88 +1,80 @@
-"""Chargeback from the local audit archive: one streaming pass that verifies the hash
-chain and adds up the records' accounted seconds and joules (docs/AUDIT.md,
-"Accounting: sums over records give usage without Prometheus").
+"""Chargeback from the local audit archive: the rollups of sealed parts, the records of
+the parts a seal cannot answer for, and a proof per host and stream that nothing is
+missing (docs/CHARGEBACK-SOURCES.md).
 
-Reading: the parts of every UTC day the period touches, in archive order, through core's
-ordered reader (gpu_audit.archive). Every line of those parts is fed to core's
-`Verifier` as it is read (the records of a boundary day outside the period too, so the
-chain is checked across the whole of every part read); a broken trail is refused
-(`ArchiveRefused`, naming the problems) unless `Request.allow_unverified`, and then the
-data says `verified=False` with the problems. What is not checked: the records before
-the first part read (the chain is verified from its first record read on, not from
-seq 1), and the newest part's last line when it has no newline yet (still being
-written; left out, as `audit verify` does).
+Per host and stream (a series of parts, gpu_audit.archive.layout), for the period
+(start, end] (a record at T accounts for (T - elapsed, T]):
 
-Accounting, per cycle and GPU (the `gpu` record, its `process` records and its
-`unattributed` record share `host`, GPU uuid and `time_ns`; they are grouped with a
-buffer of one cycle per GPU, so memory does not grow with the number of records). A
-record at time T accounts for the interval (T - elapsed, T], so it counts for the period
-[start, end) when start < T <= end, and for the UTC day its interval ends in (the day of
-T - 1 ns: a record at midnight sharp closes the day before):
+- the parts that matter run from the last part wholly before the period (its last record
+  is the last one before the period) to the first wholly after it (its first record is
+  the first after); a part's day says from its name alone that it lies outside, so only
+  the seals of that window are read;
+- every part used is checked: its seal (gpu_audit.archive.verify.check_seal), its SHA-256
+  against the seal, the seal chain, part numbers following each other, and the hash chain
+  from part to part (first seq and prev_hash of a part against the last seq and hash of
+  the one before it);
+- a sealed part wholly inside the period is billed from its seal's rollup, without
+  reading a record; a part that straddles the period's edge, the still-open part, a part
+  without a usable seal, and with `verify_records` every part, are read record by record
+  through core's Verifier and added up through core's Rollup (the sums a seal holds;
+  with `verify_records` a sealed part's recomputed sums must equal its seal's);
+- the proof: the chain is continuous from the last record before the period to the first
+  after it, or "open" (no record after the period yet); otherwise a gap is named: seqs
+  missing between parts or inside one, a part missing or damaged, or a stream whose first
+  record in the archive lies in the period and does not start its chain.
 
-- fleet: an up `gpu` record adds `gpu_seconds`, a down one `elapsed_seconds` to
-  `down_gpu_seconds`; energy is the record's `energy_joules` (counter, counter reset or
-  power, as the exporter chose) and the cross-check `values.power_usage_watts x
-  elapsed_seconds`;
-- used: per owner (user, project of an attributed process), the interval once per GPU
-  (several processes of one owner on one GPU count once); busy: the sum of their
-  `busy_gpu_seconds`; energy: the sum of their split `energy_joules` (the power
-  cross-check is split in the same proportion);
-- charged: the interval divided equally among the distinct owners on the GPU;
-- held by nobody known: the `unattributed` record's `gpu_seconds` when it names
-  unowned processes (`values.processes` > 0) is the unattributed owner's time; with no
-  process at all the GPU was free (idle fleet time, the fleet minus everything held).
-  The `unattributed` record's energy goes to the unattributed owner only when unowned
-  processes held the GPU; on a free GPU it is idle energy (in the fleet only, the idle
-  row); on a GPU held by owners only it is added to the owners' energy (in proportion
-  to it, equally when it is all 0), as the Prometheus source splits a held GPU's whole
-  power among its holders, so both sources bill the same energy to the same rows;
-- idle-held: the interval of a held GPU whose `values.utilization_ratio` is < 5 %
-  (unknown utilisation, e.g. a MIG parent, is not counted as idle);
-- allocated: the records carry no allocation (the job mapping names owners, not
-  reservations), so allocated = used, and `notes` says so;
-- MIG: the exporter writes one `gpu` record per physical GPU (the MIG parent), with
-  each instance's processes on it (`process.gpu_instance_id`), so its energy is counted
-  once. A `gpu` record whose uuid is a MIG instance's (`MIG-...`, another producer) adds
-  no fleet time or energy (its parent's record has them); its processes still count as
-  used time, and `notes` says how many such records there were;
-- simulated records (`simulated: true`) are left out unless `include_simulated`, and
-  counted.
+Legacy parts (written before parts were named by host and stream) are read record by
+record, the day before the period included; each chain in them must show a record
+before the period or start at seq 1.
+
+The verdicts: problems of the records themselves (edited, re-chained, foreign, a part or
+a seal changed after sealing) refuse the bill unless `allow_unverified` (then
+`verified=False`); gaps refuse it unless `allow_gaps` (then `completeness.allowed`, and
+every output says so). Both are raised as ArchiveRefused naming every problem.
+
+The sums are core's (gpu_audit.archive.rollup, with the rules of gpu_audit.audit.holders):
+fleet (up, down, held, idle-held, busy, energy, power cross-check) per GPU model and day;
+per owner (user, project) used, charged, busy, idle-held, energy and power cross-check;
+the unattributed holder; allocated = used (records carry no allocation). Simulated
+records are left out unless `include_simulated`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping
+import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
-from gpu_audit.archive import list_parts, read_lines
-from gpu_audit.archive.layout import Part, day_of
+from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
+from gpu_audit.archive import Part, day_of, list_parts
+from gpu_audit.archive.rollup import Rollup
+from gpu_audit.archive.seal import Seal, Summary, file_sha256
+from gpu_audit.archive.verify import PartResult, check_seal, group_series, read_part
+from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import Verifier
 
-IDLE_UTILIZATION = 0.05
 # Duplicate record ids are looked for within this many recent records per stream: a
-# sample chained twice sits within a few cycles of itself (10,000 records: over an hour
-# of an 8-GPU node at 10 s), and the window bounds memory. Core's default (a million per
-# stream, each id kept with its position) held ~200 MB on the benchmark's 8 streams.
+# sample chained twice sits within a few cycles of itself. Streams are read one after
+# another, so one window is in memory at a time.
 ID_WINDOW = 10_000
-UNKNOWN_MODEL = "unknown"
+_DAY_NS = 86_400_000_000_000
+# the verifier's problems that mean records are missing (--allow-gaps), not changed
+GAP_KINDS = frozenset({"gap", "missing_part", "damaged_part"})
 
 _ENERGY_SOURCES = {"counter": "the energy counter",
                    "counter_reset": "the counter after a reset (driver reload, GPU reset)",
                    "power": "power x elapsed (no counter reading)",
                    "none": "nowhere (no counter and no power reading: not billed)"}
 
-Progress = Callable[[int, int], None]  # (bytes of parts read so far, bytes of all parts)
+Progress = Callable[[int, int], None]  # (bytes of parts done so far, bytes of all parts)
 
 
 class ArchiveRefused(Exception):
-    """The archive cannot be billed from: the trail is broken, or holds no data."""
+    """The archive cannot be billed from: the trail is broken or incomplete, or holds
+    no data for the period."""
 
     def __init__(self, directory: Path, problems: list[str]) -> None:
         self.directory = directory
@@ -101,364 +93,248 @@ def _ns(t: datetime) -> int:
     return (t - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
-def _num(v: Any) -> float | None:
-    """A JSON number as a float; None for anything else (bool included)."""
-    t = type(v)  # exact types: the hot path, and bool is not a number here
-    if t is float:
-        return float(v)
-    if t is int:
-        return float(v)
-    return None
+def _day_start_ns(day: dt.date) -> int:
+    return (day.toordinal() - dt.date(1970, 1, 1).toordinal()) * _DAY_NS
+
+
+def _when(ns: int | None) -> str:
+    if ns is None:
+        return "?"
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
-class _Cycle:
-    """The records of one GPU and one cycle, reduced as they arrive."""
+class _Chain:
+    """One host's stream, as the bill saw it."""
 
-    time_ns: int
-    model: str
-    mig_instance: bool
-    up: bool | None = None  # None: no gpu record seen (yet)
-    elapsed: float = 0.0
-    gpu_seconds: float = 0.0
-    energy: float | None = None
-    energy_source: str = "none"
-    power_energy: float | None = None
-    utilization: float | None = None
-    # owner -> [max gpu_seconds, busy, energy]
-    owners: dict[Owner, list[float]] = field(default_factory=dict)
-    unowned_processes: int = 0
-    un_seconds: float = 0.0
-    un_energy: float = 0.0
-    un_busy: float = 0.0
-    un_seen: bool = False
+    host: str
+    stream: str
+    # the bill's sums, over GPUs and hosts: shared by every chain (small for a month of
+    # a thousand GPUs: per day, model and owner)
+    rollup: Rollup
+    gpus: dict[bool, set[str]] = field(default_factory=dict)  # simulated? -> GPU uuids
+    observed: dict[bool, float] = field(default_factory=dict)  # simulated? -> up + down s
+    start: str | None = None  # the last record before the period (or the chain's start)
+    proven_before: bool = False  # a record before the period was seen (not just seq 1)
+    end: str | None = None  # the first record after the period
+    first_seq: int | None = None  # the first record seen of it, and its prev_hash
+    first_prev: str | None = None
+    first_where: str = ""
+    first_in: int | None = None  # time of its first and last records in the period
+    last_in: int | None = None
+    last_ns: int | None = None  # its newest record seen (in or before the period)
+    last_seq: int | None = None
+    gaps: list[str] = field(default_factory=list)
 
+    @property
+    def name(self) -> str:
+        return f"{self.stream}@{self.host}"
 
-@dataclass(slots=True)
-class _Totals:
-    usage: dict[tuple[Owner, str], Usage] = field(default_factory=dict)
-    fleet: dict[str, Fleet] = field(default_factory=dict)
-    days: dict[str, tuple[dict[Owner, Usage], Fleet]] = field(default_factory=dict)
-    mig_instance_records: int = 0
-    energy_sources: dict[str, int] = field(default_factory=dict)  # up GPU intervals by source
-    _day_names: dict[int, str] = field(default_factory=dict)
-
-    def day_name(self, time_ns: int) -> str:
-        """The UTC day an interval ending at time_ns belongs to (midnight: the day before)."""
-        n = (time_ns - 1) // 86_400_000_000_000
-        name = self._day_names.get(n)
-        if name is None:
-            name = self._day_names[n] = day_of(time_ns - 1).isoformat()
-        return name
-
-    def merge(self, other: _Totals) -> None:
-        """Add another run's totals (of other days) to these."""
-        for k, u in other.usage.items():
-            self.usage.setdefault(k, Usage()).add(u)
-        for m, f in other.fleet.items():
-            self.fleet.setdefault(m, Fleet()).add(f)
-        for day, (owners, f) in other.days.items():
-            mine = self.days.setdefault(day, ({}, Fleet()))
-            for o, u in owners.items():
-                mine[0].setdefault(o, Usage()).add(u)
-            mine[1].add(f)
-        self.mig_instance_records += other.mig_instance_records
-        for src, n in other.energy_sources.items():
-            self.energy_sources[src] = self.energy_sources.get(src, 0) + n
-
-    def _usage(self, owner: Owner, model: str, day: str) -> tuple[Usage, Usage]:
-        u = self.usage.get((owner, model))
-        if u is None:
-            u = self.usage[owner, model] = Usage()
-        d = self._day(day)[0]
-        du = d.get(owner)
-        if du is None:
-            du = d[owner] = Usage()
-        return u, du
-
-    def _day(self, day: str) -> tuple[dict[Owner, Usage], Fleet]:
-        entry = self.days.get(day)
-        if entry is None:
-            entry = self.days[day] = ({}, Fleet())
-        return entry
-
-    def close(self, c: _Cycle) -> None:
-        day = self.day_name(c.time_ns)
-        f = Fleet()
-        e = c.elapsed
-        idle = c.utilization is not None and c.utilization < IDLE_UTILIZATION
-        gpu_energy = c.energy or 0.0
-        ratio = (c.power_energy / gpu_energy
-                 if c.power_energy is not None and gpu_energy > 0 else None)
-        if c.mig_instance:
-            self.mig_instance_records += 1
-        elif c.up is True:
-            self.energy_sources[c.energy_source] = self.energy_sources.get(c.energy_source, 0) + 1
-            f.gpu_seconds = c.gpu_seconds
-            f.energy_joules = gpu_energy
-            f.power_energy_joules = c.power_energy or 0.0
-        elif c.up is False:
-            f.down_gpu_seconds = e
-        held = bool(c.owners) or c.unowned_processes > 0
-        if held and not c.mig_instance:
-            f.held_gpu_seconds = e
-            if idle:
-                f.idle_held_gpu_seconds = e
-        n = len(c.owners)
-        if c.owners and c.unowned_processes == 0 and c.un_energy:
-            # held by owners only: the remainder the records left unattributed (GPU
-            # utilisation no owner's process explains) is theirs, as Prometheus splits a
-            # held GPU's whole power among its holders (by energy, else equally)
-            total = sum(acc[2] for acc in c.owners.values())
-            for acc in c.owners.values():
-                acc[2] += c.un_energy * (acc[2] / total if total > 0 else 1.0 / n)
-            c.un_energy = 0.0
-        for owner, (used, busy, energy) in c.owners.items():
-            u = Usage(
-                allocated_gpu_seconds=used,
-                used_gpu_seconds=used,
-                charged_gpu_seconds=(e or used) / n,
-                busy_gpu_seconds=busy,
-                idle_held_gpu_seconds=used if idle else 0.0,
-                energy_joules=energy,
-                power_energy_joules=energy * ratio if ratio is not None else 0.0,
-            )
-            f.busy_gpu_seconds += busy
-            for target in self._usage(owner, c.model, day):
-                target.add(u)
-        if c.un_seen and c.unowned_processes > 0:
-            held_unknown = c.un_seconds
-            u = Usage(
-                allocated_gpu_seconds=held_unknown,
-                used_gpu_seconds=held_unknown,
-                charged_gpu_seconds=held_unknown,
-                busy_gpu_seconds=c.un_busy,
-                idle_held_gpu_seconds=held_unknown if idle else 0.0,
-                energy_joules=c.un_energy,
-                power_energy_joules=c.un_energy * ratio if ratio is not None else 0.0,
-            )
-            f.busy_gpu_seconds += u.busy_gpu_seconds
-            if any((u.used_gpu_seconds, u.energy_joules, u.busy_gpu_seconds)):
-                for target in self._usage(UNATTRIBUTED, c.model, day):
-                    target.add(u)
-        if c.mig_instance:
-            return
-        fleet = self.fleet.get(c.model)
-        if fleet is None:
-            fleet = self.fleet[c.model] = Fleet()
-        fleet.add(f)
-        self._day(day)[1].add(f)
+    def absorb(self, part: Rollup) -> None:
+        """A part's sums (finished): its GPUs for the inventory, the rest over GPUs."""
+        for (_day, sim, _model, uuid), f in part.fleet.items():
+            self.gpus.setdefault(sim, set()).add(uuid)
+            self.observed[sim] = self.observed.get(sim, 0.0) + f[0] + f[1]
+        self.rollup.merge(part, per_gpu=False)
 
 
-def _owner(rec: Mapping[str, Any]) -> Owner | None:
-    """The owner of a process record, or None when it is not attributed."""
-    if rec.get("attributed") is not True:
-        return None
-    a = rec.get("attribution")
-    if not isinstance(a, Mapping):
-        return UNATTRIBUTED
-    user, project = a.get("user"), a.get("project")
-    return (user if isinstance(user, str) and user else None,
-            project if isinstance(project, str) and project else None)
+class _Reader:
+    """Reads parts for one bill: the verifier, the period, inputs and queries."""
 
+    def __init__(self, req: Request, key: bytes | None, progress: Progress | None,
+                 total: int) -> None:
+        self.rollup = Rollup()  # what the bill adds up, over GPUs
+        self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
+        self.verify_records = req.verify_records
+        self.v = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
+        self.inputs: dict[str, str] = {}
+        self.queries: list[str] = []
+        self.notes: list[str] = []  # legacy chains that cannot be proven
+        self.progress, self.total, self.done = progress, total, 0
 
-class _Accountant:
-    """Groups usage records by (host, GPU uuid) and cycle; closes a cycle when the next
-    one of its GPU starts, or at the end."""
+    def advance(self, size: int) -> None:
+        self.done += size
+        if self.progress is not None:
+            self.progress(self.done, self.total)
 
-    def __init__(self) -> None:
-        self.totals = _Totals()
-        self.open: dict[tuple[str, str], _Cycle] = {}
+    def read(self, p: Part, chain: _Chain, *, live: bool, expect: tuple[str, str] | None,
+             summary: Summary | None = None) -> PartResult:
+        """A part record by record: verify it, add the period's records, note the last
+        record before the period and the first after it."""
+        start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
+        sums = Rollup()
 
-    def add(self, rec: Mapping[str, Any]) -> None:
-        kind = rec.get("kind")
-        if kind not in {"gpu", "process", "unattributed"}:
-            return
-        gpu = rec.get("gpu")
-        t = rec.get("time_ns")
-        if not isinstance(gpu, Mapping) or not isinstance(t, int):
-            return
-        uuid = str(gpu.get("uuid", ""))
-        key = (str(rec.get("host", "")), uuid)
-        c = self.open.get(key)
-        if c is None or c.time_ns != t:
-            if c is not None:
-                self.totals.close(c)
-            name = gpu.get("name")
-            c = self.open[key] = _Cycle(
-                time_ns=t,
-                model=name if isinstance(name, str) and name else UNKNOWN_MODEL,
-                mig_instance=uuid.startswith("MIG-"),
-            )
-        elapsed = _num(rec.get("elapsed_seconds")) or 0.0
-        c.elapsed = max(c.elapsed, elapsed)
-        values = rec.get("values")
-        vals: Mapping[str, Any] = values if isinstance(values, Mapping) else {}
-        if kind == "gpu":
-            c.up = gpu.get("up") is True
-            c.gpu_seconds = _num(rec.get("gpu_seconds")) or 0.0
-            c.energy = _num(rec.get("energy_joules"))
-            source = rec.get("energy_source")
-            c.energy_source = source if isinstance(source, str) else "none"
-            power = _num(vals.get("power_usage_watts"))
-            c.power_energy = power * elapsed if power is not None else None
-            c.utilization = _num(vals.get("utilization_ratio"))
-        elif kind == "process":
-            owner = _owner(rec)
-            if owner is None:
-                c.unowned_processes += 1
+        def on_record(_part: Part, rec: dict[str, Any]) -> None:
+            t, seq = rec.get("time_ns"), rec.get("seq")
+            if type(t) is not int or type(seq) is not int:
                 return
-            acc = c.owners.get(owner)
-            if acc is None:
-                acc = c.owners[owner] = [0.0, 0.0, 0.0]
-            acc[0] = max(acc[0], _num(rec.get("gpu_seconds")) or 0.0)
-            acc[1] += _num(rec.get("busy_gpu_seconds")) or 0.0
-            acc[2] += _num(rec.get("energy_joules")) or 0.0
-        else:
-            c.un_seen = True
-            c.un_seconds = _num(rec.get("gpu_seconds")) or 0.0
-            c.un_energy = _num(rec.get("energy_joules")) or 0.0
-            procs = _num(vals.get("processes"))
-            if procs is not None:
-                c.unowned_processes = max(c.unowned_processes, int(procs))
-            util = _num(vals.get("utilization_ratio"))
-            c.un_busy = util * elapsed if util is not None else 0.0
+            if t <= start_ns:
+                chain.start = f"seq {seq} ({name}, {_when(t)})"
+                chain.proven_before = True
+            elif t > end_ns:
+                if chain.end is None:
+                    chain.end = f"seq {seq} ({name}, {_when(t)})"
+                return
+            else:
+                if chain.first_in is None:
+                    chain.first_in = t
+                chain.last_in = t
+                sums.add(rec)
+            chain.last_ns, chain.last_seq = t, seq
 
-    def finish(self) -> _Totals:
-        for c in self.open.values():
-            self.totals.close(c)
-        self.open.clear()
-        return self.totals
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
+                           summary=summary)
+        chain.absorb(sums.finish())  # a cycle's records never span two parts
+        self.queries.append(f"archive part {name} (records)")
+        if chain.first_seq is None and result.first_seq is not None:
+            chain.first_seq, chain.first_prev = result.first_seq, result.first_prev_hash
+            chain.first_where = name
+        return result
 
 
-def parts_for(directory: Path, start_ns: int, end_ns: int) -> list[Part]:
-    """The archive's parts of the UTC days from start_ns's to end_ns's (a record at
-    end_ns sharp, in end_ns's day, is still in the period), in order."""
-    first, last = day_of(start_ns), day_of(max(start_ns, end_ns))
-    return [p for p in list_parts(directory) if first <= p.day <= last]
+def _follow(r: _Reader, chain: _Chain, p: Part, s: Seal, prev: tuple[int, str] | None) -> None:
+    """Fast: the chain from the part before to this sealed one, and inside it, from its
+    seal alone."""
+    first, last = s.first_seq, s.last_seq
+    if first is None or last is None:
+        return
+    restart = any(seq == first for seq, _lo, _hi in s.restarts)
+    if prev is not None:
+        if first != prev[0] + 1:
+            chain.gaps.append(f"{chain.name}: seq {prev[0] + 1}..{first - 1} missing before "
+                              f"{p.path.name}")
+        elif s.first_prev_hash != prev[1] and not (restart and s.first_prev_hash == ZERO_HASH):
+            r.v.problem("chain_break", p.path.name, f"its first record does not follow seq "
+                        f"{prev[0]}, the last of the part before it", stream=chain.name,
+                        seq=first)
+    elif chain.first_seq is None:
+        chain.first_seq, chain.first_prev, chain.first_where = (
+            first, s.first_prev_hash, p.path.name)
+    if s.records != last - first + 1 or s.unreadable:
+        chain.gaps.append(f"{p.path.name}: its seal says {s.records} record(s) for seq "
+                          f"{first}..{last}: {last - first + 1 - s.records} missing")
 
 
-@dataclass(slots=True)
-class _Scan:
-    """What one run of consecutive days' parts gave (picklable: a worker's answer)."""
-
-    records: int = 0
-    in_range: int = 0
-    simulated_excluded: int = 0
-    simulated_billed: int = 0
-    problems: list[str] = field(default_factory=list)
-    problem_count: int = 0
-    totals: _Totals = field(default_factory=_Totals)
-    # per stream: its first and last record fed, with where they are (for the stitch)
-    edges: dict[str, tuple[dict[str, Any], str, dict[str, Any], str]] = field(
-        default_factory=dict)
-    hashes: dict[str, str] = field(default_factory=dict)
-
-
-def _scan(parts: list[Part], newest: Path, *, start_ns: int, end_ns: int,
-          key: bytes | None, include_sim: bool,
-          on_part: Callable[[int], None] | None = None) -> _Scan:
-    """Verify every line of `parts` (in order) and add up the period's records;
-    `on_part(size)` after each part."""
-    out = _Scan()
-    verifier = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
-    acct = _Accountant()
-    first: dict[str, tuple[dict[str, Any], str]] = {}
-    last: dict[str, tuple[dict[str, Any], str]] = {}
-    loads = orjson.loads
-    for part in parts:
-        out.hashes[part.path.name] = _sha256(part.path)
-        for line in read_lines(part.path.parent, parts=[part]):
-            if not line.complete and part.path == newest:
-                continue  # still being written: not part of the trail yet
-            try:
-                rec = loads(line.raw)
-            except orjson.JSONDecodeError:
-                verifier.feed(line.raw, line.where)  # reported as invalid_json
-                continue
-            verifier.feed(rec, line.where)
-            if not isinstance(rec, dict):
-                continue
-            stream = rec.get("stream")
-            if isinstance(stream, str):
-                if stream not in first:
-                    first[stream] = (rec, line.where)
-                last[stream] = (rec, line.where)
-            t = rec.get("time_ns")
-            if not isinstance(t, int) or not start_ns < t <= end_ns:
-                continue
-            out.in_range += 1
-            if rec.get("simulated") is True:
-                if not include_sim:
-                    out.simulated_excluded += 1
-                    continue
-                out.simulated_billed += 1
-            acct.add(rec)
-        if on_part is not None:
-            on_part(part.path.stat().st_size)
-    report = verifier.report()
-    out.records = report.records
-    out.problems = [p.render() for p in report.problems]
-    out.problem_count = sum(report.counts.values())
-    out.totals = acct.finish()
-    out.edges = {s: (*first[s], *last[s]) for s in first}
-    return out
-
-
-# Problems a stitch can find that no worker could: across the boundary between runs.
-_STITCH_KINDS = frozenset({"gap", "chain_break", "reordered", "duplicate_seq", "duplicate_id"})
-
-
-def _stitch(scans: list[_Scan], key: bytes | None) -> list[str]:
-    """Chain the runs together: each stream's last record of one run and its first of
-    the next run it appears in go through a Verifier of their own (a gap or a chain
-    break between runs; the records themselves were checked by their runs)."""
-    problems: list[str] = []
-    before: dict[str, tuple[dict[str, Any], str]] = {}
-    for scan in scans:
-        for stream, (first, where_first, last, where_last) in scan.edges.items():
-            prev = before.get(stream)
-            if prev is not None:
-                v = Verifier(hmac_key=key, complete=False)
-                v.feed(prev[0], prev[1])
-                v.feed(first, where_first)
-                problems += [p.render() for p in v.report().problems
-                             if p.kind in _STITCH_KINDS]
-            before[stream] = (last, where_last)
-    return problems
+def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
+    """Bill one host's stream and prove it complete for the period (see the module)."""
+    chain = _Chain(host, stream, r.rollup)
+    expect = (host, stream)
+    v = r.v
+    # From the names alone: the last part wholly before the period and the first wholly
+    # after it (a part of day D holds records of [D 00:00, D+1 00:00)).
+    lo, hi = 0, len(parts) - 1
+    for i, p in enumerate(parts):
+        if _day_start_ns(p.day) + _DAY_NS <= r.start_ns:
+            lo = i
+    for i in range(len(parts) - 1, -1, -1):
+        if _day_start_ns(parts[i].day) > r.end_ns:
+            hi = i
+    prev: tuple[int, str] | None = None  # (seq, hash) where the chain stands
+    prev_seal: str | None = None  # the previous part's seal's digest (None: unknown)
+    number: int | None = None
+    for p in parts[lo:hi + 1]:
+        size = p.path.stat().st_size
+        if number is not None and p.number != number:
+            chain.gaps.append(f"{chain.name}: part(s) {number}..{p.number - 1} are not in "
+                              f"the archive (before {p.path.name})")
+        number = p.number + 1
+        s, ok = check_seal(v, p)
+        if s is not None:
+            r.inputs[p.path.name] = s.part_sha256 if ok else file_sha256(p.path)[0]
+            r.inputs[s.path.name] = s.digest
+            if prev_seal is not None and s.prev_seal != prev_seal:
+                v.problem("seal_chain", s.path.name, "its prev_seal is not the digest of the "
+                          "seal before it: a part was removed, replaced or reordered",
+                          stream=chain.name)
+        prev_seal = s.digest if s is not None else None
+        first_t = s.first_time_ns if ok and s is not None else None
+        last_t = s.last_time_ns if ok and s is not None else None
+        before = last_t is not None and last_t <= r.start_ns
+        after = first_t is not None and first_t > r.end_ns
+        inside = (first_t is not None and last_t is not None
+                  and first_t > r.start_ns and last_t <= r.end_ns)
+        if s is not None and (before or after or (inside and not r.verify_records)):
+            _follow(r, chain, p, s, prev)
+            if s.last_seq is not None and s.last_hash is not None:
+                prev = (s.last_seq, s.last_hash)
+            if before:
+                chain.start = f"seq {s.last_seq} ({p.path.name}, {_when(last_t)})"
+                chain.proven_before = True
+            elif after:
+                chain.end = chain.end or f"seq {s.first_seq} ({p.path.name}, {_when(first_t)})"
+            else:
+                chain.absorb(s.rollup())
+                r.queries.append(f"archive part {p.path.name} (sealed: its rollup)")
+                chain.first_in = first_t if chain.first_in is None else chain.first_in
+                chain.last_in = last_t
+            if not after:
+                chain.last_ns, chain.last_seq = last_t, s.last_seq
+            r.advance(size)
+            if after:
+                break
+            continue
+        # record by record, the chain going on from where it stands
+        if prev is not None and v.chain_end(host, stream) != prev:
+            v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
+        summary = Summary() if r.verify_records and ok and s is not None else None
+        result = r.read(p, chain, live=p is parts[-1], expect=expect, summary=summary)
+        if s is None:
+            r.inputs[p.path.name] = file_sha256(p.path)[0]
+        if (summary is not None and s is not None
+                and summary.rollup.finish().to_json() != dict(s.rollup_json)):
+            v.problem("seal_rollup", s.path.name, "the sums its seal carries are not those "
+                      "of the part's records", stream=chain.name)
+        if result.records:
+            end = v.chain_end(host, stream)
+            if end is not None:
+                prev = end
+        r.advance(size)
+    v.forget(host, stream)
+    if not chain.proven_before and (chain.first_in is not None or chain.end is not None):
+        if chain.first_seq == 1 and chain.first_prev == ZERO_HASH:
+            chain.start = f"seq 1, the start of its chain ({chain.first_where})"
+        elif chain.first_seq is not None:
+            chain.gaps.append(
+                f"{chain.name}: the archive holds no record of it before the period: its "
+                f"first here is seq {chain.first_seq} ({chain.first_where}), so seq "
+                f"1..{chain.first_seq - 1} are not in the archive (a part before the "
+                "period is missing or was removed)")
+    return chain
 
 
-def _runs(parts: list[Part], sizes: list[int], workers: int) -> list[list[Part]]:
-    """Consecutive runs of whole days' parts (a cycle's records never leave their day),
-    about equal in bytes, at most `workers` of them."""
-    days: list[list[Part]] = []
-    day_sizes: list[int] = []
-    for part, size in zip(parts, sizes, strict=True):
-        if days and days[-1][0].day == part.day:
-            days[-1].append(part)
-            day_sizes[-1] += size
-        else:
-            days.append([part])
-            day_sizes.append(size)
-    n = max(1, min(workers, len(days)))
-    target = sum(day_sizes) / n
-    runs: list[list[Part]] = [[]]
-    acc = 0
-    for i, (day, size) in enumerate(zip(days, day_sizes, strict=True)):
-        behind = len(days) - i <= n - len(runs)  # as many days left as runs to fill
-        if runs[-1] and len(runs) < n and (acc >= target * len(runs) or behind):
-            runs.append([])
-        runs[-1].extend(day)
-        acc += size
-    return runs
+def _legacy(r: _Reader, parts: list[Part], newest: Part) -> Rollup:
+    """Legacy parts of the period's days and the day before, record by record."""
+    first_day = day_of(r.start_ns) - dt.timedelta(days=1)
+    last_day = day_of(max(r.start_ns, r.end_ns))
+    seen_before: set[str] = set()
+    first_seen: dict[str, tuple[int, str]] = {}
+    rollup = Rollup()
+    for p in parts:
+        if not first_day <= p.day <= last_day:
+            continue
+
+        def note(_p: Part, rec: dict[str, Any], part: Part = p) -> None:
+            t, seq = rec.get("time_ns"), rec.get("seq")
+            host, stream = rec.get("host"), rec.get("stream")
+            if type(t) is not int or type(seq) is not int or not isinstance(stream, str):
+                return
+            name = f"{stream}@{host}" if isinstance(host, str) and host else stream
+            first_seen.setdefault(name, (seq, part.path.name))
+            if t <= r.start_ns:
+                seen_before.add(name)
+            elif t <= r.end_ns:
+                rollup.add(rec)
+
+        read_part(r.v, p, expect=None, live=p is newest, on_record=note)
+        r.queries.append(f"archive part {p.path.name} (records)")
+        r.inputs[p.path.name] = file_sha256(p.path)[0]
+        r.advance(p.path.stat().st_size)
+    for name, (seq, where) in sorted(first_seen.items()):
+        if name not in seen_before and seq != 1:
+            r.notes.append(f"{name}: the (legacy) archive holds no record of it before the "
+                           f"period: its first here is seq {seq} ({where}), so seq "
+                           f"1..{seq - 1} are not proven present")
+    return rollup
 
 
 def read_archive(
@@ -466,118 +342,175 @@ def read_archive(
     archive_dir: Path,
     key: bytes | None = None,
     progress: Progress | None = None,
-    workers: int = 1,
 ) -> SourceData:
-    """Verify and add up the archive's records for the period (start, end].
+    """Bill the period from the archive and prove it complete (see the module).
 
     `key`: the HMAC key the records were chained with (None: plain SHA-256).
     `progress(done, total)` is called as parts are done, in bytes of the part files.
-    `workers` > 1 verifies and adds up runs of consecutive days in that many processes
-    (each about as large as one; the runs' chains are then joined, so the verdict is the
-    one pass's, except that a record id used twice is looked for within a run only).
     Raises ArchiveRefused when the directory cannot be read, holds no part for the
-    period, or the chain does not verify (unless `req.allow_unverified`).
+    period, does not verify (unless `req.allow_unverified`), has gaps (unless
+    `req.allow_gaps`) or holds no usage for the period.
     """
-    start_ns, end_ns = _ns(req.start), _ns(req.end)
     if not archive_dir.is_dir():
         raise ArchiveRefused(archive_dir, ["not a directory (is --config's archive right?)"])
-    parts = parts_for(archive_dir, start_ns, end_ns)
-    if not parts:
+    all_parts = list_parts(archive_dir)
+    start_ns, end_ns = _ns(req.start), _ns(req.end)
+    first, last = day_of(start_ns), day_of(max(start_ns, end_ns))
+    if not any(first <= p.day <= last for p in all_parts):
         raise ArchiveRefused(archive_dir, [
             f"no archive part for {req.start.isoformat()} .. {req.end.isoformat()} "
-            "(files <prefix>-YYYY-MM-DD[.N].jsonl[.gz])"])
+            "(files <prefix>_<host>_<stream>_YYYY-MM-DD[.N].jsonl[.gz])"])
+    legacy, series = group_series(all_parts)
+    r = _Reader(req, key, progress, sum(p.path.stat().st_size for p in all_parts))
+    if legacy:
+        r.rollup.merge(_legacy(r, legacy, all_parts[-1]).finish(), per_gpu=False)
+    chains = [_series(r, host, stream, sparts)
+              for (_prefix, host, stream), sparts in series.items()]
+    rollup = r.rollup
+    return _finish(r, req, archive_dir, chains, rollup)
+
+
+def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
+            rollup: Rollup) -> SourceData:
+    report = r.v.report()
+    gaps: list[str] = [*r.notes]
+    unverified: list[str] = []
+    for p in report.problems:
+        (gaps if p.kind in GAP_KINDS else unverified).append(p.render())
+    hidden = sum(report.counts.values()) - len(report.problems)
+    if hidden > 0:
+        unverified.append(f"... {hidden} more not listed")
+    period_ns = r.end_ns - r.start_ns
+    comp = Completeness()
+    for c in chains:
+        gaps += c.gaps
+        if c.first_in is None and c.start is None:
+            continue  # begins after the period: not this bill's
+        if c.first_in is None:
+            if c.last_ns is not None and r.start_ns - period_ns < c.last_ns <= r.start_ns:
+                comp.silent.append(f"stream {c.stream} of host {c.host}: records in the "
+                                   "period before this one, none in it (its last: seq "
+                                   f"{c.last_seq} at {_when(c.last_ns)})")
+            continue
+        comp.chains.append(_proof(c))
+    comp.gaps = gaps
+    comp.allowed = bool(gaps) and req.allow_gaps
+    _inventory(r, chains, comp, req.include_simulated)
+    problems: list[str] = []
+    if unverified and not req.allow_unverified:
+        problems += ["the hash chain does not verify (pass --allow-unverified to bill from "
+                     "it anyway, marked unverified)", *unverified]
+    if gaps and not req.allow_gaps:
+        problems += ["records are missing: the bill cannot be proven complete (pass "
+                     "--allow-gaps to bill anyway, stamped incomplete everywhere)", *gaps]
+    if problems:
+        raise ArchiveRefused(archive_dir, problems)
     data = SourceData(source="archive", start=req.start, end=req.end,
                       simulated_included=req.include_simulated)
     data.inputs["archive"] = str(archive_dir)
-    newest = list_parts(archive_dir)[-1].path
-    sizes = [p.path.stat().st_size for p in parts]
-    total = sum(sizes)
-    runs = _runs(parts, sizes, workers)
-    kw: dict[str, Any] = {"start_ns": start_ns, "end_ns": end_ns, "key": key,
-                          "include_sim": req.include_simulated}
-    if len(runs) == 1:
-        done = [0]
-
-        def on_part(size: int) -> None:
-            done[0] += size
-            if progress is not None:
-                progress(done[0], total)
-
-        scans = [_scan(parts, newest, on_part=on_part, **kw)]
-    else:
-        scans = _parallel(runs, newest, kw, total, progress)
-    for part in parts:
-        data.queries.append(f"archive part {part.path.name}")
-    problems: list[str] = []
-    count = 0
-    for scan in scans:
-        data.inputs.update(scan.hashes)
-        problems += scan.problems
-        count += scan.problem_count
-    stitched = _stitch(scans, key)
-    problems += stitched
-    count += len(stitched)
-    if count > len(problems):
-        problems.append(f"... {count - len(problems)} more not listed")
-    if problems and not req.allow_unverified:
-        raise ArchiveRefused(archive_dir, [
-            "the hash chain does not verify (pass --allow-unverified to bill from it "
-            "anyway, marked unverified)", *problems])
-    data.verified = not problems
-    data.verification_problems = problems
-    totals = _Totals()
-    in_range = records = simulated_billed = 0
-    for scan in scans:
-        simulated_billed += scan.simulated_billed
-        totals.merge(scan.totals)
-        in_range += scan.in_range
-        records += scan.records
-        data.simulated_excluded += scan.simulated_excluded
-    if not totals.fleet and not totals.usage:
-        why = (f"{in_range} record(s) in the period, all simulated (--include-simulated "
-               "bills them)" if in_range and data.simulated_excluded == in_range
-               else f"{in_range} record(s) in the period, none a usage record")
+    data.inputs.update(r.inputs)
+    data.queries.extend(r.queries)
+    data.verified = not unverified
+    data.verification_problems = unverified
+    data.completeness = comp
+    _to_source(rollup, data, req.include_simulated)
+    if not data.fleet and not data.usage:
+        n = rollup.records
+        why = (f"{n} usage record(s) in the period, all simulated (--include-simulated "
+               "bills them)" if n and rollup.simulated == n
+               else f"{n} usage record(s) in the period")
         raise ArchiveRefused(archive_dir, [
             f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
-    data.usage, data.fleet, data.days = totals.usage, totals.fleet, totals.days
-    if simulated_billed:
+    _notes(data, rollup, req)
+    return data
+
+
+def _proof(c: _Chain) -> str:
+    name = f"stream {c.stream} of host {c.host}"
+    if c.gaps:
+        return f"{name}: NOT complete ({len(c.gaps)} gap(s))"
+    if c.start is None:
+        return f"{name}: not proven from before the period"
+    if c.end is None:
+        return (f"{name}: continuous from {c.start} to its newest record, seq "
+                f"{c.last_seq} at {_when(c.last_ns)}; the period is still open (no record "
+                "after it yet)")
+    return f"{name}: continuous from {c.start} to {c.end}"
+
+
+def _inventory(r: _Reader, chains: list[_Chain], comp: Completeness,
+               include_sim: bool) -> None:
+    """GPU-hours the GPUs each host's records name in the period stand for over the time
+    its chain covers (from the period's start when a record before it was seen, else its
+    first record; to the period's end when a record after it was seen, else its newest),
+    against the up + down GPU-hours its records account for."""
+    expected = observed = 0.0
+    hosts: set[str] = set()
+    gpus: set[str] = set()
+    for c in chains:
+        if c.first_in is None:
+            continue
+        flags = (False, True) if include_sim else (False,)
+        mine = set().union(*(c.gpus.get(sim, set()) for sim in flags))
+        if not mine:
+            continue
+        hosts.add(c.host)
+        gpus |= {f"{c.host}/{u}" for u in mine}
+        frm = r.start_ns if c.proven_before else c.first_in
+        to = r.end_ns if c.end is not None else (c.last_in or c.first_in)
+        expected += len(mine) * max(0, to - frm) / 1e9
+        observed += sum(c.observed.get(sim, 0.0) for sim in flags)
+    comp.inventory_gpus, comp.inventory_hosts = len(gpus), len(hosts)
+    comp.expected_gpu_hours = expected / 3600.0
+    comp.observed_gpu_hours = observed / 3600.0
+
+
+def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
+    for (day, sim, model, _uuid, user, project), h in rollup.holders.items():
+        if sim and not include_sim:
+            continue
+        owner: Owner = (user, project)
+        u = Usage(allocated_gpu_seconds=h[0], used_gpu_seconds=h[0],
+                  charged_gpu_seconds=h[1], busy_gpu_seconds=h[2],
+                  idle_held_gpu_seconds=h[3], energy_joules=h[4], power_energy_joules=h[5])
+        data.usage.setdefault((owner, model), Usage()).add(u)
+        data.days.setdefault(day, ({}, Fleet()))[0].setdefault(owner, Usage()).add(u)
+    for (day, sim, model, _uuid), f in rollup.fleet.items():
+        if sim and not include_sim:
+            continue
+        fl = Fleet(gpu_seconds=f[0], down_gpu_seconds=f[1], held_gpu_seconds=f[2],
+                   idle_held_gpu_seconds=f[3], busy_gpu_seconds=f[4], energy_joules=f[5],
+                   power_energy_joules=f[6])
+        data.fleet.setdefault(model, Fleet()).add(fl)
+        data.days.setdefault(day, ({}, Fleet()))[1].add(fl)
+    data.simulated_excluded = 0 if include_sim else rollup.simulated
+
+
+def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
+    if req.include_simulated and rollup.simulated:
         data.notes.append(
-            f"SIMULATED: {simulated_billed} of the {in_range} record(s) in the period are "
-            "simulated (simulated: true, from the GPU simulator) and are billed "
+            f"SIMULATED: {rollup.simulated} of the {rollup.records} usage record(s) in the "
+            "period are simulated (simulated: true, from the GPU simulator) and are billed "
             "(--include-simulated): not a bill for real hardware")
     data.notes.append(
         "archive: allocated GPU-hours = used GPU-hours (audit records carry no "
         "allocation, only the owners of running processes)")
+    sealed = sum(1 for q in data.queries if q.endswith("(sealed: its rollup)"))
+    read = sum(1 for q in data.queries if q.endswith("(records)"))
     data.notes.append(
-        f"archive: {records} record(s) verified in {len(parts)} part(s), "
-        f"{in_range} in the period")
-    sources = totals.energy_sources
+        f"archive: {rollup.records} usage record(s) in the period, from {sealed} sealed "
+        f"part(s) (their rollups) and {read} part(s) read record by record")
+    sources = rollup.energy_sources
     data.notes.append(
         "archive: energy of " + ", ".join(
             f"{n} GPU interval(s) from {_ENERGY_SOURCES.get(k, k)}"
             for k, n in sorted(sources.items())) if sources else
         "archive: no GPU interval with energy")
-    if totals.mig_instance_records:
+    if rollup.mig_instance_records:
         data.notes.append(
-            f"archive: {totals.mig_instance_records} GPU record(s) of MIG instances "
+            f"archive: {rollup.mig_instance_records} GPU record(s) of MIG instances "
             "(MIG-... uuids) added no fleet time or energy (their parent GPU's record has it)")
-    return data
-
-
-def _parallel(runs: list[list[Part]], newest: Path, kw: dict[str, Any], total: int,
-              progress: Progress | None) -> list[_Scan]:
-    import multiprocessing  # noqa: PLC0415 - only for workers > 1
-    from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: PLC0415
-
-    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
-    scans: list[_Scan | None] = [None] * len(runs)
-    done = 0
-    with ProcessPoolExecutor(max_workers=len(runs), mp_context=ctx) as pool:
-        futures = {pool.submit(_scan, run, newest, **kw): i for i, run in enumerate(runs)}
-        for fut in as_completed(futures):
-            i = futures[fut]
-            scans[i] = fut.result()
-            done += sum(p.path.stat().st_size for p in runs[i])
-            if progress is not None:
-                progress(done, total)
-    return [s for s in scans if s is not None]
+    comp = data.completeness
+    if comp is not None and comp.gaps:
+        data.notes.append(f"INCOMPLETE: {len(comp.gaps)} gap(s) in the trail, billed with "
+                          "--allow-gaps (see completeness)")

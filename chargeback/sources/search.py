@@ -23,7 +23,23 @@ the index searched:
 - simulated: how many records in the period are `simulated: true` (left out of the
   three above unless `include_simulated`).
 
-What aggregations cannot give exactly, and what is done instead (in `notes`):
+Version 3 usage records (the interval trail: one record per GPU and holder) carry the
+bill's sums themselves, so two more aggregations add them up exactly: per (user, project,
+GPU name, day) the holders' `s`, `c`, `b`, `i`, `e`, `pe` (records with `s`), and per
+(GPU name, day) the GPUs' `gs`, `gd`, `gi`, `ge`, `gpe` (records with `gs`); a GPU's held
+and busy time are its holders' charged and busy sums. Both trails may share an index
+(an upgrade): each aggregation selects its own kinds.
+
+Completeness (as the archive source states it): per host and stream, by aggregation,
+the lowest and highest `seq` in the period and their count (`count == max - min + 1`:
+none missing inside; more: the same seq twice), the highest seq before the period (the
+chain must go on from it: min == before + 1, or min == 1 when nothing came before) and
+the lowest after it (max == after - 1; none: the period is still open). Streams with
+records in the period before and none in this one are listed as silent. A gap refuses
+the bill unless --allow-gaps.
+
+What aggregations cannot give exactly for version 1 and 2 records, and what is done
+instead (in `notes`):
 - used: the sum over process records, so an owner with several processes on one GPU
   counts each (the archive counts the GPU once);
 - charged: per (GPU name, day), the owners' used time scaled to the time held by owners
@@ -33,246 +49,32 @@ What aggregations cannot give exactly, and what is done instead (in `notes`):
 - idle-held: by the process's own utilisation, not the GPU's;
 - the owners' power cross-check: their energy share of the fleet's integrated power;
 - allocated = used (records carry no allocation).
-There is no hash-chain check here (a search index holds no order); `verified` is None.
+There is no hash check here (the records' hashes are not recomputed: `audit verify --sink`
+does that on a read-back); `verified` is None. Seq contiguity is checked (above).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import orjson
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
-from gpu_audit.tls import TlsConfig
-
-IDLE_UTILIZATION = 0.05
-PAGE_SIZE = 1000
-UNKNOWN_MODEL = "unknown"
-POWER_SCRIPT = (
-    "doc['values.power_usage_watts'].size() == 0 || doc['elapsed_seconds'].size() == 0"
-    " ? 0.0 : doc['values.power_usage_watts'].value * doc['elapsed_seconds'].value"
+from chargeback.sources.search_chains import completeness as prove
+from chargeback.sources.search_query import (
+    UNKNOWN_MODEL,
+    SearchClient,
+    SearchSettings,
+    SearchUnavailable,
+    _day,
+    _Pager,
+    _value,
+    fleet3_body,
+    fleet_body,
+    simulated_body,
+    unattributed_body,
+    usage3_body,
+    usage_body,
 )
-
-
-class SearchUnavailable(Exception):
-    """The search backend could not be asked, or answered with an error."""
-
-
-class SearchClient(Protocol):
-    """What this source needs of a client: one `_search` call."""
-
-    def search(self, index: str, body: dict[str, Any]) -> Mapping[str, Any]: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SearchSettings:
-    """Where the records are: what the configuration's search sink says (read by the
-    app layer, gpu_audit_app/chargeback_config.py, since sink configuration is the
-    shipper's). Secrets arrive already read, never as names."""
-
-    kind: str  # "elasticsearch" | "opensearch"
-    hosts: tuple[str, ...]
-    index: str  # "<index_prefix>-*" (daily) or the data stream's name
-    cloud_id: str | None = None
-    username: str | None = None
-    password: str | None = None
-    api_key: str | None = None
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    timeout_s: float = 30.0
-
-    def describe(self) -> str:
-        where = f"cloud_id {self.cloud_id}" if self.cloud_id else ", ".join(self.hosts)
-        return f"{self.kind} {where} index {self.index}"
-
-
-# --- request bodies ------------------------------------------------------------------
-
-
-def _filters(req: Request, kind: str) -> list[dict[str, Any]]:
-    start_ns = _ns(req.start)
-    end_ns = _ns(req.end)
-    out: list[dict[str, Any]] = [
-        {"range": {"time_ns": {"gt": start_ns, "lte": end_ns}}},
-        {"term": {"kind": kind}},
-    ]
-    return out
-
-
-def _not_simulated(req: Request) -> list[dict[str, Any]]:
-    return [] if req.include_simulated else [{"term": {"simulated": True}}]
-
-
-def _day_source() -> dict[str, Any]:
-    # a record at T accounts for (T - elapsed, T]: one at midnight sharp closes the day
-    # before, so days start 1 ms after midnight (records are cycles, never that close)
-    return {"day": {"date_histogram": {"field": "time", "calendar_interval": "1d",
-                                       "time_zone": "UTC", "offset": "+1ms",
-                                       "format": "yyyy-MM-dd"}}}
-
-
-def _terms(name: str, field: str) -> dict[str, Any]:
-    return {name: {"terms": {"field": field, "missing_bucket": True}}}
-
-
-def _sum(field: str) -> dict[str, Any]:
-    return {"sum": {"field": field}}
-
-
-def usage_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Per (user, project, GPU name, day): the attributed processes' accounted sums."""
-    composite: dict[str, Any] = {
-        "size": PAGE_SIZE,
-        "sources": [_terms("user", "attribution.user"), _terms("project", "attribution.project"),
-                    _terms("model", "gpu.name"), _day_source()],
-    }
-    if after is not None:
-        composite["after"] = dict(after)
-    return {
-        "size": 0,
-        "query": {"bool": {"filter": [*_filters(req, "process"), {"term": {"attributed": True}}],
-                           "must_not": _not_simulated(req)}},
-        "aggs": {"rows": {"composite": composite, "aggs": {
-            "used": _sum("gpu_seconds"),
-            "busy": _sum("busy_gpu_seconds"),
-            "energy": _sum("energy_joules"),
-            "idle": {"filter": {"range": {"values.utilization_ratio": {"lt": IDLE_UTILIZATION}}},
-                     "aggs": {"seconds": _sum("gpu_seconds")}},
-        }}},
-    }
-
-
-def unattributed_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Per (GPU name, day): free GPU time and energy; time and energy of unknown owners."""
-    composite: dict[str, Any] = {"size": PAGE_SIZE,
-                                 "sources": [_terms("model", "gpu.name"), _day_source()]}
-    if after is not None:
-        composite["after"] = dict(after)
-    free = {"bool": {"filter": [{"term": {"values.processes": 0}},
-                                {"range": {"gpu_seconds": {"gt": 0}}}]}}
-    beside = {"bool": {"filter": [{"term": {"values.processes": 0}}],
-                       "must_not": [{"range": {"gpu_seconds": {"gt": 0}}}]}}
-    return {
-        "size": 0,
-        "query": {"bool": {"filter": _filters(req, "unattributed"),
-                           "must_not": _not_simulated(req)}},
-        "aggs": {"rows": {"composite": composite, "aggs": {
-            "free": {"filter": free, "aggs": {"seconds": _sum("gpu_seconds"),
-                                              "energy": _sum("energy_joules")}},
-            "beside": {"filter": beside, "aggs": {"energy": _sum("energy_joules")}},
-            "unknown": {"filter": {"bool": {"must_not": [free, beside]}},
-                        "aggs": {"seconds": _sum("gpu_seconds"),
-                                 "energy": _sum("energy_joules")}},
-        }}},
-    }
-
-
-def fleet_body(req: Request, after: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Per (GPU name, day): up time and energy, down time, integrated power."""
-    composite: dict[str, Any] = {"size": PAGE_SIZE,
-                                 "sources": [_terms("model", "gpu.name"), _day_source()]}
-    if after is not None:
-        composite["after"] = dict(after)
-    return {
-        "size": 0,
-        "query": {"bool": {"filter": _filters(req, "gpu"),
-                           "must_not": [*_not_simulated(req),
-                                        {"prefix": {"gpu.uuid": "MIG-"}}]}},
-        "aggs": {"rows": {"composite": composite, "aggs": {
-            "up": {"filter": {"term": {"gpu.up": True}},
-                   "aggs": {"seconds": _sum("gpu_seconds"), "energy": _sum("energy_joules"),
-                            "power": {"sum": {"script": {"source": POWER_SCRIPT,
-                                                         "lang": "painless"}}}}},
-            "down": {"filter": {"term": {"gpu.up": False}},
-                     "aggs": {"seconds": _sum("elapsed_seconds")}},
-        }}},
-    }
-
-
-def simulated_body(req: Request) -> dict[str, Any]:
-    """How many records in the period are simulated."""
-    return {
-        "size": 0,
-        "track_total_hits": True,
-        "query": {"bool": {"filter": [
-            {"range": {"time_ns": {"gt": _ns(req.start), "lte": _ns(req.end)}}},
-            {"term": {"simulated": True}}]}},
-    }
-
-
-# --- reading the answers ---------------------------------------------------------------
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _ns(t: dt.datetime) -> int:
-    t = t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
-    return (t - _EPOCH) // dt.timedelta(microseconds=1) * 1000
-
-
-def canonical(body: Mapping[str, Any]) -> str:
-    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _value(agg: Any, *path: str) -> float:
-    for p in path:
-        agg = agg.get(p) if isinstance(agg, Mapping) else None
-    v = agg.get("value") if isinstance(agg, Mapping) else None
-    return float(v) if isinstance(v, int | float) else 0.0
-
-
-def _day(key: Any) -> str:
-    """A day bucket key: "yyyy-MM-dd" (the format asked for) or epoch milliseconds."""
-    if isinstance(key, str):
-        return key[:10]
-    if isinstance(key, int | float):
-        return dt.datetime.fromtimestamp(key / 1000, tz=dt.UTC).date().isoformat()
-    raise SearchUnavailable(f"unexpected day bucket key {key!r}")
-
-
-class _Pager:
-    """Runs a composite query page by page, recording every body."""
-
-    def __init__(self, client: SearchClient, settings: SearchSettings, data: SourceData,
-                 progress: Callable[[int], None] | None) -> None:
-        self.client, self.settings, self.data, self.progress = client, settings, data, progress
-
-    def ask(self, body: dict[str, Any]) -> Mapping[str, Any]:
-        self.data.queries.append(f"POST {self.settings.index}/_search {canonical(body)}")
-        try:
-            resp = self.client.search(self.settings.index, body)
-        except SearchUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every client failure becomes one clear error
-            raise SearchUnavailable(
-                f"{self.settings.describe()}: {type(exc).__name__}: {exc}") from None
-        if not isinstance(resp, Mapping):
-            raise SearchUnavailable(f"{self.settings.describe()}: answer is not a JSON object")
-        shards = resp.get("_shards")
-        if isinstance(shards, Mapping) and shards.get("failed"):
-            raise SearchUnavailable(
-                f"{self.settings.describe()}: {shards.get('failed')} shard(s) failed: "
-                f"{orjson.dumps(shards.get('failures', [])[:3]).decode()}")
-        if self.progress is not None:
-            self.progress(1)
-        return resp
-
-    def buckets(
-        self, make: Callable[[Request, Mapping[str, Any] | None], dict[str, Any]], req: Request
-    ) -> Iterator[Mapping[str, Any]]:
-        after: Mapping[str, Any] | None = None
-        while True:
-            resp = self.ask(make(req, after))
-            rows = resp.get("aggregations", {}).get("rows", {})
-            page = rows.get("buckets", [])
-            yield from page
-            after = rows.get("after_key")
-            if not page or after is None:
-                return
 
 
 def _add(store: dict[Any, Any], key: Any, item: Any) -> None:
@@ -338,14 +140,46 @@ def read_search(
                       energy_joules=_value(b, "up", "energy"),
                       power_energy_joules=_value(b, "up", "power"))
             _add(fleet_md, (model, day), f)
+        v3_owner_rows: list[tuple[Owner, str, str, Usage]] = []
+        held3: dict[tuple[str, str], list[float]] = {}  # (model, day) -> [held, busy]
+        for b in pager.buckets(usage3_body, req):
+            k = b["key"]
+            owner3: Owner = (k.get("user"), k.get("project"))
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            used = _value(b, "s")
+            u = Usage(allocated_gpu_seconds=used, used_gpu_seconds=used,
+                      charged_gpu_seconds=_value(b, "c"), busy_gpu_seconds=_value(b, "b"),
+                      idle_held_gpu_seconds=_value(b, "i"),
+                      energy_joules=_value(b, "e") / 1000.0,
+                      power_energy_joules=_value(b, "pe") / 1000.0)
+            v3_owner_rows.append((owner3, model, day, u))
+            hb = held3.setdefault((model, day), [0.0, 0.0])
+            hb[0] += u.charged_gpu_seconds
+            hb[1] += u.busy_gpu_seconds
+        fleet3: dict[tuple[str, str], Fleet] = {}
+        for b in pager.buckets(fleet3_body, req):
+            k = b["key"]
+            model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
+            fleet3[model, day] = Fleet(
+                gpu_seconds=_value(b, "gs"), down_gpu_seconds=_value(b, "gd"),
+                idle_held_gpu_seconds=_value(b, "gi"), energy_joules=_value(b, "ge") / 1000.0,
+                power_energy_joules=_value(b, "gpe") / 1000.0)
         sim = pager.ask(simulated_body(req)).get("hits", {}).get("total", {})
         simulated = int(sim.get("value", 0)) if isinstance(sim, Mapping) else int(sim or 0)
+        completeness = prove(pager, req)
     finally:
         if own:
             client.close()
     if not req.include_simulated:
         data.simulated_excluded = simulated
-    if not owner_rows and not fleet_md and not unknown:
+    if completeness.gaps and not req.allow_gaps:
+        raise SearchUnavailable(
+            f"{settings.describe()}: records are missing: the bill cannot be proven complete "
+            "(pass --allow-gaps to bill anyway, stamped incomplete everywhere):\n  - "
+            + "\n  - ".join(completeness.gaps))
+    completeness.allowed = bool(completeness.gaps)
+    data.completeness = completeness
+    if not owner_rows and not fleet_md and not unknown and not v3_owner_rows and not fleet3:
         why = (f"{simulated} simulated record(s) only (--include-simulated bills them)"
                if simulated and not req.include_simulated else "no usage record")
         raise SearchUnavailable(
@@ -386,6 +220,12 @@ def read_search(
             u.power_energy_joules = fm.power_energy_joules * u.energy_joules / fm.energy_joules
         if u.used_gpu_seconds or u.energy_joules:
             _record(data, UNATTRIBUTED, model, day, u)
+    for owner3, model, day, u in v3_owner_rows:
+        _record(data, owner3, model, day, u)
+    for (model, day), f in fleet3.items():
+        held, busy = held3.get((model, day), [0.0, 0.0])
+        f.held_gpu_seconds, f.busy_gpu_seconds = held, busy
+        _add(fleet_md, (model, day), f)
     for (model, day), f in sorted(fleet_md.items()):
         _add(data.fleet, model, _copy_fleet(f))
         entry = data.days.setdefault(day, ({}, Fleet()))

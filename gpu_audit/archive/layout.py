@@ -1,12 +1,23 @@
 """Archive file names and the order of an archive's parts.
 
-An archive directory holds JSON Lines files named `<prefix>-YYYY-MM-DD[.N].jsonl`, and
-`.jsonl.gz` once a file is closed and compressed. The day is the UTC day of the records'
-`time_ns`; N is the part number within the day (none for part 0, then 1, 2, ... 10, 11,
-in decimal, no leading zeros). Parts are written one after another: part N+1 of a day is
-created only after part N was closed. So the order of the archive is (prefix, day, part
-as a number), never the plain name order (that puts `.1` before the base file and `.10`
-before `.2`).
+An archive directory holds one series of parts per host and stream (one hash chain),
+named
+
+    <prefix>_<host>_<stream>_YYYY-MM-DD[.N].jsonl     .jsonl.gz once closed and compressed
+    <prefix>_<host>_<stream>_YYYY-MM-DD[.N].seal.json  its seal (gpu_audit.archive.seal)
+
+Host and stream are percent-encoded (every byte but A-Z a-z 0-9 . - becomes %XX, so a
+name never holds `_`, `/` or a control character of theirs), which makes the name
+unambiguous and lets a reader tell a record that does not belong to the part (another
+host's, another stream's) without any key. The day is the UTC day of the records'
+`time_ns` (every record of a part shares it); N is the part's number in its series
+(none for part 0, then 1, 2, ... 10, 11 in decimal): it grows by one with every part the
+series gets, across days, so it is the order the parts were written in, which is the
+order of the stream's seqs. The plain name order is not (`.10` before `.2`).
+
+Archives written before host and stream were in the names (`<prefix>-YYYY-MM-DD[.N].jsonl`,
+every host and stream in one file, N counted per day) are still listed and read
+("legacy" parts, `Part.host == ""`), before the series.
 
 During a compression a part can exist twice, `.jsonl` beside a complete `.jsonl.gz`
 (the gzip file is renamed into place only when whole); the listing gives it once, as the
@@ -21,21 +32,58 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
-_NAME = re.compile(
+_SERIES = re.compile(
+    r"(?P<prefix>.+)_(?P<host>[^_]+)_(?P<stream>[^_]+)_(?P<day>\d{4}-\d{2}-\d{2})"
+    r"(?:\.(?P<part>[1-9]\d*))?\.jsonl(?P<gz>\.gz)?"
+)
+_LEGACY = re.compile(
     r"(?P<prefix>.+)-(?P<day>\d{4}-\d{2}-\d{2})(?:\.(?P<part>[1-9]\d*))?\.jsonl(?P<gz>\.gz)?"
 )
+# what stays as it is in a name; every other byte (of UTF-8) becomes %XX
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-.")
+SEAL_SUFFIX = ".seal.json"
 
 
-@dataclass(frozen=True, order=True, slots=True)
+def encode(text: str) -> str:
+    """A host or stream as it appears in a part name."""
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in text.encode("utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
 class Part:
-    """One archive file; parts sort in archive order: prefix, day, part number."""
+    """One archive file. `host` and `stream` are "" for a legacy part."""
 
     prefix: str
+    host: str
+    stream: str
     day: dt.date
     number: int
     path: Path = field(compare=False)
     compressed: bool = field(compare=False)
+
+    @property
+    def legacy(self) -> bool:
+        return not self.host
+
+    @property
+    def series(self) -> tuple[str, str, str]:
+        """(prefix, host, stream): the chain the part belongs to ("" for legacy)."""
+        return self.prefix, self.host, self.stream
+
+    @property
+    def order(self) -> tuple[object, ...]:
+        """Archive order: legacy parts (day, then number) first, then each series in
+        part-number order."""
+        if self.legacy:
+            return (self.prefix, 0, "", "", self.day, self.number)
+        return (self.prefix, 1, self.host, self.stream, self.number, self.day)
+
+    @property
+    def seal_path(self) -> Path:
+        """Where the part's seal is (or will be)."""
+        return self.path.with_name(seal_name(self.path.name))
 
 
 def day_of(time_ns: int) -> dt.date:
@@ -43,41 +91,73 @@ def day_of(time_ns: int) -> dt.date:
     return dt.datetime.fromtimestamp(time_ns // 1_000_000_000, tz=dt.UTC).date()
 
 
-def part_name(prefix: str, day: dt.date, number: int, *, compressed: bool = False) -> str:
-    """The file name of part `number` of `day`: part 0 has no number in its name."""
+def part_name(prefix: str, day: dt.date, number: int, *, host: str, stream: str,
+              compressed: bool = False) -> str:
+    """The file name of part `number` of a host's stream, holding records of `day`."""
+    stem = (f"{prefix}_{encode(host)}_{encode(stream)}_{day.isoformat()}"
+            + (f".{number}" if number else ""))
+    return stem + (".jsonl.gz" if compressed else ".jsonl")
+
+
+def legacy_part_name(prefix: str, day: dt.date, number: int, *, compressed: bool = False) -> str:
+    """A legacy part's name (archives written before host and stream were named)."""
     stem = f"{prefix}-{day.isoformat()}" + (f".{number}" if number else "")
     return stem + (".jsonl.gz" if compressed else ".jsonl")
 
 
-def parse_name(name: str) -> tuple[str, dt.date, int, bool] | None:
-    """(prefix, day, part number, compressed) for an archive file name, else None."""
-    m = _NAME.fullmatch(name)
-    if m is None:
-        return None
+def seal_name(part_file: str) -> str:
+    """The seal's file name for a part's file name (plain or compressed)."""
+    stem = part_file.removesuffix(".gz").removesuffix(".jsonl")
+    return stem + SEAL_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedName:
+    prefix: str
+    host: str  # "" for a legacy name
+    stream: str
+    day: dt.date
+    number: int
+    compressed: bool
+
+
+def parse_name(name: str) -> ParsedName | None:
+    """What an archive file name says, or None when it is not a part's name."""
+    m = _SERIES.fullmatch(name)
+    if m is not None:
+        host, stream = unquote(m["host"]), unquote(m["stream"])
+        if encode(host) != m["host"] or encode(stream) != m["stream"]:
+            return None  # not the one spelling the sink writes
+    else:
+        m = _LEGACY.fullmatch(name)
+        if m is None:
+            return None
+        host = stream = ""
     try:
         day = dt.date.fromisoformat(m["day"])
     except ValueError:
         return None
-    return m["prefix"], day, int(m["part"] or 0), m["gz"] is not None
+    return ParsedName(m["prefix"], host, stream, day, int(m["part"] or 0), m["gz"] is not None)
 
 
 def list_parts(directory: Path, prefix: str | None = None) -> list[Part]:
-    """The archive's parts in archive order, each part once (its `.gz` when both exist).
+    """The archive's parts in archive order (`Part.order`), each part once (its `.gz`
+    when both exist).
 
     With `prefix`, only that archive's parts; without, every archive in the directory,
     grouped by prefix.
     """
-    found: dict[tuple[str, dt.date, int], Part] = {}
+    found: dict[tuple[str, str, str, dt.date, int], Part] = {}
     for path in directory.iterdir():
         parsed = parse_name(path.name)
         if parsed is None:
             continue
-        pre, day, number, compressed = parsed
-        if prefix is not None and pre != prefix:
+        if prefix is not None and parsed.prefix != prefix:
             continue
-        key = (pre, day, number)
+        key = (parsed.prefix, parsed.host, parsed.stream, parsed.day, parsed.number)
         if key in found and found[key].compressed:
             continue
         if key in found or path.is_file():
-            found[key] = Part(pre, day, number, path, compressed)
-    return sorted(found.values())
+            found[key] = Part(parsed.prefix, parsed.host, parsed.stream, parsed.day,
+                              parsed.number, path, parsed.compressed)
+    return sorted(found.values(), key=lambda p: p.order)

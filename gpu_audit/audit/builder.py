@@ -111,6 +111,7 @@ def build_records(
     simulated: bool | None = None,
     max_elapsed_intervals: float = 3.0,
     parts: PartsCache | None = None,
+    usage: bool = True,
 ) -> list[Record]:
     """All audit records of one cycle, unchained (no seq / prev_hash / hash).
 
@@ -119,7 +120,8 @@ def build_records(
     time passed) only events are built: no interval was measured. `host` defaults to the
     snapshot's host; `simulated` to what the backend says (the producer may only turn
     it on, never off). `parts`: a cache kept by the caller across cycles (speed only;
-    the records are the same without it).
+    the records are the same without it). `usage=False`: the events only (the interval
+    trail accounts usage in gpu_audit.audit.interval).
     """
     elapsed = elapsed_for(
         snap.timestamp,
@@ -151,7 +153,7 @@ def build_records(
         # A cycle that measured no interval (the first after a start; the clock went
         # backwards) has no usage to report: a row of zeros would only be noise in
         # every chart. Its snapshot still is the baseline of the next interval.
-        if elapsed > 0:
+        if usage and elapsed > 0:
             out.extend(
                 usage_records(
                     cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,

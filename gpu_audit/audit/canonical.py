@@ -30,11 +30,12 @@ import orjson
 
 from gpu_audit.logredact import register_secret
 
-SCHEMA_ID = "gpu-audit.record/2"
+SCHEMA_ID = "gpu-audit.record/2"  # the per-cycle records and every event
 SCHEMA_V1 = "gpu-audit.record/1"
+SCHEMA_V3 = "gpu-audit.record/3"  # interval usage records and chain_restart (interval.py)
 # Every version `audit verify` reads: the chain rule is the same for all of them, so one
 # stream may hold v1 records followed by v2 records (an upgrade) and stays one chain.
-KNOWN_SCHEMAS: frozenset[str] = frozenset({SCHEMA_V1, SCHEMA_ID})
+KNOWN_SCHEMAS: frozenset[str] = frozenset({SCHEMA_V1, SCHEMA_ID, SCHEMA_V3})
 ZERO_HASH = "0" * 64
 
 _SORT = orjson.OPT_SORT_KEYS

@@ -17,6 +17,16 @@ class AuditConfig(Section):
         max_length=128,
         description="Name of this producer's hash-chained stream.",
     )
+    interval_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="How much time one usage record accounts for: the samples of this "
+        "interval are added up into one record per GPU and holder (schema 3). A multiple "
+        "of exporter.interval_seconds; equal to it writes the per-cycle trail (schema 2, "
+        "one gpu/process/unattributed record per sample). Events (process start/end, XID, "
+        "GPU lost/recovered, exporter start/stop) are written when they happen.",
+    )
     hmac_key_file: Path | None = Field(
         None, description="Key the hash chain with HMAC-SHA256 using the secret in this file."
     )

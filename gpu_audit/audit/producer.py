@@ -1,17 +1,27 @@
 """The audit producer: chains each cycle's records and group-commits them to the spool.
 
-Per stream, records get `seq` 1, 2, 3, ... and a hash chain (see canonical.py). A cycle's
-records are committed in one `spool.commit` call (one group-commit fsync). The chain only
-ever contains records the spool accepted: when a commit fails, its records are counted as
-failed by reason and `seq` / `prev_hash` stay where they were, so the next cycle links to
-the last record that really exists.
+Per host and stream, records get `seq` 1, 2, 3, ... and a hash chain (see canonical.py).
+A cycle's records are committed in one `spool.commit` call (one group-commit fsync). The
+chain only ever contains records the spool accepted: when a commit fails, its records are
+counted as failed by reason and `seq` / `prev_hash` stay where they were, so the next
+cycle links to the last record that really exists.
 
-Restart: `start()` resumes the chain from the spool's last record when it belongs to this
-stream; otherwise from a per-stream checkpoint file (AuditConfig.state_directory) plus a
-scan of the spool after the checkpoint's offset (the spool is the truth; the checkpoint
-only says where to look and survives the shipper deleting delivered segments); otherwise
-by scanning the whole spool through a reader, when one was given; otherwise the stream
-starts at seq 1.
+Two cadences (AuditConfig.interval_seconds against the snapshots' sampling interval):
+equal, every cycle writes its per-cycle records (schema 2, gpu_audit.audit.builder);
+longer, every cycle writes only its events and adds its usage to the interval
+(gpu_audit.audit.interval), whose records (schema 3) are written with the cycle that
+crosses a multiple of the interval (UTC-aligned), and with `stop()`.
+
+Restart: `start()` resumes the chain from the newest of: the spool's last record when it
+is this host's and stream's; a per-stream checkpoint file (AuditConfig.state_directory)
+plus a scan of the spool after the checkpoint's offset (the spool is the truth; the
+checkpoint only says where to look and survives the shipper deleting delivered
+segments); a scan of the whole spool through a reader, when one was given; otherwise
+the stream starts at seq 1. When the spool found records after its last readable one
+unreadable (damage) and no checkpoint accounts for them, some of them may have been this
+stream's, already shipped: their seqs are never issued again. The stream then goes on
+after them with a `chain_restart` record (schema 3: a fresh chain, `prev_hash` zeros,
+naming the last record known, the seqs that may be lost and the spool offsets).
 
 This module must never raise out of `on_snapshot` for a spool problem (sampling and
 /metrics go on), never log per cycle while the spool stays broken (one line per change
@@ -32,9 +42,19 @@ from typing import Any
 import orjson
 
 from gpu_audit import atomicfile
+from gpu_audit.audit.accounting import elapsed_for
 from gpu_audit.audit.builder import PartsCache, Record, build_records, exporter_event
-from gpu_audit.audit.canonical import ZERO_HASH, load_hmac_key, seal
+from gpu_audit.audit.canonical import (
+    SCHEMA_V3,
+    ZERO_HASH,
+    format_time_ns,
+    load_hmac_key,
+    record_id,
+    seal,
+    to_time_ns,
+)
 from gpu_audit.audit.config import AuditConfig
+from gpu_audit.audit.interval import IntervalUsage
 from gpu_audit.audit.ports import SpoolReaderPort, SpoolWriterPort
 from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool.errors import SpoolFull, SpoolWriteError
@@ -87,6 +107,11 @@ class AuditProducer:
         self._writable = True
         self._started = False
         self._interval = 0.0
+        self._usage = IntervalUsage(host=host, stream=config.stream)
+        self._usage_ns = round(config.interval_seconds * 1e9)
+        self._usage_snap: Snapshot | None = None  # the last sample added to the interval
+        self._usage_start = 0  # time_ns where the current interval started
+        self._restart: Record | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -99,26 +124,57 @@ class AuditProducer:
         with self._stats_lock:
             self._last_seq = seq
         log.info("audit stream %r resumes after seq %d", self._stream, seq)
-        if self._config.enabled and self._lifecycle is not None:
-            self._commit([self._exporter_event(self._lifecycle[0])])
+        if self._config.enabled:
+            first = [self._restart] if self._restart is not None else []
+            if self._lifecycle is not None:
+                first.append(self._exporter_event(self._lifecycle[0]))
+            if first:
+                self._commit(first)
+        self._restart = None
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Build, chain and commit the records of one cycle. Never raises for the spool."""
         if not self._config.enabled:
             return
         self._interval = snap.interval_seconds
+        per_cycle = self._usage_ns <= round(snap.interval_seconds * 1e9)
+        simulated = self._simulated or snap.backend.simulated
         records = build_records(
             snap,
             self._prev_snap,
             stream=self._stream,
             exporter_version=self._version,
             host=self._host,
-            simulated=self._simulated or snap.backend.simulated,
+            simulated=simulated,
             max_elapsed_intervals=self._config.max_elapsed_intervals,
             parts=self._parts,
+            usage=per_cycle,
         )
+        if not per_cycle:
+            records = self._interval_usage(snap, simulated) + records
         self._prev_snap = snap
         self._commit(records)
+
+    def _interval_usage(self, snap: Snapshot, simulated: bool) -> list[Record]:
+        """Add the cycle to the interval; the interval's records when it crossed a
+        multiple of the interval (since the last interval ended)."""
+        prev = self._prev_snap
+        if prev is not None:
+            elapsed = elapsed_for(snap.timestamp, prev.timestamp, snap.interval_seconds,
+                                  self._config.max_elapsed_intervals)
+            real = snap.timestamp - prev.timestamp
+            share = elapsed / real if 0 < elapsed < real else 1.0
+            self._usage.add(snap, prev, elapsed, share)
+        last = self._usage_snap
+        self._usage_snap = snap
+        if last is None:  # the first sample: where the first interval starts
+            self._usage_start = to_time_ns(snap.timestamp)
+            return []
+        now = to_time_ns(snap.timestamp)
+        if now // self._usage_ns == self._usage_start // self._usage_ns:
+            return []
+        self._usage_start = now
+        return self._usage.emit(now, simulated=simulated)
 
     def commit_records(self, records: list[Record]) -> None:
         """Chain and commit records built elsewhere (the launcher's job events) into this
@@ -128,9 +184,19 @@ class AuditProducer:
             self._commit(records)
 
     def stop(self) -> None:
-        """Write exporter_stop. The caller closes the spool."""
-        if self._config.enabled and self._started and self._lifecycle is not None:
-            self._commit([self._exporter_event(self._lifecycle[1])])
+        """Write the interval so far (its usage ends at the last sample) and
+        the stop event (none for a one-shot writer). The caller closes the spool."""
+        if self._config.enabled and self._started:
+            records: list[Record] = []
+            last = self._usage_snap
+            if last is not None and self._usage.pending:
+                records = self._usage.emit(
+                    to_time_ns(last.timestamp),
+                    simulated=self._simulated or last.backend.simulated)
+            if self._lifecycle is not None:
+                records.append(self._exporter_event(self._lifecycle[1]))
+            if records:
+                self._commit(records)
 
     # --- state -------------------------------------------------------------------------
 
@@ -222,8 +288,8 @@ class AuditProducer:
         directory = self._config.state_directory
         if directory is None:
             return
-        state = {"stream": self._stream, "seq": self._seq, "hash": self._prev_hash,
-                 "offset": first_offset}
+        state = {"stream": self._stream, "host": self._host, "seq": self._seq,
+                 "hash": self._prev_hash, "offset": first_offset}
         path = self._state_path(directory)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -235,26 +301,67 @@ class AuditProducer:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self._stream)
         return directory / f"audit-stream-{safe}.json"
 
+    def _mine(self, rec: Mapping[str, Any] | None) -> bool:
+        """Whether a record (or checkpoint) belongs to this producer's chain: seq and
+        prev_hash run per host and stream (records without a host: older checkpoints)."""
+        if rec is None or rec.get("stream") != self._stream:
+            return False
+        host = rec.get("host")
+        return host is None or host == self._host
+
     def _recover(self) -> tuple[int, str]:
         last = _parse(self._spool.last_payload())
-        if last is not None and last.get("stream") == self._stream:
-            found = _chain_point(last)
-            if found is not None:
-                return found
+        spool_point = _chain_point(last) if last is not None and self._mine(last) else None
+        damaged_fn = getattr(self._spool, "damaged_after_last", None)
+        damaged = int(damaged_fn()) if callable(damaged_fn) else 0
         start_offset: int | None = None
-        best: tuple[int, str] | None = None
+        checkpoint: tuple[int, str] | None = None
         directory = self._config.state_directory
         if directory is not None:
             state = _parse(_read_or_none(self._state_path(directory)))
-            if state is not None and state.get("stream") == self._stream:
-                best = _chain_point(state)
+            if state is not None and self._mine(state):
+                checkpoint = _chain_point(state)
                 off = state.get("offset")
                 start_offset = off if isinstance(off, int) else None
-        if self._reader is not None:
-            scanned = self._scan(start_offset if best is not None else 0)
-            if scanned is not None and (best is None or scanned[0] >= best[0]):
-                best = scanned
-        return best if best is not None else (0, ZERO_HASH)
+        candidates = [p for p in (spool_point, checkpoint) if p is not None]
+        if self._reader is not None and (spool_point is None or damaged):
+            scanned = self._scan(start_offset if checkpoint is not None else 0)
+            if scanned is not None:
+                candidates.append(scanned)
+        best = max(candidates, default=(0, ZERO_HASH), key=lambda p: p[0])
+        spool_seq = spool_point[0] if spool_point is not None else 0
+        if damaged and (checkpoint is None or checkpoint[0] < spool_seq):
+            # Up to `damaged` records after the newest readable one may have been ours
+            # (and shipped before the damage): skip their seqs, never issue them again.
+            # A checkpoint at or past the spool's last record was written after each
+            # commit of ours, so it knows: with one, the chain simply goes on.
+            self._restart = self._chain_restart(best, damaged)
+            log.warning(
+                "audit stream %r: %d spool record(s) after seq %d are unreadable; seqs "
+                "%d..%d may have been written and are not issued again; the chain restarts "
+                "at seq %d (a chain_restart record says so)", self._stream, damaged,
+                best[0], best[0] + 1, best[0] + damaged, best[0] + damaged + 1)
+            return best[0] + damaged, ZERO_HASH
+        return best
+
+    def _chain_restart(self, known: tuple[int, str], damaged: int) -> Record:
+        now = self._clock()
+        time_ns = to_time_ns(now)
+        rec: Record = {
+            "schema": SCHEMA_V3, "kind": "event", "event": "chain_restart",
+            "id": record_id(self._host, self._stream, "event", event="chain_restart",
+                            time_ns=time_ns, gpu_uuid="", process_key=str(known[0]),
+                            xid_key=""),
+            "stream": self._stream, "host": self._host, "time_ns": time_ns,
+            "time": format_time_ns(time_ns),
+            "after_seq": known[0], "after_hash": known[1],
+            "lost_from": known[0] + 1, "lost_to": known[0] + damaged,
+            "reason": f"{damaged} spool record(s) after the newest readable one were "
+                      "unreadable when the producer started",
+        }
+        if self._simulated:
+            rec["sim"] = True
+        return rec
 
     def _scan(self, offset: int | None) -> tuple[int, str] | None:
         assert self._reader is not None
@@ -264,7 +371,7 @@ class AuditProducer:
             result = self._reader.read(pos, _SCAN_BATCH, _SCAN_BYTES)
             for _off, payload in result.entries:
                 rec = _parse(payload)
-                if rec is not None and rec.get("stream") == self._stream:
+                if rec is not None and self._mine(rec):
                     point = _chain_point(rec)
                     if point is not None and (found is None or point[0] > found[0]):
                         found = point

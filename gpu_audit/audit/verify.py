@@ -9,8 +9,22 @@ replaced), and records that are not JSON or of no known schema (gpu-audit.record
 stream, seq and id.
 
 Versions: the hash of a record is computed the same way whatever its schema, so a
-stream whose producer was upgraded (v1 records, then v2 records) is one chain, verified
-across the change; a v1 record after a v2 one (a downgrade) is accepted the same way.
+stream whose producer was upgraded (v1 records, then v2 and v3 records) is one chain,
+verified across the change; a v1 record after a v2 one (a downgrade) is accepted the same
+way. A `chain_restart` record (schema 3: the producer found records after its newest
+readable one unreadable in its spool) starts a fresh chain (`prev_hash` zeros) at a seq
+past every one it may have issued; the seqs it declares lost are a `gap` only when they
+are missing, named as declared.
+
+One path for `audit verify` and chargeback: `Verifier.feed_line` hashes the stored line as
+written (the canonical bytes with the `hash` member cut out, exactly what the spec hashes)
+and reads `seq`, `prev_hash`, `stream`, `host`, `id` and `schema` without parsing the
+record, where the canonical layout allows it: no object or array opens before those
+members (every version 3 usage record; events without nested parts). Any other line, and
+any line whose stored bytes do not hash (a sink that re-serialised a record), goes
+through the full parse (`feed`), which gives the same verdict by the spec's definition.
+A part of an archive names its host and stream: a record of another host or stream in it
+is `foreign`, with or without an HMAC key.
 
 Memory stays small on month-long trails: seq bookkeeping keeps only the gaps, the chain
 check keeps only unmatched neighbours, and duplicate ids are looked for within a sliding
@@ -23,23 +37,31 @@ print an HMAC key.
 from __future__ import annotations
 
 import bisect
-import gzip
+import hmac
 import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from gpu_audit.archive import list_parts, parse_name, read_lines
-from gpu_audit.audit.canonical import KNOWN_SCHEMAS, ZERO_HASH, expected_hash
+from gpu_audit.archive.reader import PartLines
+from gpu_audit.audit.canonical import KNOWN_SCHEMAS, SCHEMA_V1, ZERO_HASH, expected_hash
 from gpu_audit.audit.ports import SpoolReaderPort
 
 MAX_LISTED = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 ID_WINDOW = 1_000_000
+ZERO_HASH_B = ZERO_HASH.encode()
+
+Where = str | tuple[str, int]  # a place, or (file, line number): formatted only if needed
+
+
+def where_text(where: Where) -> str:
+    return where if isinstance(where, str) else f"{where[0]} line {where[1]}"
 
 
 def _chain_name(rec: Mapping[str, Any], stream: str) -> str:
@@ -55,7 +77,8 @@ class Problem:
     """One finding: what is wrong, and exactly where."""
 
     kind: str  # invalid_json | bad_schema | modified | chain_break | gap | duplicate_seq
-    #            | duplicate_id | reordered
+    #            | duplicate_id | reordered | foreign | damaged_part | and the archive's
+    #            (gpu_audit.archive.verify): bad_seal, part_digest, seal_chain, ...
     where: str  # "line 12", "offset 4096", "record 7"
     stream: str | None
     seq: int | None
@@ -125,7 +148,8 @@ class _Entry:
     hash: str
     prev_hash: str
     id: str
-    where: str
+    where: Where
+    restart: bool = False  # a chain_restart record: a fresh chain at this seq
 
 
 class _Stream:
@@ -140,13 +164,18 @@ class _Stream:
         # Sorted, disjoint [lo, hi] ranges of seqs below `high` not seen yet, with the
         # position of the record that revealed each gap.
         self.gap_lo: list[int] = []
-        self.gaps: list[tuple[int, int, str]] = []
-        self.succ: dict[int, tuple[str, str]] = {}  # seq -> (hash, where): awaiting seq+1
-        self.pred: dict[int, tuple[str, str]] = {}  # seq -> (prev_hash, where): awaiting seq-1
-        self.ids: dict[str, str] = {}
+        self.gaps: list[tuple[int, int, Where]] = []
+        self.succ: dict[int, tuple[str, Where]] = {}  # seq -> (hash, where): awaiting seq+1
+        self.pred: dict[int, tuple[str, Where]] = {}  # seq -> (prev_hash, where): awaiting seq-1
+        self.ids: dict[str, Where] = {}
         self.id_order: deque[str] = deque()
+        self.declared: list[tuple[int, int, int]] = []  # chain_restart: (lo, hi, its seq)
+        self.last_seq = 0  # of the last record fed (in-order fast path)
+        self.last_hash = ""
+        self.host = ""  # set by Verifier._chain
+        self.stream = name
 
-    def add_gap(self, lo: int, hi: int, where: str) -> None:
+    def add_gap(self, lo: int, hi: int, where: Where) -> None:
         if lo > hi:
             return
         i = bisect.bisect_left(self.gap_lo, lo)
@@ -190,11 +219,17 @@ class Verifier:
         self._id_window = id_window
         self._streams: dict[str, _Stream] = {}
         self.report_ = VerifyReport(source=source)
+        # the last record sequenced: (seq, hash, prev_hash)
+        self.last_seq: int | None = None
+        self.last_hash: str | None = None
+        self.last_prev: str | None = None
+        self._by_bytes: dict[tuple[bytes, bytes], _Stream] = {}  # feed_line's chains
+        self.fast_lines = 0  # lines feed_line verified without parsing them
 
-    def _problem(
+    def problem(
         self,
         kind: str,
-        where: str,
+        where: Where,
         detail: str,
         *,
         stream: str | None = None,
@@ -204,9 +239,108 @@ class Verifier:
         r = self.report_
         r.counts[kind] += 1
         if len(r.problems) < MAX_LISTED:
-            r.problems.append(Problem(kind, where, stream, seq, rid, detail))
+            r.problems.append(Problem(kind, where_text(where), stream, seq, rid, detail))
 
-    def feed(self, item: Mapping[str, Any] | bytes | str, where: str) -> None:
+    _problem = problem
+
+    def feed_line(self, raw: bytes, where: Where, expect: tuple[str, str] | None = None,
+                  ) -> None:
+        """One stored line (canonical JSON with `hash`). `expect`: the (host, stream) of
+        the part it is in: a record of another is `foreign`.
+
+        Reads the chain members by position where the canonical layout fixes them
+        (sorted keys: `host` directly after `hash`, `seq` directly after `schema`) and no
+        object or array opens before `stream`; anything else, and any line whose stored
+        bytes do not hash, goes to `feed` (the spec's full parse)."""
+        i = raw.find(b',"hash":"')
+        if i < 0 or raw[i + 73:i + 83] != b'","host":"':
+            self.feed(raw, where, expect)
+            return
+        h_end = raw.find(b'"', i + 83)
+        d = raw.find(b',"id":"', h_end)
+        j = raw.find(b',"prev_hash":"', d)
+        sc = raw.find(b',"schema":"gpu-audit.record/', j)
+        k = sc + 30  # after `,"schema":"gpu-audit.record/N"`
+        if (d < 0 or j < 0 or sc < 0 or raw[d + 39] != 34  # '"'
+                or raw[j + 78] != 34 or raw[sc + 28] not in b"123" or raw[sc + 29] != 34
+                or raw[k:k + 7] != b',"seq":'):
+            self.feed(raw, where, expect)
+            return
+        c_end = raw.find(b",", k + 7)
+        m = raw.find(b',"stream":"', c_end - 1)
+        if (c_end < 0 or m < 0 or raw.find(b"{", 1, m) >= 0 or raw.find(b"[", 1, m) >= 0):
+            self.feed(raw, where, expect)
+            return
+        m_end = raw.find(b'"', m + 11)
+        prev = raw[j + 14:j + 78]
+        stored = raw[i + 9:i + 73]
+        body = raw[:i] + raw[i + 74:]
+        key = self._key
+        if key is None:
+            ok = sha256(prev + body).hexdigest().encode() == stored
+        else:
+            ok = hmac.new(key, prev + body, sha256).hexdigest().encode() == stored
+        seq_b = raw[k + 7:c_end]
+        if not ok or prev == ZERO_HASH_B or not seq_b.isdigit():
+            # not stored canonically, modified, a chain's start: the spec's path
+            self.feed(raw, where, expect)
+            return
+        ck = (raw[m + 11:m_end], raw[i + 83:h_end])
+        st = self._by_bytes.get(ck)
+        if st is None:
+            if b"\\" in ck[0] or b"\\" in ck[1]:
+                self.feed(raw, where, expect)  # an escaped stream or host name
+                return
+            st = self._chain(ck[1].decode(), ck[0].decode())
+            self._by_bytes[ck] = st
+        self.report_.records += 1
+        self.fast_lines += 1
+        seq = int(seq_b)
+        rid = raw[d + 7:d + 39].decode()
+        if expect is not None and (st.host, st.stream) != expect:
+            self._foreign(st.name, seq, rid, where, expect)
+        prev_s, hash_s = prev.decode(), stored.decode()
+        before = st.succ.get(seq - 1)
+        if (st.low is not None and seq == st.high + 1 and before is not None
+                and before[0] == prev_s and not st.pred):
+            # the common case, in order and linked: what _sequence would do, inline
+            self.last_seq, self.last_hash, self.last_prev = seq, hash_s, prev_s
+            st.count += 1
+            st.high = seq
+            first = st.ids.get(rid)
+            if first is not None:
+                self._problem("duplicate_id", where,
+                              f"id already used at {where_text(first)} (sample chained "
+                              "twice)", stream=st.name, seq=seq, rid=rid)
+            else:
+                st.ids[rid] = where
+                st.id_order.append(rid)
+                if len(st.id_order) > self._id_window:
+                    st.ids.pop(st.id_order.popleft(), None)
+            del st.succ[seq - 1]
+            st.succ[seq] = (hash_s, where)
+            st.last_seq, st.last_hash = seq, hash_s
+            return
+        self._sequence(_Entry(st.name, seq, hash_s, prev_s, rid, where))
+
+    def _chain(self, host: str, stream: str) -> _Stream:
+        name = f"{stream}@{host}" if host else stream
+        st = self._streams.get(name)
+        if st is None:
+            st = self._streams[name] = _Stream(name, self._complete)
+        st.host, st.stream = host, stream
+        return st
+
+    def _foreign(self, name: str, seq: int, rid: str | None, where: Where,
+                 expect: tuple[str, str]) -> None:
+        self.problem(
+            "foreign", where,
+            f"a record of {name} in a part of stream {expect[1]} of host {expect[0]} "
+            "(its name and seal say whose chain it holds)", stream=name, seq=seq, rid=rid)
+
+    def feed(self, item: Mapping[str, Any] | bytes | str, where: Where,
+             expect: tuple[str, str] | None = None) -> None:
+        """One record, parsed (the reference path; `feed_line` falls back to it)."""
         self.report_.records += 1
         if isinstance(item, bytes | str):
             try:
@@ -253,14 +387,34 @@ class Verifier:
                 stream=stream if isinstance(stream, str) else None, rid=rid_s,
             )
             return
+        name = _chain_name(rec, stream)
         if expected_hash(rec, self._key) != h:
             self._problem(
                 "modified", where, "hash does not match the record's content",
-                stream=_chain_name(rec, stream), seq=seq, rid=rid_s,
+                stream=name, seq=seq, rid=rid_s,
             )
-        self._sequence(_Entry(_chain_name(rec, stream), seq, h, prev, rid_s, where))
+        if expect is not None and (rec.get("host"), stream) != expect:
+            self._foreign(name, seq, rid_s, where, expect)
+        restart = rec.get("event") == "chain_restart" and schema != SCHEMA_V1
+        if restart:
+            lo, hi = rec.get("lost_from"), rec.get("lost_to")
+            if type(lo) is int and type(hi) is int and lo <= hi:
+                st = self._streams.get(name)
+                if st is None:
+                    st = self._streams[name] = _Stream(name, self._complete)
+                st.declared.append((lo, hi, seq))
+        self._sequence(_Entry(name, seq, h, prev, rid_s, where, restart))
+
+    def forget(self, host: str, stream: str) -> None:
+        """Drop a finished chain's duplicate-id window (its summary and its last record
+        stay): verifying chains one after another keeps one window in memory."""
+        st = self._streams.get(f"{stream}@{host}" if host else stream)
+        if st is not None:
+            st.ids.clear()
+            st.id_order.clear()
 
     def _sequence(self, e: _Entry) -> None:
+        self.last_seq, self.last_hash, self.last_prev = e.seq, e.hash, e.prev_hash
         name, s, rid, where = e.stream, e.seq, e.id, e.where
         st = self._streams.get(name)
         if st is None:
@@ -288,12 +442,13 @@ class Verifier:
         first = self._ids_seen(st, rid, where)
         if first is not None:
             self._problem(
-                "duplicate_id", where, f"id already used at {first} (sample chained twice)",
+                "duplicate_id", where,
+                f"id already used at {where_text(first)} (sample chained twice)",
                 stream=name, seq=s, rid=rid,
             )
         self._link(st, e)
 
-    def _ids_seen(self, st: _Stream, rid: str, where: str) -> str | None:
+    def _ids_seen(self, st: _Stream, rid: str, where: Where) -> Where | None:
         first = st.ids.get(rid)
         if first is not None:
             return first
@@ -305,18 +460,21 @@ class Verifier:
 
     def _link(self, st: _Stream, e: _Entry) -> None:
         s, h, prev, rid, where = e.seq, e.hash, e.prev_hash, e.id, e.where
-        if s == 1:
+        st.last_seq, st.last_hash = s, h
+        if s == 1 or e.restart:
             if prev != ZERO_HASH:
+                what = "first record of the stream" if s == 1 else "a chain_restart"
                 self._problem(
-                    "chain_break", where, "first record of the stream has a non-zero prev_hash",
+                    "chain_break", where, f"{what} has a non-zero prev_hash",
                     stream=st.name, seq=s, rid=rid,
                 )
+            st.succ.pop(s - 1, None)  # a restart does not link to the record before it
         elif s - 1 in st.succ:
             before_hash, before_where = st.succ.pop(s - 1)
             if before_hash != prev:
                 self._problem(
                     "chain_break", where,
-                    f"prev_hash is not the hash of seq {s - 1} at {before_where}: "
+                    f"prev_hash is not the hash of seq {s - 1} at {where_text(before_where)}: "
                     "that record was altered and re-hashed, or replaced",
                     stream=st.name, seq=s, rid=rid,
                 )
@@ -327,7 +485,7 @@ class Verifier:
             if after[0] != h:
                 self._problem(
                     "chain_break", after[1],
-                    f"prev_hash is not the hash of seq {s} at {where}: "
+                    f"prev_hash is not the hash of seq {s} at {where_text(where)}: "
                     "that record was altered and re-hashed, or replaced",
                     stream=st.name, seq=s + 1,
                 )
@@ -339,13 +497,37 @@ class Verifier:
         for name, st in self._streams.items():
             for lo, hi, where in st.gaps:
                 what = f"seq {lo}" if lo == hi else f"seq {lo}..{hi} ({hi - lo + 1} records)"
+                declared = [r for a, b, r in st.declared if a <= hi and lo <= b]
+                why = (f"; declared lost by the chain_restart at seq {declared[0]} (its "
+                       "producer found them unreadable in its spool)" if declared else "")
                 self._problem(
-                    "gap", where, f"{what} missing before this record", stream=name, seq=lo
+                    "gap", where, f"{what} missing before this record{why}", stream=name,
+                    seq=lo)
+            if st.count:
+                r.streams[name] = StreamSummary(
+                    first_seq=st.min_seen or 0, last_seq=st.high, records=st.count
                 )
-            r.streams[name] = StreamSummary(
-                first_seq=st.min_seen or 0, last_seq=st.high, records=st.count
-            )
         return r
+
+    def chain_end(self, host: str, stream: str) -> tuple[int, str] | None:
+        """(seq, hash) of the last record fed of a chain (None: none fed)."""
+        st = self._streams.get(f"{stream}@{host}" if host else stream)
+        return (st.last_seq, st.last_hash) if st is not None and st.count else None
+
+    def continue_chain(self, host: str, stream: str, seq: int, hash_: str,
+                       where: Where) -> None:
+        """Go on with a chain from a record known from elsewhere (a seal, which accounts
+        for the seqs up to `seq`): the next record fed must be seq + 1 with prev_hash
+        == hash_."""
+        name = f"{stream}@{host}" if host else stream
+        st = self._streams.get(name)
+        if st is None:
+            st = self._streams[name] = _Stream(name, False)
+            st.low = seq
+            st.min_seen = seq + 1
+        st.high = max(st.high, seq)
+        st.succ = {seq: (hash_, where)}
+        st.last_seq, st.last_hash = seq, hash_
 
 
 def verify_records(
@@ -361,15 +543,22 @@ def verify_records(
     return v.report()
 
 
-def jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def jsonl_lines(path: Path, damage: list[str] | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSON Lines file, plain or gzip (detected by content). A
+    gzip file that ends early or is not gzip ends the lines at the last complete one;
+    what happened is appended to `damage` (never raised)."""
     with open(path, "rb") as raw:
         magic = raw.read(2)
-    opener: Any = gzip.open if magic == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:
-        for n, line in enumerate(f, 1):
+    reader = PartLines(path, compressed=magic == b"\x1f\x8b")
+    for first, lines in reader.chunks():
+        for i, line in enumerate(lines):
             stripped = line.strip()
             if stripped:
-                yield n, stripped
+                yield first + i, stripped
+    if reader.torn is not None and reader.torn.strip():
+        yield reader.lines + 1, reader.torn.strip()
+    if reader.damage is not None and damage is not None:
+        damage.append(reader.where_damaged())
 
 
 def verify_jsonl(
@@ -377,12 +566,16 @@ def verify_jsonl(
 ) -> VerifyReport:
     """Verify a JSON Lines export (plain or gzip, detected by content); problems name lines.
 
-    A line that is not valid JSON is reported with its number, never a crash. Raises
+    A line that is not valid JSON is reported with its number, and a damaged gzip file
+    (truncated) as `damaged_part` naming its last good line, never a crash. Raises
     OSError only when the file itself cannot be read.
     """
     v = Verifier(hmac_key=hmac_key, complete=complete, source=str(path))
-    for n, line in jsonl_lines(path):
-        v.feed(line, f"line {n}")
+    damage: list[str] = []
+    for n, line in jsonl_lines(path, damage):
+        v.feed_line(line, f"line {n}")
+    for d in damage:
+        v.problem("damaged_part", path.name, d)
     return v.report()
 
 
@@ -449,26 +642,4 @@ def verify_readback(
     parsed.sort(key=lambda t: (t[0], t[1], t[2]))
     for _stream, _seq, i, rec in parsed:
         v.feed(rec, f"record {i}")
-    return v.report()
-
-
-def verify_archive_dir(path: Path, key: bytes | None) -> VerifyReport:
-    """An archive directory as one trail, in the order it was written.
-
-    The archive's parts come in archive order (day, then part number: `.2` before `.10`,
-    the base file before `.1`). The newest part's last line, when it has no newline yet,
-    is a line still being written and is left out. Other JSON Lines files follow in name
-    order.
-    """
-    v = Verifier(hmac_key=key, complete=True, source=str(path))
-    parts = list_parts(path)
-    for line in read_lines(path, parts=parts):
-        if line.complete or line.part != parts[-1]:
-            v.feed(line.raw, line.where)
-    others = sorted(p for p in path.iterdir()
-                    if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
-                    and parse_name(p.name) is None)
-    for f in others:
-        for n, line_raw in jsonl_lines(f):
-            v.feed(line_raw, f"{f.name} line {n}")
     return v.report()

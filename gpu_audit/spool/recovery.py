@@ -23,6 +23,7 @@ from gpu_audit.spool.format import (
     HEADER_SIZE,
     SegmentScan,
     find_resync,
+    frame_crc,
     header_problem,
     last_offset_after,
     parse_segment_name,
@@ -31,6 +32,9 @@ from gpu_audit.spool.format import (
 )
 
 QUARANTINE_DIR = "quarantine"
+# The newest record, kept as one frame beside the segments when gc released the segment
+# that held it (the writer's `_release_active`): producers resume their chain from it.
+LAST_RECORD_FILE = "last-record"
 
 
 @dataclass
@@ -132,6 +136,20 @@ def describe_damage(name: str, scan: SegmentScan) -> str:
     return f"{name}: " + "; ".join(parts)
 
 
+def delivered_floor(directory: Path) -> tuple[int, list[str]] | None:
+    """(the lowest committed cursor, the sinks' names): offsets below it were delivered
+    to every sink; None when no sink has a cursor (or one cannot be read)."""
+    from gpu_audit.spool.cursors import CursorStore  # noqa: PLC0415 - cursors imports format
+    from gpu_audit.spool.errors import CursorError  # noqa: PLC0415
+
+    store = CursorStore(directory)
+    try:
+        names = store.names()
+        return (min(store.get(n) for n in names), names) if names else None
+    except (CursorError, OSError):
+        return None
+
+
 def recover(directory: Path, full_scan: bool) -> Recovery:
     """Scan the spool (the last segment always, every segment when `full_scan`)."""
     listing = list_segments(directory)
@@ -226,8 +244,19 @@ def _note_damage(
         return
     found.quarantined.append(keep_evidence(path, data))
     found.corrupt_records += lost
+    highest = max([d.resume - 1 for d in scan.damage]
+                  + ([next_base - 1] if scan.torn_pos is not None and next_base else []),
+                  default=-1)
+    floor = delivered_floor(path.parent)
+    if floor is not None and highest < floor[0]:
+        # The records were shipped before the damage: only this copy is unreadable (a
+        # producer must still not reuse their seqs: it cannot read them back here).
+        fate = (f"{lost} record(s) unreadable here, all already delivered to every sink "
+                f"({', '.join(floor[1])})")
+    else:
+        fate = f"{lost} record(s) lost (not yet delivered to every sink)"
     found.findings.append(
-        f"{detail}; copy kept in quarantine, {lost} record(s) lost, the valid frames stay live"
+        f"{detail}; copy kept in quarantine, {fate}; the valid frames stay live"
     )
 
 
@@ -240,8 +269,9 @@ def _offset_after_damage(data: bytes, base: int) -> int:
     return last_offset_after(data, resync[0], resync[1])
 
 
-def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | None:
-    """The newest record's payload, searching live segments from the newest back."""
+def read_last_record(directory: Path, segments: list[LiveSegment]) -> tuple[int, bytes] | None:
+    """(offset, payload) of the newest readable record: in the live segments, searched
+    from the newest back, or, when gc released them all, in the last-record file."""
     for segment in reversed(segments):
         path = directory / segment_name(segment.base)
         with path.open("rb") as handle:
@@ -251,6 +281,27 @@ def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | N
         last = scan_segment(data, segment.base).last_frame
         if last is None:
             continue
-        length = FRAME_HEAD.unpack_from(data, last)[0]
-        return bytes(data[last + FRAME_HEAD_SIZE : last + FRAME_HEAD_SIZE + length])
-    return None
+        length, _crc, offset = FRAME_HEAD.unpack_from(data, last)
+        return offset, bytes(data[last + FRAME_HEAD_SIZE : last + FRAME_HEAD_SIZE + length])
+    return read_last_record_file(directory)
+
+
+def read_last_record_file(directory: Path) -> tuple[int, bytes] | None:
+    """The record the last-record file keeps, when it is whole (its frame's CRC)."""
+    try:
+        data = (directory / LAST_RECORD_FILE).read_bytes()
+    except OSError:
+        return None
+    if len(data) < FRAME_HEAD_SIZE:
+        return None
+    length, crc, offset = FRAME_HEAD.unpack_from(data, 0)
+    payload = data[FRAME_HEAD_SIZE:]
+    if len(payload) != length or frame_crc(offset, payload) != crc:
+        return None
+    return offset, payload
+
+
+def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | None:
+    """The newest record's payload (see read_last_record)."""
+    found = read_last_record(directory, segments)
+    return found[1] if found is not None else None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
+from gpu_audit import atomicfile
 from gpu_audit.errors import LockHeld
 from gpu_audit.lockfile import ProcessLock
 from gpu_audit.spool.config import SpoolConfig
@@ -33,11 +34,12 @@ from gpu_audit.spool.format import (
 )
 from gpu_audit.spool.format import segment_name as _segment_name
 from gpu_audit.spool.recovery import (
+    LAST_RECORD_FILE,
     LiveSegment,
     describe_damage,
     evidence_kept,
     quarantine,
-    read_last_payload,
+    read_last_record,
     recover,
 )
 
@@ -140,7 +142,17 @@ class SpoolWriter:
         self._gc_lock = threading.Lock()
         self._segments: list[LiveSegment] = found.segments
         self._next = found.next_offset
-        self._last_payload = read_last_payload(self._dir, self._segments)
+        last = read_last_record(self._dir, self._segments)
+        self._last_payload = last[1] if last is not None else None
+        # Records after the newest readable one that this recovery found unreadable
+        # (damage, not a torn tail, whose offsets are handed out again): a producer may
+        # have issued them, and its chain must not issue their seqs again.
+        self._damaged_after_last = (max(0, found.next_offset - last[0] - 1)
+                                    if last is not None and found.corrupt_records else 0)
+        self._last_kept = (last[0] if last is not None
+                           and not any(seg.size > HEADER_SIZE for seg in found.segments)
+                           else None)
+        self._starved = False
         if found.last_appendable:
             active = self._segments[-1]
             self._fd = os.open(self._dir / _segment_name(active.base), os.O_WRONLY | os.O_APPEND)
@@ -206,6 +218,11 @@ class SpoolWriter:
         """The newest record, or None for an empty spool."""
         return self._last_payload
 
+    def damaged_after_last(self) -> int:
+        """How many records after `last_payload()` recovery found unreadable (damage):
+        offsets that may have held records of a producer's chain."""
+        return self._damaged_after_last
+
     # -- appending -----------------------------------------------------------------------
 
     def append(self, payloads: Sequence[bytes]) -> int:
@@ -270,6 +287,7 @@ class SpoolWriter:
         self._next += len(payloads)
         self._active_records += len(payloads)
         self._last_payload = bytes(payloads[-1])
+        self._starved = False
         self.counters.records_appended += len(payloads)
         return first, self._epoch
 
@@ -294,6 +312,8 @@ class SpoolWriter:
         self._dirty_tail = None
 
     def _write_error(self, exc: OSError, path: Path, action: str) -> SpoolWriteError:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._starved = True
         error = SpoolWriteError.from_oserror(exc, path, action)
         errors = self.counters.write_errors
         errors[error.reason] = errors.get(error.reason, 0) + 1
@@ -342,7 +362,7 @@ class SpoolWriter:
         counted in `records_evicted`; readers that had not passed them see a gap
         (`skipped_to`) and count it, so nothing disappears silently.
         """
-        keep_from = len(self._segments) - (1 if self._active_records else 2)
+        keep_from = len(self._segments) - (1 if self._newest_elsewhere() else 2)
         if len(self._segments) < 2 or keep_from <= 0:
             return False
         oldest, following = self._segments[0], self._segments[1]
@@ -372,6 +392,7 @@ class SpoolWriter:
 
     def _refuse(self, reason: str, records: int) -> None:
         self.counters.refused[reason] = self.counters.refused.get(reason, 0) + records
+        self._starved = True
 
     def _roll(self) -> None:
         old = self._segments[-1]
@@ -470,7 +491,8 @@ class SpoolWriter:
             self._epoch += 1
             self._cond.notify_all()
         if lost:
-            self._last_payload = read_last_payload(self._dir, self._segments)
+            last = read_last_record(self._dir, self._segments)
+            self._last_payload = last[1] if last is not None else None
 
     def _flush_loop(self) -> None:
         window = self._config.fsync_window_ms / 1000.0
@@ -488,18 +510,48 @@ class SpoolWriter:
 
     # -- garbage collection ------------------------------------------------------------
 
+    def _newest_elsewhere(self) -> bool:
+        """Whether the newest record is not in a segment before the active one: in the
+        active segment, or kept in the last-record file."""
+        return self._active_records > 0 or self._last_kept == self._next - 1
+
+    def _release_active(self, min_offset: int) -> None:
+        """A starved spool (refused for space) whose active segment every sink has
+        passed: keep its newest record in the last-record file, then start a new active
+        segment, so gc may delete the old one. Without this a spool whose records all fit
+        in one segment (a filesystem smaller than `segment_bytes`) never wrote again."""
+        with self._wlock:
+            self._check_open()
+            if not (self._starved and self._active_records and min_offset >= self._next
+                    and self._last_payload is not None and self._dirty_tail is None):
+                return
+            last = self._next - 1
+            frame = encode_frames(last, [self._last_payload])
+            atomicfile.replace_file(self._dir / LAST_RECORD_FILE, frame, mode=0o640)
+            self._last_kept = last
+            self._roll()
+            log.info("spool %s: every sink has passed the active segment and the spool is "
+                     "full: released it (the newest record, offset %d, is kept in %s)",
+                     self._dir, last, LAST_RECORD_FILE)
+
     def gc(self, min_offset: int) -> int:
         """Delete whole segments whose records are all below `min_offset`, oldest first.
 
-        Never the active segment, nor the one holding the newest record. Each segment is
+        Never the active segment, nor the one holding the newest record (unless the
+        last-record file keeps it). A spool refusing records for space releases its
+        active segment once every sink has passed it (`_release_active`). Each segment is
         CRC-checked before it goes (unless recovery already did): a damaged one has its
         bytes kept in quarantine/ first and its lost records counted, so gc never deletes
         the only evidence of corruption. Returns bytes freed.
         """
         with self._gc_lock:
+            try:
+                self._release_active(min_offset)
+            except OSError as exc:  # no room even for that: the next gc tries again
+                log.warning("spool %s: releasing the active segment failed: %s", self._dir, exc)
             with self._wlock:
                 self._check_open()
-                keep_from = max(len(self._segments) - (1 if self._active_records else 2), 0)
+                keep_from = max(len(self._segments) - (1 if self._newest_elsewhere() else 2), 0)
                 # bases grow, so this is a prefix: segments go oldest first
                 doomed = [
                     (seg.base, seg.size, following.base)

@@ -52,12 +52,18 @@ def produce(
     start_s: float,
     stop_s: float,
     key_file: Path | None = None,
+    interval_s: float | None = None,
 ) -> list[bytes]:
     """The stored bytes of one exporter run: exporter_start at `start_s`, a cycle per
-    snapshot, exporter_stop at `stop_s`."""
+    snapshot, exporter_stop at `stop_s`. `interval_s`: audit.interval_seconds (default:
+    the snapshots' own interval, the per-cycle trail)."""
+    snaps = list(snaps)
     spool = MemorySpool()
     clock = iter([start_s, stop_s])
-    p = AuditProducer(AuditConfig(stream=stream, hmac_key_file=key_file), spool, host=host,
+    interval = interval_s if interval_s is not None else (
+        snaps[0].interval_seconds if snaps else 60.0)
+    p = AuditProducer(AuditConfig(stream=stream, hmac_key_file=key_file,
+                                  interval_seconds=interval), spool, host=host,
                       exporter_version="test", simulated=simulated, clock=lambda: next(clock))
     p.start()
     for s in snaps:
@@ -66,14 +72,15 @@ def produce(
     return list(spool.payloads)
 
 
-def write_archive(directory: Path, *runs: Sequence[bytes]) -> None:
+def write_archive(directory: Path, *runs: Sequence[bytes],
+                  max_file_bytes: int = 256 * 1024 * 1024) -> None:
     """Archive the runs' records, ordered by time as one shipper would deliver them
     from one spool (each run's own order kept)."""
     merged = sorted(
         ((orjson.loads(raw)["time_ns"], i, j, raw)
          for i, run in enumerate(runs) for j, raw in enumerate(run)),
         key=lambda t: (t[0], t[1], t[2]))
-    w = ArchiveWriter(directory)
+    w = ArchiveWriter(directory, max_file_bytes=max_file_bytes)
     w.write([raw for *_, raw in merged])
     w.close()
 

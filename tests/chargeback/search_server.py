@@ -1,9 +1,10 @@
 """The in-process Elasticsearch / OpenSearch server of the sink tests, taught enough of
 `_search` aggregations to answer chargeback's search source: `bool` queries of `range`,
-`term` and `prefix`; `composite` aggregations of `terms` (with `missing_bucket`) and
-`date_histogram` (1 day, UTC, `yyyy-MM-dd`) sources, paged with `size` / `after`; `sum`
-(of a field, or of the one script the source sends: power x elapsed) and `filter`
-sub-aggregations; `track_total_hits` counts. Every `_search` body is kept in `bodies`.
+`term`, `terms` and `prefix`; `composite` aggregations of `terms` (with `missing_bucket`)
+and `date_histogram` (1 day, UTC, `yyyy-MM-dd`) sources, paged with `size` / `after`;
+`sum` (of a field, or of the one script the source sends: power x elapsed), `min`,
+`max`, `value_count` and `filter` sub-aggregations; `track_total_hits` counts. Every
+`_search` body is kept in `bodies`.
 
 What it does not do is refused with a 400 naming it, so a query the source starts
 sending that this fake cannot answer fails the test instead of answering wrongly.
@@ -35,11 +36,16 @@ def _get(doc: Mapping[str, Any], field: str) -> Any:
 def _matches(doc: Mapping[str, Any], q: Mapping[str, Any]) -> bool:
     (op, arg), = q.items()
     if op == "bool":
-        unknown = set(arg) - {"filter", "must_not", "must"}
+        unknown = set(arg) - {"filter", "must_not", "must", "should", "minimum_should_match"}
         if unknown:
             raise Unsupported(f"bool {sorted(unknown)}")
+        should = arg.get("should", [])
+        # with a filter, should clauses only count when minimum_should_match says so
+        needed = arg.get("minimum_should_match", 0 if ("filter" in arg or "must" in arg)
+                         else min(1, len(should)))
         return (all(_matches(doc, c) for c in [*arg.get("filter", []), *arg.get("must", [])])
-                and not any(_matches(doc, c) for c in arg.get("must_not", [])))
+                and not any(_matches(doc, c) for c in arg.get("must_not", []))
+                and sum(_matches(doc, c) for c in should) >= needed)
     if op == "range":
         (field, bounds), = arg.items()
         v = _get(doc, field)
@@ -53,6 +59,9 @@ def _matches(doc: Mapping[str, Any], q: Mapping[str, Any]) -> bool:
         if isinstance(value, bool) or isinstance(v, bool):
             return v is value
         return v is not None and v == value
+    if op == "terms":
+        (field, values), = arg.items()
+        return _get(doc, field) in values
     if op == "prefix":
         (field, value), = arg.items()
         v = _get(doc, field)
@@ -78,7 +87,7 @@ def _source_key(doc: Mapping[str, Any], src: Mapping[str, Any]) -> Any:
 
 
 def _sum_script(doc: Mapping[str, Any], script: Mapping[str, Any]) -> float:
-    from chargeback.sources.search import POWER_SCRIPT
+    from chargeback.sources.search_query import POWER_SCRIPT
 
     if script.get("source") != POWER_SCRIPT:
         raise Unsupported("a sum script other than power x elapsed")
@@ -98,6 +107,15 @@ def _aggs(docs: list[Mapping[str, Any]], aggs: Mapping[str, Any]) -> dict[str, A
             else:
                 vals = [v for d in docs if isinstance(v := _get(d, s["field"]), int | float)]
             out[name] = {"value": float(sum(vals))}
+        elif kinds & {"min", "max", "value_count"} and len(kinds) == 1:
+            (kind,) = kinds
+            vals = [v for d in docs if isinstance(v := _get(d, spec[kind]["field"]), int | float)
+                    and not isinstance(v, bool)]
+            if kind == "value_count":
+                out[name] = {"value": len(vals)}
+            else:  # ES answers null for an empty bucket, and doubles otherwise
+                best = (min if kind == "min" else max)(vals) if vals else None
+                out[name] = {"value": float(best) if best is not None else None}
         elif kinds == {"filter"}:
             hit = [d for d in docs if _matches(d, spec["filter"])]
             out[name] = {"doc_count": len(hit), **_aggs(hit, sub)}

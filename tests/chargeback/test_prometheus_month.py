@@ -379,9 +379,10 @@ def test_compare_with_archive_reports_the_differences_and_replays(
     assert "Rows that differ most" in html
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     assert manifest["request"]["compare_with"] == ["archive"]
-    assert manifest["compared_sources"]["archive"]["queries"] == [
-        f"archive part {p.name}" for p in sorted(month_archive.glob("gpu-audit-*"))]
-    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source")
+    queried = manifest["compared_sources"]["archive"]["queries"]
+    assert {q.split()[2] for q in queried} == {
+        p.name for p in month_archive.glob("gpu-audit_*.jsonl*")}
+    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source,completeness")
     say = io.StringIO()
     again = replay(out / MANIFEST_NAME, tmp_path / "again", readers=readers, say=say)
     assert again == 0, say.getvalue()

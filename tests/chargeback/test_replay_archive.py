@@ -42,7 +42,7 @@ def _bill(config: Path, out: Path, *extra: str) -> int:
 
 
 def _tamper(archive: Path) -> None:
-    part = sorted(archive.glob("gpu-audit-2026-11-1*.jsonl*"))[0]
+    part = sorted(archive.glob("gpu-audit_*_2026-11-1*.jsonl*"))[0]
 
     def edit(lines: list[bytes]) -> list[bytes]:
         for i, line in enumerate(lines):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 from chargeback.model import UNATTRIBUTED, SourceData
-from chargeback.sources import search
+from chargeback.sources import search_query
 from chargeback.sources.archive import read_archive
 from chargeback.sources.search import SearchSettings, SearchUnavailable, read_search
 from gpu_audit.errors import ConfigError
@@ -40,8 +41,8 @@ from tests.chargeback.test_archive_source import (
 pytestmark = pytest.mark.timeout(120)
 
 
-def _records() -> list[SinkRecord]:
-    real, sim = _runs()
+def _records(interval_s: float | None = None) -> list[SinkRecord]:
+    real, sim = _runs(interval_s)
     out = []
     for i, raw in enumerate([*real, *sim], 1):
         doc = orjson.loads(raw)
@@ -49,7 +50,7 @@ def _records() -> list[SinkRecord]:
     return out
 
 
-def _deliver(kind: str, url: str, **extra: Any) -> None:
+def _deliver(kind: str, url: str, interval_s: float | None = None, **extra: Any) -> None:
     data = {"type": kind, "hosts": [url], "timeout_s": 30, "number_of_replicas": 0, **extra}
     if kind == "elasticsearch":
         es = ElasticsearchSinkConfig.model_validate(data)
@@ -58,7 +59,7 @@ def _deliver(kind: str, url: str, **extra: Any) -> None:
         os_ = OpenSearchSinkConfig.model_validate(data)
         sink = SearchSink(os_, "os", OpenSearchClient(os_))
     sink.start()
-    recs = _records()
+    recs = _records(interval_s)
     for i in range(0, len(recs), 200):
         sink.send(recs[i:i + 200])
     sink.close()
@@ -116,7 +117,8 @@ def test_every_request_body_is_recorded_as_canonical_json(server: AggSearchServe
     filters = first["query"]["bool"]["filter"]
     lo = int(_req().start.timestamp()) * 10**9
     assert {"range": {"time_ns": {"gt": lo, "lte": lo + 2 * 3600 * 10**9}}} in filters
-    assert first["query"]["bool"]["must_not"] == [{"term": {"simulated": True}}]
+    assert first["query"]["bool"]["must_not"] == [{"term": {"simulated": True}},
+                                                  {"term": {"sim": True}}]
     sources = [next(iter(s)) for s in first["aggs"]["rows"]["composite"]["sources"]]
     assert sources == ["user", "project", "model", "day"]
     with_sim = read_search(_req(include_simulated=True), _settings(server.flavour, server.url))
@@ -124,11 +126,48 @@ def test_every_request_body_is_recorded_as_canonical_json(server: AggSearchServe
     assert with_sim.simulated_excluded == 0
 
 
+def test_interval_records_bill_as_the_archive_bills_them(tmp_path: Path) -> None:
+    """The 60 s trail (schema 3) in the index: the holders' and GPUs' own sums give the
+    archive's bill of the same records, and the proof says every stream is whole."""
+    with AggSearchServer("elasticsearch") as srv:
+        _deliver("elasticsearch", srv.url, interval_s=60.0)
+        d = read_search(_req(), _settings("elasticsearch", srv.url))
+    arch = tmp_path / "archive"
+    arch.mkdir()
+    write_archive(arch, *_runs(60.0))
+    a = read_archive(_req(), arch)
+    assert d.fleet.keys() == a.fleet.keys() and d.usage.keys() == a.usage.keys()
+    for m, f in a.fleet.items():
+        assert astuple(d.fleet[m]) == pytest.approx(astuple(f)), m
+    for k, u in a.usage.items():
+        assert astuple(d.usage[k]) == pytest.approx(astuple(u)), k
+    assert d.completeness is not None and d.completeness.gaps == []
+    assert all("continuous from seq 1" in c for c in d.completeness.chains)
+
+
+def test_a_record_missing_from_the_index_is_a_named_gap() -> None:
+    """Seq contiguity by aggregation (count against max - min + 1 per host and stream):
+    a document deleted from the index refuses the bill, naming the stream and how many
+    seqs are missing; --allow-gaps bills it, stamped."""
+    with AggSearchServer("elasticsearch") as srv:
+        _deliver("elasticsearch", srv.url, interval_s=60.0)
+        with srv.lock:
+            victim = next(k for k, d in srv.docs.items()
+                          if d.get("kind") == "usage" and d.get("host") == "gpu-node-07")
+            del srv.docs[victim]
+        with pytest.raises(SearchUnavailable) as exc:
+            read_search(_req(), _settings("elasticsearch", srv.url))
+        assert "records are missing" in str(exc.value)
+        assert "stream exporter of host gpu-node-07: 1 seq(s) of" in str(exc.value)
+        d = read_search(_req(allow_gaps=True), _settings("elasticsearch", srv.url))
+        assert d.completeness is not None and d.completeness.allowed
+
+
 def test_composite_pages_are_followed(
     server: AggSearchServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole = read_search(_req(), _settings(server.flavour, server.url))
-    monkeypatch.setattr(search, "PAGE_SIZE", 1)
+    monkeypatch.setattr(search_query, "PAGE_SIZE", 1)
     paged = read_search(_req(), _settings(server.flavour, server.url))
     assert len(paged.queries) > len(whole.queries) + 3
     assert any('"after":' in q for q in paged.queries)

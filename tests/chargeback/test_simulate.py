@@ -56,7 +56,7 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
     assert {r["source"] for r in rows.values()} == {"archive"}
     # the archive is a real, hash-chained trail of simulated records only
     archive = out / "sim-archive"
-    records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit-*.jsonl*"))
+    records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit_*.jsonl*"))
                for line in _lines(p)]
     assert records and all(r["simulated"] is True for r in records)
     # said everywhere
@@ -107,8 +107,8 @@ def test_sim_nodes_bills_copies_of_the_node(tmp_path: Path,
     assert float(rows["alice"]["used_gpu_hours"]) == pytest.approx(192)
     assert float(rows["alice"]["charged_gpu_hours"]) == pytest.approx(143)
     assert float(rows["carol"]["used_gpu_hours"]) == pytest.approx(2)
-    hosts = {orjson.loads(line)["host"] for p in (out / "sim-archive").glob("gpu-audit-*")
-             for line in _lines(p)}
+    hosts = {orjson.loads(line)["host"]
+             for p in (out / "sim-archive").glob("gpu-audit_*.jsonl*") for line in _lines(p)}
     assert hosts == {"sim-node-01", "sim-node-02"}
 
 
@@ -127,3 +127,26 @@ def test_bad_rates_and_directory_are_refused_before_a_month_is_simulated(
     assert "currency" in err and "gpu_hour" in err and "bogus" in err and "users" in err
     assert "rates.yaml" in err and "directory.yaml" in err
     assert not out.exists()
+
+
+def test_sim_nodes_archive_verifies_each_node_from_its_own_first_seq(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22, defect f: `--sim-nodes 16` wrote node k's stream starting at seq k (each
+    producer resumed after the previous node's exporter_start in the shared spool);
+    `audit verify` found 15 gaps while the bill said verified. Each node's chain now
+    starts at seq 1, and `audit verify` passes on the archive."""
+    out = tmp_path / "bill"
+    args = _args(out, "--sim-nodes", "16")
+    args[args.index("2026-11-03T00:00:00Z")] = "2026-11-01T06:00:00Z"
+    assert main(args) == 0
+    capsys.readouterr()
+    archive = out / "sim-archive"
+    assert main(["audit", "verify", str(archive)]) == 0, capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "16 stream(s): OK" in report
+    firsts = {}
+    for p in sorted(archive.glob("gpu-audit_*.jsonl*")):
+        for line in _lines(p):
+            rec = orjson.loads(line)
+            firsts.setdefault(rec["host"], rec["seq"])
+    assert len(firsts) == 16 and set(firsts.values()) == {1}

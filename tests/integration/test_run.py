@@ -24,6 +24,8 @@ def _config(tmp: Path, segment_bytes: int = 64 * 1024 * 1024) -> Path:
     cfg.write_text(
         "exporter:\n  backend: sim\n  scenario: busy\n  time_scale: 60\n"
         "  interval_seconds: 0.2\n"
+        # the per-cycle trail: a record set every cycle, which the volumes below count on
+        "audit:\n  interval_seconds: 0.2\n"
         f"spool:\n  directory: {tmp / 'spool'}\n  segment_bytes: {segment_bytes}\n"
         "  min_free_bytes: 0\n"
         "shipper:\n  batch_max_wait_s: 0.1\n  gc_interval_s: 0.5\n"

@@ -52,6 +52,8 @@ def _config(tmp: Path, spool: Path, port: int, influx: str, vm: str) -> Path:
         "log_level": "info",
         "exporter": {"backend": "sim", "scenario": "large", "interval_seconds": 1.0,
                      "listen": f"127.0.0.1:{port}"},
+        # the per-cycle trail: its volume is what fills the spool's filesystem here
+        "audit": {"interval_seconds": 1.0},
         "spool": {"directory": str(spool), "segment_bytes": 256 * 1024,
                   "min_free_bytes": 0, "when_full": "refuse"},
         "shipper": {

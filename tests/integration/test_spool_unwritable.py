@@ -30,7 +30,9 @@ def test_unwritable_spool_is_counted_and_never_stops_the_exporter(tmp_path: Path
             [sys.executable, "-m", "gpu_audit_app", "exporter", "--backend", "sim",
              "--scenario", "busy", "--interval", "0.2", "--listen", "127.0.0.1:0",
              "--spool-dir", str(blocker / "spool")],
-            stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+            stdout=subprocess.DEVNULL, stderr=err,
+            # the per-cycle trail: records every cycle, so writing resumes at once
+            env={**os.environ, "GPU_AUDIT__AUDIT__INTERVAL_SECONDS": "0.2"})
     try:
         url = f"http://127.0.0.1:{bound_port(log, proc)}"
         wait_for(lambda: http_get(url + "/readyz")[0] == 200, 30, "readyz")

@@ -167,3 +167,50 @@ def record_id(seq: int) -> str:
 
 def _caught_up(shipper: Shipper, writer: SpoolWriter) -> bool:
     return all(status.position >= writer.durable_offset for status in shipper.statuses())
+
+
+@pytest.mark.parametrize("min_free", [256 * 1024, 0])
+def test_a_full_filesystem_with_one_default_segment_writes_again(
+    small_fs: Path, fast_config: ShipperConfig, min_free: int
+) -> None:
+    """Issue 22, defect d: with the default segment_bytes (64 MiB) on a 2 MiB filesystem
+    every record is in the one active segment. Fill it with the sink down, bring the sink
+    back: once every record is delivered, gc releases the active segment (a new one
+    takes over, the newest record is kept beside it) and the spool writes again, with no
+    restart. Defaults otherwise, but the free-space floor (the default 512 MiB would
+    refuse every record on 2 MiB) and a statvfs on every append."""
+    spool_dir = small_fs / "spool"
+    cfg = SpoolConfig(directory=spool_dir, min_free_bytes=min_free, statvfs_interval_s=1e-6)
+    assert cfg.segment_bytes == 64 * 1024 * 1024 > DISK
+    writer = SpoolWriter(cfg)
+    sink = MemorySink("archive")
+    shipper = Shipper(fast_config, cfg, writer=writer, sinks=[sink])
+    shipper.start()
+    producer = _Producer(writer)
+    try:
+        sink.down = True
+        while producer.batch():
+            assert producer.seq < 100_000, "the filesystem never filled up"
+        assert len(list_segments(spool_dir)) == 1
+        last = writer.last_payload()
+        sink.down = False
+        eventually(lambda: _caught_up(shipper, writer), what="backlog delivered")
+        before = len(producer.acked)
+        eventually(lambda: shipper.gc() >= 0 and producer.batch(),
+                   what="the spool accepting records again")
+        for _ in range(20):
+            assert producer.batch()
+        assert len(producer.acked) == before + 21 * BATCH
+        eventually(lambda: _caught_up(shipper, writer), what="the new records delivered")
+        assert last is not None
+    finally:
+        shipper.stop(5)
+        writer.close()
+    assert sink.duplicates() == 0
+    assert {record_id(seq) for seq in producer.acked} <= set(sink.docs)
+    # the newest record survives a restart although its segment was released
+    reopened = SpoolWriter(cfg)
+    try:
+        assert reopened.last_payload() == record(producer.seq - 1, size=RECORD)
+    finally:
+        reopened.close()

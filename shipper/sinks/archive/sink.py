@@ -3,9 +3,17 @@
 It is the embedded default, so `gpu-audit run` keeps a complete audit trail with nothing
 else installed. Each line is the exact spooled record bytes plus "\\n" (so `audit verify`
 re-checks the hash chain on the archive itself). The layout (names, part order, reading
-back) is gpu_audit.archive's: `<prefix>-YYYY-MM-DD[.N].jsonl`, the day being the record's
-own UTC day. A part is closed when it reaches `max_file_bytes` or when a record of a
-later day is written, and a closed part is compressed to `.jsonl.gz`.
+back) is gpu_audit.archive's: one series of parts per host and stream (one hash chain),
+`<prefix>_<host>_<stream>_YYYY-MM-DD[.N].jsonl`, the day being the records' own UTC day
+and N the part's number in its series. A part is closed when it has reached
+`max_file_bytes` and the next record of its series belongs to another cycle (another
+`time_ns`: a cycle's records never span two parts, so a part's rollup is whole), or
+when a record of a later day is written. A closed part is compressed to `.jsonl.gz`
+and then sealed (sealer.py, gpu_audit.archive.seal): its seal names its first and last
+seq and hash, its SHA-256, the previous part's seal and the sums a bill needs.
+
+Rotation never lists the directory: the sink lists it once when it starts, and then
+keeps each series' next part number and its last seal's digest.
 
 Exactly once, in order, after any sequence of crashes
 -----------------------------------------------------
@@ -33,15 +41,17 @@ with the files themselves, says exactly what is on disk:
 - recovery first makes the files match that prefix, then replaces the journal with
   L and an empty plan, and only then tidies up. Every recovery step is idempotent, so a
   crash during recovery is recovered by the next start exactly like the first crash.
-A part is compressed only while the journal holds no plan (an empty-plan journal is
-written before compressing after a batch, and recovery writes one first), so a plan
-never names a compressed file. A compression writes `.gz.tmp`, fsyncs it, renames it to
-`.jsonl.gz`, fsyncs the directory, then deletes the `.jsonl`: a leftover `.gz.tmp` is
-deleted on start, and a `.jsonl` beside its `.jsonl.gz` is the same complete part (the
-`.gz` appeared whole) and is deleted. A closed part is never appended to again: on start
-only the newest day's last part is reopened, and only when it is plain and not full;
-records for other days open a new part. All file I/O is unbuffered `os` calls, so what a
-kill -9 leaves is exactly what the calls before it wrote.
+A part is compressed and sealed only while the journal holds no plan (an empty-plan
+journal is written before closing parts after a batch, and recovery writes one first),
+so a plan never names a compressed file. A compression writes `.gz.tmp`, fsyncs it,
+renames it to `.jsonl.gz`, fsyncs the directory, then deletes the `.jsonl`: a leftover
+`.gz.tmp` is deleted on start, and a `.jsonl` beside its `.jsonl.gz` is the same
+complete part (the `.gz` appeared whole) and is deleted. A seal is written atomically
+after its part is compressed; a closed part without one is sealed on start (a leftover
+`.seal.json.tmp` is deleted). A closed part is never appended to again: on start only
+each series' last part of the newest day is reopened, and only when it is plain and
+unsealed; records for other days open a new part. All file I/O is unbuffered `os`
+calls, so what a kill -9 leaves is exactly what the calls before it wrote.
 
 With `fsync: false` the same holds for a killed process, but not across a power loss.
 The offsets are the spool's: a spool recreated from scratch needs a fresh archive state
@@ -57,7 +67,6 @@ import contextlib
 import datetime as dt
 import logging
 import os
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +75,9 @@ from typing import Any
 import orjson
 
 from gpu_audit import atomicfile
-from gpu_audit.archive import list_parts, parse_name, part_name, read_records
+from gpu_audit.archive import Part, list_parts, parse_name, part_name, read_records
+from gpu_audit.archive.seal import ZERO_DIGEST
+from shipper.sinks.archive import sealer
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.encode import NotArchivable, archive_line
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
@@ -75,22 +86,34 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = ".archive-state.json"
 _VERSION = 2
-_CHUNK = 1 << 20
 
 
 class ArchiveInconsistent(Exception):
     """The files do not match the journal in a way no crash of this sink can cause."""
 
 
+Series = tuple[str, str]  # (host, stream)
+
+
 @dataclass
 class _Part:
-    """The part currently appended to for one day."""
+    """The part currently appended to for one series and day."""
 
     name: str
+    series: Series
     day: dt.date
     number: int
     size: int
     fd: int | None = None
+    last_time_ns: int | None = None  # of its last line: a cycle never spans two parts
+
+
+@dataclass
+class _Series:
+    """What rotation needs of a series without listing the directory."""
+
+    next_number: int = 0
+    last_seal: str = ZERO_DIGEST  # digest of its newest seal
 
 
 @dataclass
@@ -120,14 +143,23 @@ def _expand(runs: Sequence[Sequence[int]]) -> list[int]:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    # Two calls on purpose where there is more than one byte: a crash between them is a
-    # torn line, the case recovery must cut off, and the fault-injection tests reach it.
-    view = memoryview(data)
-    half = len(view) // 2
-    for part in (view[:half], view[half:]):
-        rest = part
-        while rest:
-            rest = rest[os.write(fd, rest):]
+    # `os` of this module at call time: the crash tests replace it
+    sealer.write_all(fd, data, os)
+
+
+def _last_time_ns(path: Path, size: int) -> int | None:
+    """`time_ns` of a part's last (complete) line, or None."""
+    if size <= 0:
+        return None
+    with path.open("rb") as fh:
+        fh.seek(max(0, size - (1 << 16)))
+        block = fh.read(size - max(0, size - (1 << 16)))
+    line = block.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    try:
+        t = orjson.loads(line).get("time_ns")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return t if type(t) is int else None
 
 
 class ArchiveSink:
@@ -137,7 +169,8 @@ class ArchiveSink:
         self.name = name
         self._cfg = cfg
         self._dir = directory
-        self._open: dict[dt.date, _Part] = {}
+        self._open: dict[Series, _Part] = {}  # one open part per series, at most
+        self._series: dict[Series, _Series] = {}
         self._last_offset = -1
         self._ready = False
         self.skipped = 0  # records recognised as already archived (for tests/metrics)
@@ -158,7 +191,8 @@ class ArchiveSink:
         self._close_fds()
         self._open.clear()
         for path in self._dir.iterdir():
-            if path.name.endswith(".gz.tmp") or path.name == STATE_FILE + ".tmp":
+            if (path.name.endswith((".gz.tmp", ".seal.json.tmp"))
+                    or path.name == STATE_FILE + ".tmp"):
                 os.unlink(path)
         last = self._apply_journal()
         self._write_journal(last, [])
@@ -260,28 +294,60 @@ class ArchiveSink:
         return int(state.get("last_offset", -1))
 
     def _tidy(self) -> None:
-        """Finish interrupted compressions, close what is closed, reopen the live part."""
+        """Finish interrupted compressions, close and seal what is closed, reopen each
+        series' live part; learn each series' next part number and last seal (the one
+        listing of the directory)."""
         for path in list(self._dir.iterdir()):
             parsed = parse_name(path.name)
-            if parsed and not parsed[3] and (self._dir / (path.name + ".gz")).exists():
+            if (parsed and not parsed.compressed
+                    and (self._dir / (path.name + ".gz")).exists()):
                 os.unlink(path)  # its .gz is complete: renamed into place only when whole
         parts = list_parts(self._dir, self._cfg.prefix)
+        self._series = {}
         if not parts:
             return
         newest = max(p.day for p in parts)
-        live = max((p for p in parts if p.day == newest), key=lambda p: p.number)
+        by_series: dict[Series, list[Part]] = {}
         for p in parts:
-            if p.compressed or p is live:
+            if p.legacy:
+                if not p.compressed:  # never appended to again: closed
+                    self._compress(p.path.name)
                 continue
-            self._compress(p.path.name)
-        if live.compressed:
-            return
+            by_series.setdefault((p.host, p.stream), []).append(p)
+        for key, series_parts in by_series.items():
+            state = self._series[key] = _Series(next_number=series_parts[-1].number + 1)
+            last = series_parts[-1]
+            live = (last if last.day == newest and not last.compressed
+                    and not last.seal_path.exists() else None)
+            for p in series_parts:
+                if p is live:
+                    continue
+                if p.seal_path.exists():
+                    state.last_seal = sealer.seal_digest(p.seal_path)
+                    continue
+                self._close_part(p, state)
+            if live is not None:
+                self._reopen(live)
+
+    def _reopen(self, live: Part) -> None:
         size = self._cut_torn_tail(live.path)
-        if size >= self._cfg.max_file_bytes:
-            self._compress(live.path.name)
-            return
         fd = os.open(live.path, os.O_WRONLY | os.O_APPEND)
-        self._open[live.day] = _Part(live.path.name, live.day, live.number, size, fd)
+        self._open[live.host, live.stream] = _Part(
+            live.path.name, (live.host, live.stream), live.day, live.number, size, fd,
+            _last_time_ns(live.path, size))
+
+    def _close_part(self, p: Part, state: _Series) -> None:
+        """Compress (when configured) and seal a closed part of a series."""
+        name = p.path.name
+        if not p.compressed and self._cfg.compress:
+            self._compress(name)
+            name += ".gz"
+        try:
+            state.last_seal = sealer.seal_part(
+                self._dir, name, host=p.host, stream=p.stream, day=p.day.isoformat(),
+                number=p.number, prev_seal=state.last_seal, fsync=self._cfg.fsync, ops=os)
+        except sealer.CannotSeal as exc:
+            log.error("archive %s: part left unsealed: %s", self._dir, exc)
 
     def _cut_torn_tail(self, path: Path) -> int:
         """Cut bytes after the last "\\n" (a line torn outside any plan); the new size."""
@@ -334,9 +400,10 @@ class ArchiveSink:
         to_close: list[_Part] = []
         max_day: dt.date | None = None
         top = self._last_offset
+        numbers: dict[Series, int] = {}  # next part numbers, kept if the batch lands
         for rec in batch:
             try:
-                day, line = archive_line(rec)
+                host, stream, day, line = archive_line(rec)
             except NotArchivable as exc:
                 results.append(ItemResult(Outcome.DEAD_LETTER, str(exc)))
                 continue
@@ -346,22 +413,30 @@ class ArchiveSink:
                 continue
             top = rec.offset
             max_day = day if max_day is None or day > max_day else max_day
-            part = current.get(day)
+            key = (host, stream)
+            time_ns = rec.doc["time_ns"]
+            part = current.get(key)
+            if part is not None and (part.day != day or (
+                    part.size >= self._cfg.max_file_bytes and part.last_time_ns != time_ns)):
+                # another day, or full and this record starts another cycle (the part is
+                # whole): a series has one open part, so its parts close in number order
+                # and its seals chain in that order
+                to_close.append(current.pop(key))
+                part = None
             if part is None:
-                part = current[day] = self._new_part(day, plan)
+                part = current[key] = self._new_part(host, stream, day, numbers)
             item = plan.get(part.name)
             if item is None:
                 item = plan[part.name] = _Planned(part, part.size, created=part.fd is None)
             item.offsets.append(rec.offset)
             item.data.append(line)
             part.size += len(line)
-            if part.size >= self._cfg.max_file_bytes:
-                to_close.append(current.pop(day))
+            part.last_time_ns = time_ns
         if not plan:
             return results
         if max_day is not None:
-            to_close += [p for d, p in list(current.items()) if d < max_day]
-            current = {d: p for d, p in current.items() if d >= max_day}
+            to_close += [p for p in current.values() if p.day < max_day]
+            current = {k: p for k, p in current.items() if p.day >= max_day}
         self._write_journal(self._last_offset, list(plan.values()))
         for item in plan.values():
             if item.part.fd is None:
@@ -378,56 +453,46 @@ class ArchiveSink:
         # durable: from here on the batch is acknowledged whatever happens next
         self._last_offset = top
         self._open = current
+        for series, number in numbers.items():
+            self._series.setdefault(series, _Series()).next_number = number
         if to_close:
             self._close_parts(to_close)
         return results
 
-    def _new_part(self, day: dt.date, plan: Mapping[str, _Planned]) -> _Part:
-        numbers = [p.number for p in list_parts(self._dir, self._cfg.prefix) if p.day == day]
-        numbers += [i.part.number for i in plan.values() if i.part.day == day]
-        number = max(numbers, default=-1) + 1
-        return _Part(part_name(self._cfg.prefix, day, number), day, number, 0)
+    def _new_part(self, host: str, stream: str, day: dt.date,
+                  numbers: dict[Series, int]) -> _Part:
+        """The series' next part (no directory listing: the number is remembered)."""
+        series = (host, stream)
+        state = self._series.get(series)
+        number = numbers.get(series, state.next_number if state is not None else 0)
+        numbers[series] = number + 1
+        name = part_name(self._cfg.prefix, day, number, host=host, stream=stream)
+        return _Part(name, series, day, number, 0)
 
     def _close_parts(self, parts: Sequence[_Part]) -> None:
         for p in parts:
             if p.fd is not None:
                 os.close(p.fd)
                 p.fd = None
-        if not self._cfg.compress:
-            return
-        self._write_journal(self._last_offset, [])  # a plan never names a compressed part
-        for p in parts:
+        # a plan never names a compressed or sealed part
+        self._write_journal(self._last_offset, [])
+        for p in sorted(parts, key=lambda q: (q.series, q.number)):
+            state = self._series.setdefault(p.series, _Series(next_number=p.number + 1))
+            host, stream = p.series
+            closed = Part(self._cfg.prefix, host, stream, p.day, p.number, self._dir / p.name,
+                          False)
             try:
-                self._compress(p.name)
+                self._close_part(closed, state)
             except OSError as exc:
-                # the lines are safe in the plain part; the next start compresses it
-                log.warning("archive %s: compressing %s failed: %s", self._dir, p.name, exc)
+                # the lines are safe in the plain part; recovery (before the next batch)
+                # closes and seals it, in order, so the seal chain keeps its order
+                log.warning("archive %s: closing %s failed: %s", self._dir, p.name, exc)
+                self._ready = False
+                return
 
     def _compress(self, name: str) -> None:
-        if not self._cfg.compress:
-            return
-        src = self._dir / name
-        gz = self._dir / (name + ".gz")
-        tmp = self._dir / (name + ".gz.tmp")
-        fd_in = os.open(src, os.O_RDONLY)
-        try:
-            fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                # wbits 31: a gzip stream, header with mtime 0 (same bytes on every run)
-                comp = zlib.compressobj(6, zlib.DEFLATED, 31)
-                while chunk := os.read(fd_in, _CHUNK):
-                    _write_all(fd_out, comp.compress(chunk))
-                _write_all(fd_out, comp.flush())
-                if self._cfg.fsync:
-                    os.fsync(fd_out)
-            finally:
-                os.close(fd_out)
-        finally:
-            os.close(fd_in)
-        os.replace(tmp, gz)
-        if self._cfg.fsync:
-            self._fsync_dir()
-        os.unlink(src)
+        if self._cfg.compress:
+            sealer.compress(self._dir, name, fsync=self._cfg.fsync, ops=os)
 
     def _write_journal(self, last: int, plan: Sequence[_Planned]) -> None:
         state = {

@@ -47,21 +47,33 @@ def _timestamp(doc: Mapping[str, Any]) -> str:
     return f"{stamp}.{nsec:09d}Z"
 
 
+V3 = "gpu-audit.record/3"  # interval usage records: no `time` of their own
+
+
 def source_bytes(rec: SinkRecord, cfg: SearchConfig) -> bytes:
-    """The document as sent: the raw record, plus `@timestamp` for data streams."""
+    """The document as sent: the raw record, plus `@timestamp` for data streams and
+    `time` (the date field the index template maps) for a schema-3 record, which keeps
+    only `time_ns`."""
     raw = rec.raw.strip()
-    if cfg.index_mode != "data_stream" or "@timestamp" in rec.doc:
+    added = b""
+    if cfg.index_mode == "data_stream" and "@timestamp" not in rec.doc:
+        added += b'"@timestamp":' + orjson.dumps(_timestamp(rec.doc))
+    if rec.doc.get("schema") == V3 and "time" not in rec.doc:
+        added += (b"," if added else b"") + b'"time":' + orjson.dumps(_timestamp(rec.doc))
+    if not added:
         return raw
     if not raw.endswith(b"}"):
         raise ValueError("raw record is not a JSON object")
     sep = b"," if raw[:-1].strip() != b"{" else b""
-    return raw[:-1] + sep + b'"@timestamp":' + orjson.dumps(_timestamp(rec.doc)) + b"}"
+    return raw[:-1] + sep + added + b"}"
 
 
 def strip_added(doc: dict[str, Any], cfg: SearchConfig) -> dict[str, Any]:
     """Undo what source_bytes added, so read_back returns the record as spooled."""
     if cfg.index_mode == "data_stream":
         doc.pop("@timestamp", None)
+    if doc.get("schema") == V3:
+        doc.pop("time", None)
     return doc
 
 
@@ -105,6 +117,16 @@ def template_body(cfg: SearchConfig) -> dict[str, Any]:
         "xid": {"properties": {"code": {"type": "integer"}, "time": {"type": "date_nanos"},
                                "time_ns": {"type": "long"}}},
         "simulated": {"type": "boolean"},
+        # schema 3 (the interval usage record): GPU and holder at the top level, sums
+        # and extremes as numbers (double: a float field would round the sums)
+        "uuid": keyword, "model": keyword, "user": keyword, "project": keyword,
+        "idx": {"type": "integer"}, "n": {"type": "integer"}, "sim": {"type": "boolean"},
+        **{name: {"type": "double"} for name in ("dt", "s", "c", "b", "i", "gs", "gd", "gi",
+                                                  "gua", "gux")},
+        **{name: {"type": "long"} for name in ("e", "pe", "ms", "ge", "gpe", "gms", "gmx")},
+        "tasks": {"properties": {"pid": {"type": "long"}, "name": keyword, "job": keyword,
+                                 "s": {"type": "double"}, "mx": {"type": "long"},
+                                 "ua": {"type": "double"}, "ux": {"type": "double"}}},
     }
     if cfg.index_mode == "data_stream":
         properties["@timestamp"] = {"type": "date_nanos"}

@@ -56,6 +56,9 @@ _FIXED_FIELDS = frozenset(
     {"seq", "record_id", "record", "nonfinite_fields", "unwritable_fields", "gpu_index", "xid"}
 )
 _TOP_LEVEL_FLOATS = ("gpu_seconds", "energy_joules")
+# a schema-3 usage record's sums and extremes (docs/AUDIT.md), each a float field
+_USAGE_FLOATS = ("dt", "n", "s", "c", "b", "i", "e", "pe", "ms", "gs", "gd", "gi", "ge",
+                 "gpe", "gms", "gmx", "gua", "gux")
 
 
 class EncodeError(ValueError):
@@ -172,10 +175,12 @@ def record_tags(doc: Mapping[str, Any], *, identity_tags: bool) -> dict[str, str
     """The tag set of a record (unescaped; empty values left out), in sorted key order."""
     gpu = _sub(doc, "gpu")
     proc = _sub(doc, "process")
-    attribution = _sub(doc, "attribution")
+    # a schema-3 usage record names its GPU and holder at the top level
+    usage = doc.get("kind") == "usage"
+    attribution = doc if usage else _sub(doc, "attribution")
     candidates: dict[str, Any] = {
         "event": _event_name(doc) if doc.get("kind") == "event" else None,
-        "gpu_uuid": gpu.get("uuid"),
+        "gpu_uuid": doc.get("uuid") if usage else gpu.get("uuid"),
         "host": doc.get("host"),
         "pid": proc.get("pid"),
         "stream": doc.get("stream"),
@@ -258,8 +263,12 @@ def encode_record(
     for name in _TOP_LEVEL_FLOATS:
         if name in doc and name not in fields:
             put_float(name, doc[name])
+    if doc.get("kind") == "usage":
+        for name in _USAGE_FLOATS:
+            if name in doc:
+                put_float(name, doc[name])
     gpu = _sub(doc, "gpu")
-    index = gpu.get("index")
+    index = doc.get("idx") if doc.get("kind") == "usage" else gpu.get("index")
     if isinstance(index, int):
         fields["gpu_index"] = f"{index}i"
     xid = doc.get("xid")

@@ -31,7 +31,8 @@ def spool_dir(tmp_path: Path) -> Path:
     resolver = Resolver(AttributionConfig(procfs_root=proc))
     spool = tmp_path / "spool"
     writer = SpoolWriter(SpoolConfig(directory=spool, min_free_bytes=0))
-    producer = AuditProducer(AuditConfig(), writer, host="node1", exporter_version="t",
+    producer = AuditProducer(AuditConfig(interval_seconds=300.0), writer, host="node1",
+                             exporter_version="t",
                              simulated=True)
     producer.start()
     for i in range(12):

@@ -177,3 +177,23 @@ def test_an_inventory_directory_that_cannot_work_is_reported(tmp_path: Path) -> 
     assert res.returncode == 2, res.stdout + res.stderr
     (problem,) = _problems(res.stderr)
     assert problem.startswith(f"{cfg}:2: exporter.inventory_directory: "), problem
+
+
+@pytest.mark.parametrize(("audit", "sample", "ok"), [
+    (60, 5, True), (60, 60, True), (60, 0.2, True), (45, 10, False), (5, 10, False)])
+def test_the_audit_interval_is_a_multiple_of_the_sampling_interval(
+    audit: float, sample: float, ok: bool
+) -> None:
+    """audit.interval_seconds adds up whole samples: a multiple of
+    exporter.interval_seconds (equal: the per-cycle trail); anything else is a
+    configuration error that names both keys."""
+    from gpu_audit_app.config import load_settings
+
+    opts = {("audit", "interval_seconds"): audit, ("exporter", "interval_seconds"): sample}
+    if ok:
+        assert load_settings(None, opts, environ={}).audit.interval_seconds == audit
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, opts, environ={})
+    assert "audit.interval_seconds" in str(exc.value)
+    assert "exporter.interval_seconds" in str(exc.value)

@@ -130,7 +130,7 @@ def produce(
     """The stored bytes of every record of the golden trail, in order (with another
     `t0`: the same trail later, for a producer that continues an existing spool)."""
     spool = spool if spool is not None else MemorySpool()
-    config = AuditConfig()
+    config = AuditConfig(interval_seconds=5.0)  # the per-cycle trail
     producer = AuditProducer(config, spool, host=HOST, exporter_version=VERSION,
                              simulated=False, clock=_Clock(t0))
     if hmac_key is not None:

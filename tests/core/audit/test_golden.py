@@ -220,8 +220,8 @@ def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
     number, no usage row for an interval of 0)."""
     key = b"k" if keyed else None
     spool = MemorySpool()
-    producer = AuditProducer(AuditConfig(), spool, host=gi.HOST, exporter_version=gi.VERSION,
-                             simulated=False, clock=gi._Clock(gi.T0))
+    producer = AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=gi.HOST,
+                             exporter_version=gi.VERSION, simulated=False, clock=gi._Clock(gi.T0))
     producer._key = key
     producer.start()
     for snap in snaps:
@@ -296,7 +296,7 @@ def test_upgrade_in_a_spool_directory_verifies(tmp_path: Path) -> None:
     writer = SpoolWriter(SpoolConfig(directory=spool_dir, min_free_bytes=0))
     try:
         writer.commit(_lines(_golden(1, "plain")))
-        producer = AuditProducer(AuditConfig(), writer, host=gi.HOST,
+        producer = AuditProducer(AuditConfig(interval_seconds=5.0), writer, host=gi.HOST,
                                  exporter_version=gi.VERSION, simulated=False,
                                  clock=lambda: gi.T0 + 3599.0)
         producer.start()

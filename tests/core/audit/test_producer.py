@@ -43,8 +43,8 @@ CLOCK = Clock()
 
 
 def _producer(spool: Any, cfg: AuditConfig | None = None, **kw: Any) -> AuditProducer:
-    return AuditProducer(cfg or AuditConfig(), spool, host=HOST, exporter_version="0.1.0",
-                         simulated=False, clock=CLOCK, **kw)
+    return AuditProducer(cfg or AuditConfig(interval_seconds=5.0), spool, host=HOST,
+                         exporter_version="0.1.0", simulated=False, clock=CLOCK, **kw)
 
 
 def _cycles(n: int, start: float = T0) -> Iterator[Any]:
@@ -102,17 +102,17 @@ def test_restart_when_another_stream_wrote_last_uses_checkpoint_or_scan(tmp_path
     """If the spool's last record is another stream's, the chain resumes from the state
     checkpoint, or without one by scanning the spool through a reader."""
     spool = MemorySpool()
-    cfg = AuditConfig(state_directory=tmp_path / "state")
+    cfg = AuditConfig(interval_seconds=5.0, state_directory=tmp_path / "state")
     p = _producer(spool, cfg)
     p.start()
     p.on_snapshot(realistic())
     mine = p.stats()["last_seq"]
-    other = _producer(spool, AuditConfig(stream="launcher"))
+    other = _producer(spool, AuditConfig(interval_seconds=5.0, stream="launcher"))
     other.start()
     assert _records(spool)[-1]["stream"] == "launcher"
 
     for kw in ({}, {"reader": spool}):
-        cfg2 = cfg if not kw else AuditConfig()
+        cfg2 = cfg if not kw else AuditConfig(interval_seconds=5.0)
         q = _producer(spool, cfg2, **kw)
         q.start()
         assert q.stats()["last_seq"] == mine + 1, kw
@@ -124,7 +124,7 @@ def test_restart_without_any_memory_starts_a_new_chain() -> None:
     """With no record of the stream in the spool, no checkpoint and no reader, the
     stream starts at seq 1 with a zero prev_hash."""
     spool = MemorySpool()
-    _producer(spool, AuditConfig(stream="other")).start()
+    _producer(spool, AuditConfig(interval_seconds=5.0, stream="other")).start()
     p = _producer(spool)
     p.start()
     assert _records(spool)[-1]["seq"] == 1
@@ -189,7 +189,7 @@ def test_hmac_keyed_producer(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_bytes(b"s3cr3t-audit-key\n")
     spool = MemorySpool()
-    p = _producer(spool, AuditConfig(hmac_key_file=key_file))
+    p = _producer(spool, AuditConfig(interval_seconds=5.0, hmac_key_file=key_file))
     p.start()
     p.on_snapshot(realistic())
     assert verify_records(spool.payloads, hmac_key=b"s3cr3t-audit-key").ok
@@ -202,7 +202,7 @@ def test_hmac_keyed_producer(tmp_path: Path) -> None:
 def test_disabled_producer_writes_nothing() -> None:
     """enabled: false writes no record at all."""
     spool = MemorySpool()
-    p = _producer(spool, AuditConfig(enabled=False))
+    p = _producer(spool, AuditConfig(interval_seconds=5.0, enabled=False))
     p.start()
     p.on_snapshot(realistic())
     p.stop()

@@ -115,7 +115,7 @@ def test_gpu_seconds_sum_exactly_to_the_observed_time() -> None:
     and last snapshot (nothing before the first was observed; nothing is double-counted),
     and process gpu_seconds of a process seen throughout sum to the same."""
     spool = MemorySpool()
-    prod = AuditProducer(AuditConfig(), spool, host=HOST, exporter_version="t",
+    prod = AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=HOST, exporter_version="t",
                          simulated=False, clock=lambda: 0.0)
     prod.start()
     snaps = [realistic()]

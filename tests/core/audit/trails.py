@@ -18,11 +18,11 @@ def producer_trail(key: bytes | None = None, tmp: Path | None = None,
     """The stored bytes of exporter_start, three cycles and exporter_stop (HMAC-keyed
     with `key`, written to `tmp`/k, when given)."""
     spool = MemorySpool()
-    cfg = AuditConfig()
+    cfg = AuditConfig(interval_seconds=5.0)  # per cycle
     if key is not None:
         assert tmp is not None
         (tmp / "k").write_bytes(key)
-        cfg = AuditConfig(hmac_key_file=tmp / "k")
+        cfg = AuditConfig(interval_seconds=5.0, hmac_key_file=tmp / "k")
     ticks = iter(range(10**6))
     p = AuditProducer(cfg, spool, host=host, exporter_version="0.1.0", simulated=False,
                       clock=lambda: T0 - 100 + next(ticks))

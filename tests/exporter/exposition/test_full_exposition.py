@@ -47,7 +47,7 @@ class _Resolver:
 def _producer() -> AuditProducer:
     """A producer that wrote exporter_start and the records of two cycles."""
     snap = small_snapshot()
-    producer = AuditProducer(AuditConfig(), MemorySpool(), host="node-1",
+    producer = AuditProducer(AuditConfig(interval_seconds=5.0), MemorySpool(), host="node-1",
                              exporter_version="0.0.0-golden", simulated=False,
                              clock=lambda: snap.timestamp - 1.0)
     producer.start()

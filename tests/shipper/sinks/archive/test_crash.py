@@ -31,7 +31,8 @@ import pytest
 
 import shipper.sinks.archive.sink as archive_mod
 from gpu_audit.archive import list_parts, read_lines
-from gpu_audit.audit.verify import VerifyReport, verify_archive_dir
+from gpu_audit.archive.verify import verify_archive
+from gpu_audit.audit.verify import VerifyReport
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import Outcome, SinkRecord
@@ -70,6 +71,8 @@ class FaultyOs:
         name = os.fspath(path)
         if name.endswith(".gz.tmp"):
             return "gz"
+        if ".seal.json" in name:
+            return "seal"
         if ".archive-state" in name:
             return "state"
         if name.endswith(".jsonl"):
@@ -138,6 +141,7 @@ def life(directory: Path, cursor: int, faults: FaultyOs,
     """
     monkeypatch.setattr(archive_mod, "os", faults)
     faults.committed = cursor  # type: ignore[attr-defined]
+    sink: ArchiveSink | None = None
     try:
         sink = new_sink(directory)
         sink.start()
@@ -151,6 +155,11 @@ def life(directory: Path, cursor: int, faults: FaultyOs,
                 faults.committed = pos  # type: ignore[attr-defined]
         sink.close()
         return pos
+    except Crash:
+        # the kernel closes a dead process's files: so do we (thousands of lives)
+        if sink is not None:
+            sink._close_fds()
+        raise
     finally:
         monkeypatch.setattr(archive_mod, "os", os)
 
@@ -179,8 +188,12 @@ def check(directory: Path, what: str) -> None:
         dup = sorted(s for s, n in Counter(seqs).items() if n > 1)
         raise AssertionError(f"{what}: {len(lines)} lines for {N} records; seqs {seqs}, "
                              f"duplicated {dup}")
-    report: VerifyReport = verify_archive_dir(directory, None)
+    report: VerifyReport = verify_archive(directory, None)
     assert report.ok, f"{what}: {report.render()}"
+    fast = verify_archive(directory, None, fast=True, rollups=False)
+    assert fast.ok, f"{what}: {fast.render()}"
+    closed = list_parts(directory)[:-1]
+    assert all(p.seal_path.exists() for p in closed), f"{what}: a closed part is unsealed"
     names = [p.name for p in directory.iterdir()]
     assert not [n for n in names if n.endswith(".tmp")], f"{what}: {names}"
     parts = list_parts(directory)
@@ -250,13 +263,15 @@ def test_the_issue_sequence_two_crashes_do_not_duplicate(
 def test_a_clean_run_hits_every_kind_of_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The workload rotates, compresses and crosses midnight, so the crash matrix below
-    reaches every boundary: the state's write/fsync/rename, a part's create/write/fsync,
-    the directory fsync, and a compression's write/fsync/rename/unlink."""
+    """The workload rotates, compresses, seals and crosses midnight, so the crash matrix
+    below reaches every boundary: the state's write/fsync/rename, a part's
+    create/write/fsync, the directory fsync, a compression's write/fsync/rename/unlink and
+    a seal's write/fsync/rename."""
     faults = calls_of_clean_run(tmp_path, monkeypatch)
     wanted = {"open:state", "write:state", "fsync:state", "replace:state", "open:part",
               "write:part", "fsync:part", "fsync:dir", "open:gz", "write:gz", "fsync:gz",
-              "replace:gz", "unlink:part"}
+              "replace:gz", "unlink:part", "open:seal", "write:seal", "fsync:seal",
+              "replace:seal"}
     assert wanted <= set(faults.labels), wanted - set(faults.labels)
     check(tmp_path, "clean run")
     assert {p.day.isoformat() for p in list_parts(tmp_path)} == {"2026-09-21", "2026-09-22"}
@@ -281,7 +296,8 @@ def test_one_crash_at_every_boundary(fast_dir: Path, monkeypatch: pytest.MonkeyP
     line, fsync, part creation, rotation, compression, rename, unlink), then a restart:
     every record archived exactly once, in order, and `audit verify` passes."""
     hit = _matrix(fast_dir, monkeypatch, lambda total: ([n] for n in range(1, total + 1)))
-    assert {"write:part", "replace:state", "replace:gz", "unlink:part"} <= set(hit)
+    assert {"write:part", "replace:state", "replace:gz", "unlink:part", "write:seal",
+            "replace:seal"} <= set(hit)
 
 
 # The first K disk-changing calls of a life cover its recovery (truncation, state

@@ -10,7 +10,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_audit.archive import list_parts, parse_name, part_name, read_lines, read_records
+from gpu_audit.archive import (
+    ParsedName,
+    legacy_part_name,
+    list_parts,
+    parse_name,
+    part_name,
+    read_lines,
+    read_records,
+)
 from gpu_audit_app.cli import main
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
@@ -22,8 +30,9 @@ DAY1, DAY2 = dt.date(2026, 9, 21), dt.date(2026, 9, 22)
 
 
 def handmade_archive(directory: Path, per_part: int = 2, parts_per_day: int = 13) -> list[bytes]:
-    """A sealed trail over two days, 13 parts per day (.10, .11, .12 included), every third
-    part left plain and the rest gzip, written file by file in write order."""
+    """A legacy archive (written before parts were named by host and stream): a trail over
+    two days, 13 parts per day (.10, .11, .12 included), every third part left plain and
+    the rest gzip, written file by file in write order."""
     n = 2 * per_part * parts_per_day
     raws = chained(n, MIDNIGHT_NS - (n // 2 + 1) * 1_000_000)
     i = 0
@@ -32,7 +41,8 @@ def handmade_archive(directory: Path, per_part: int = 2, parts_per_day: int = 13
             chunk = b"".join(r + b"\n" for r in raws[i : i + per_part])
             i += per_part
             compressed = number % 3 != 1
-            path = directory / part_name("gpu-audit", day, number, compressed=compressed)
+            path = directory / legacy_part_name("gpu-audit", day, number,
+                                                compressed=compressed)
             path.write_bytes(gzip.compress(chunk, mtime=0) if compressed else chunk)
     assert i == n
     return raws
@@ -41,9 +51,9 @@ def handmade_archive(directory: Path, per_part: int = 2, parts_per_day: int = 13
 def test_verify_reads_a_rotated_archive_in_write_order(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 7, defect 8: `audit verify ARCHIVE_DIR` on 26 parts over two days, mixed .gz
-    and plain, passes: the base file comes before `.1`, and `.10` after `.9`, not in name
-    order."""
+    """Issue 7, defect 8: `audit verify ARCHIVE_DIR` on 26 legacy parts over two days,
+    mixed .gz and plain, passes: the base file comes before `.1`, and `.10` after `.9`,
+    not in name order."""
     raws = handmade_archive(tmp_path)
     assert main(["audit", "verify", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
@@ -65,9 +75,9 @@ def test_verify_still_sees_parts_in_the_wrong_order(
     assert "reordered" in capsys.readouterr().out
 
 
-def test_part_order_is_day_then_part_number(tmp_path: Path) -> None:
-    """Parts sort by day, then part number as a number; a part present both plain and
-    compressed (a compression interrupted after the rename) is listed once, as .gz;
+def test_legacy_part_order_is_day_then_part_number(tmp_path: Path) -> None:
+    """Legacy parts sort by day, then part number as a number; a part present both plain
+    and compressed (a compression interrupted after the rename) is listed once, as .gz;
     temporary files and foreign names are not parts."""
     names = ["gpu-audit-2026-09-22.jsonl", "gpu-audit-2026-09-21.10.jsonl.gz",
              "gpu-audit-2026-09-21.2.jsonl", "gpu-audit-2026-09-21.1.jsonl.gz",
@@ -80,8 +90,32 @@ def test_part_order_is_day_then_part_number(tmp_path: Path) -> None:
     assert got == ["gpu-audit-2026-09-21.jsonl.gz", "gpu-audit-2026-09-21.1.jsonl.gz",
                    "gpu-audit-2026-09-21.2.jsonl", "gpu-audit-2026-09-21.9.jsonl.gz",
                    "gpu-audit-2026-09-21.10.jsonl.gz", "gpu-audit-2026-09-22.jsonl"]
-    assert parse_name("my-archive-2026-09-21.12.jsonl.gz") == ("my-archive", DAY1, 12, True)
-    assert part_name("gpu-audit", DAY1, 0) == "gpu-audit-2026-09-21.jsonl"
+    assert parse_name("my-archive-2026-09-21.12.jsonl.gz") == ParsedName(
+        "my-archive", "", "", DAY1, 12, True)
+    assert legacy_part_name("gpu-audit", DAY1, 0) == "gpu-audit-2026-09-21.jsonl"
+
+
+def test_series_names_carry_host_and_stream_and_sort_by_part_number(tmp_path: Path) -> None:
+    """A part's name says whose chain it holds: host and stream, percent-encoded so a
+    `_`, `/` or `%` of theirs cannot make the name ambiguous; a series' parts sort by
+    their number (the write order, across days), after the legacy parts; seals are not
+    parts."""
+    name = part_name("gpu-audit", DAY2, 12, host="node_7.example", stream="a/b%c")
+    assert name == "gpu-audit_node%5F7.example_a%2Fb%25c_2026-09-22.12.jsonl"
+    assert parse_name(name) == ParsedName("gpu-audit", "node_7.example", "a/b%c", DAY2, 12,
+                                          False)
+    assert parse_name("my_arch_h_s_2026-09-21.jsonl.gz") == ParsedName(
+        "my_arch", "h", "s", DAY1, 0, True)
+    assert parse_name("x_h%5f_s_2026-09-21.jsonl") is None  # not how the sink spells it
+    names = [part_name("gpu-audit", DAY2, 10, host="n1", stream="exporter"),
+             part_name("gpu-audit", DAY1, 9, host="n1", stream="exporter", compressed=True),
+             part_name("gpu-audit", DAY1, 0, host="n2", stream="exporter"),
+             legacy_part_name("gpu-audit", DAY2, 0),
+             "gpu-audit_n1_exporter_2026-09-21.9.seal.json"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    got = [(p.host, p.number) for p in list_parts(tmp_path)]
+    assert got == [("", 0), ("n1", 9), ("n1", 10), ("n2", 0)]
 
 
 def _records(raws: list[bytes]) -> list[SinkRecord]:

@@ -8,12 +8,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gpu_audit.archive import read_lines
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import STATE_FILE, ArchiveSink
 from shipper.sinks.base import Outcome, SinkError, SinkRecord
 from tests.shipper.sinks.records import BASE_NS, make_batch, make_record
 
 DAY = 86_400 * 1_000_000_000
+PART = "gpu-audit_node-1_node-1%2Fexporter_"  # host node-1, stream node-1/exporter
 
 
 def sink(tmp_path: Path, **kw: object) -> ArchiveSink:
@@ -24,11 +26,8 @@ def sink(tmp_path: Path, **kw: object) -> ArchiveSink:
 
 
 def all_lines(tmp_path: Path) -> list[bytes]:
-    out: list[bytes] = []
-    for path in sorted(tmp_path.glob("gpu-audit-*")):
-        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        out += data.splitlines()
-    return out
+    """Every line of the archive, in archive order (legacy parts, then each series)."""
+    return [line.raw for line in read_lines(tmp_path)]
 
 
 def test_lines_are_the_exact_record_bytes(tmp_path: Path) -> None:
@@ -37,27 +36,32 @@ def test_lines_are_the_exact_record_bytes(tmp_path: Path) -> None:
     batch = make_batch(5)
     assert [r.outcome for r in s.send(batch)] == [Outcome.DELIVERED] * 5
     assert all_lines(tmp_path) == [r.raw for r in batch]
-    assert (tmp_path / "gpu-audit-2026-09-21.jsonl").exists()
+    assert (tmp_path / (PART + "2026-09-21.jsonl")).exists()
 
 
 def test_day_rotation_uses_record_time_and_compresses_closed_days(tmp_path: Path) -> None:
-    """A record of a later day closes the earlier day's file as .jsonl.gz."""
+    """A record of a later day closes the earlier day's file as .jsonl.gz and seals it;
+    the new day's part is the series' next number."""
     s = sink(tmp_path)
     s.send(make_batch(3))
     s.send([make_record(10, time_ns=BASE_NS + DAY)])
-    names = sorted(p.name for p in tmp_path.glob("gpu-audit-*"))
-    assert names == ["gpu-audit-2026-09-21.jsonl.gz", "gpu-audit-2026-09-22.jsonl"]
+    names = sorted(p.name for p in tmp_path.glob(PART + "*.jsonl*"))
+    assert names == [PART + "2026-09-21.jsonl.gz", PART + "2026-09-22.1.jsonl"]
+    assert (tmp_path / (PART + "2026-09-21.seal.json")).exists()
+    assert not (tmp_path / (PART + "2026-09-22.1.seal.json")).exists()
     assert len(all_lines(tmp_path)) == 4
 
 
 def test_late_record_for_a_closed_day_goes_to_a_new_part(tmp_path: Path) -> None:
-    """A record for a day already compressed opens part .1; nothing is rewritten."""
+    """A record for a day already compressed opens a new part of that day (the series'
+    next number: part 2, after day 1's part 0 and day 2's part 1); nothing is
+    rewritten."""
     s = sink(tmp_path)
     s.send(make_batch(2))
     s.send([make_record(10, time_ns=BASE_NS + DAY)])
     s.send([make_record(11, time_ns=BASE_NS + 5)])
-    names = sorted(p.name for p in tmp_path.glob("gpu-audit-*"))
-    assert "gpu-audit-2026-09-21.1.jsonl" in names or "gpu-audit-2026-09-21.1.jsonl.gz" in names
+    names = sorted(p.name for p in tmp_path.glob(PART + "*.jsonl*"))
+    assert PART + "2026-09-21.2.jsonl" in names  # open: the newest part of its series
     assert len(all_lines(tmp_path)) == 4
 
 
@@ -67,7 +71,7 @@ def test_size_rotation(tmp_path: Path) -> None:
     batch = make_batch(30)
     for i in range(0, 30, 5):
         s.send(batch[i : i + 5])
-    files = sorted(p.name for p in tmp_path.glob("gpu-audit-*"))
+    files = sorted(p.name for p in tmp_path.glob(PART + "*.jsonl*"))
     assert len(files) > 2
     assert sum(name.endswith(".gz") for name in files) == len(files) - 1
     assert sorted(all_lines(tmp_path)) == sorted(r.raw for r in batch)
@@ -102,7 +106,7 @@ def test_lines_the_state_does_not_account_for_hold_the_sink(tmp_path: Path) -> N
     with pytest.raises(SinkError) as err:
         s2.start()
     assert err.value.outcome is Outcome.HOLD
-    assert "gpu-audit-2026-09-21.jsonl" in err.value.reason
+    assert PART + "2026-09-21.jsonl" in err.value.reason
     assert all_lines(tmp_path) == before
 
 
@@ -112,7 +116,7 @@ def test_torn_tail_is_truncated_and_the_record_resent(tmp_path: Path) -> None:
     batch = make_batch(3)
     s.send(batch[:2])
     s.close()
-    active = tmp_path / "gpu-audit-2026-09-21.jsonl"
+    active = tmp_path / (PART + "2026-09-21.jsonl")
     with active.open("ab") as fh:
         fh.write(batch[2].raw[:40])
     s2 = sink(tmp_path)
@@ -126,11 +130,11 @@ def test_crash_during_compression_recovers(tmp_path: Path) -> None:
     s.send(make_batch(3))
     s.send([make_record(10, time_ns=BASE_NS + DAY)])
     s.close()
-    gz = tmp_path / "gpu-audit-2026-09-21.jsonl.gz"
-    (tmp_path / "gpu-audit-2026-09-21.jsonl").write_bytes(gzip.decompress(gz.read_bytes()))
+    gz = tmp_path / (PART + "2026-09-21.jsonl.gz")
+    (tmp_path / (PART + "2026-09-21.jsonl")).write_bytes(gzip.decompress(gz.read_bytes()))
     (tmp_path / "junk.jsonl.gz.tmp").write_bytes(b"partial")
     sink(tmp_path)
-    assert not (tmp_path / "gpu-audit-2026-09-21.jsonl").exists()
+    assert not (tmp_path / (PART + "2026-09-21.jsonl")).exists()
     assert not (tmp_path / "junk.jsonl.gz.tmp").exists()
     assert len(all_lines(tmp_path)) == 4
 
@@ -204,7 +208,7 @@ def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
     kept = all_lines(tmp_path)
     assert kept[:3] == [r.raw for r in first] and len(kept) < 6
     assert kept[3:] == [r.raw for r in second[: len(kept) - 3]]
-    assert (tmp_path / "gpu-audit-2026-09-21.jsonl").read_bytes().endswith(b"\n")
+    assert (tmp_path / (PART + "2026-09-21.jsonl")).read_bytes().endswith(b"\n")
     s.send(first + second)
     assert all_lines(tmp_path) == [r.raw for r in first + second]
 
@@ -212,7 +216,8 @@ def test_a_write_error_cuts_the_partial_batch_and_asks_for_a_retry(
 def test_a_version_1_state_is_upgraded(tmp_path: Path) -> None:
     """The state of earlier releases (saved after the lines) is upgraded: bytes past the
     sizes it recorded were never acknowledged and are cut, its last offset is kept, and
-    the re-sent records are archived once."""
+    the re-sent records are archived once (the legacy part, named before parts carried
+    host and stream, is closed: the new records go to the host's series)."""
     batch = make_batch(6)
     active = tmp_path / "gpu-audit-2026-09-21.jsonl"
     acked = b"".join(r.raw + b"\n" for r in batch[:3])
@@ -220,7 +225,7 @@ def test_a_version_1_state_is_upgraded(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_bytes(orjson.dumps(
         {"version": 1, "last_offset": 2, "files": {active.name: len(acked)}, "recent": []}))
     s = sink(tmp_path)
-    assert active.read_bytes() == acked
+    assert gzip.decompress((tmp_path / (active.name + ".gz")).read_bytes()) == acked
     s.send(batch)
     assert all_lines(tmp_path) == [r.raw for r in batch]
     assert s.skipped == 3
@@ -232,9 +237,47 @@ def test_a_part_deleted_behind_the_sinks_back_holds_it(tmp_path: Path) -> None:
     s.send(make_batch(2))
     s.send(make_batch(2, start=2))
     s.close()
-    (tmp_path / "gpu-audit-2026-09-21.jsonl").unlink()
+    (tmp_path / (PART + "2026-09-21.jsonl")).unlink()
     s2 = ArchiveSink(ArchiveSinkConfig.model_validate(
         {"type": "archive", "directory": tmp_path}), "archive", tmp_path)
     with pytest.raises(SinkError) as err:
         s2.start()
     assert err.value.outcome is Outcome.HOLD and "gone" in err.value.reason
+
+
+def test_rotation_lists_no_directory_whatever_the_number_of_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22, defect e: every rotation listed the whole directory (97 ms at 2,635
+    files), so a small max_file_bytes made delivery fall behind without bound. The sink
+    lists the directory once, when it starts; hundreds of rotations after that list
+    nothing, so a rotation costs the same with 10 parts or 10,000."""
+    import os as real_os
+    from pathlib import Path as P
+
+    s = sink(tmp_path, max_file_bytes=4096)
+    listings: list[str] = []
+    real_iterdir, real_scandir, real_listdir = P.iterdir, real_os.scandir, real_os.listdir
+
+    def iterdir(self: P) -> object:
+        listings.append(str(self))
+        return real_iterdir(self)
+
+    def scandir(path: object = ".") -> object:
+        listings.append(str(path))
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    def listdir(path: object = ".") -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(P, "iterdir", iterdir)
+    monkeypatch.setattr(real_os, "scandir", scandir)
+    monkeypatch.setattr(real_os, "listdir", listdir)
+    batch = make_batch(400, pad=900)
+    for i in range(0, len(batch), 4):
+        s.send(batch[i : i + 4])
+    monkeypatch.undo()
+    parts = [p for p in tmp_path.iterdir() if ".jsonl" in p.name]
+    assert len(parts) > 80
+    assert listings == [], f"{len(listings)} listing(s) during {len(parts)} rotations"

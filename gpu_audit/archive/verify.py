@@ -1,0 +1,341 @@
+"""Verify an archive directory: its seals, its parts' digests and, unless `fast`, every
+record (one path for `audit verify` and chargeback: gpu_audit.audit.verify.Verifier).
+
+Per host and stream (a series of parts, in part-number order):
+- part numbers follow each other (a part missing from the middle is `missing_part`);
+- a sealed part: its seal reads (`bad_seal`) and names this part; the part's SHA-256 is
+  the one sealed (`part_digest`: changed after sealing); the seal's `prev_seal` is the
+  previous part's seal's digest, zeros for the series' first (`seal_chain`: a part
+  removed, replaced or reordered); a closed part without a seal is `unsealed`;
+- `fast`: the chain is followed from seal to seal (first seq and prev_hash of a part
+  against the last seq and hash of the one before; the seal's record count against its
+  seq range) and only parts without a seal are read record by record;
+- otherwise every record is verified (hash, chain, `foreign` records), and what the
+  records say is compared with the seal (`seal_mismatch`); `rollups` also recomputes
+  each seal's rollup from its records (`seal_rollup`), which is what a bill adds up;
+- a damaged part (a truncated `.gz`) is `damaged_part`, naming the file and its last
+  good line; verification goes on with the next part.
+
+Legacy parts (archives written before parts were named by host and stream) are read
+record by record first, in their order. Other JSON Lines files in the directory follow,
+in name order.
+
+This module only reads; it never repairs a part or a seal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpu_audit.archive.layout import Part, list_parts, parse_name
+from gpu_audit.archive.reader import PartLines
+from gpu_audit.archive.seal import ZERO_DIGEST, BadSeal, Seal, Summary, file_sha256, load
+from gpu_audit.audit.canonical import ZERO_HASH
+from gpu_audit.audit.verify import (
+    MAX_LISTED,
+    Problem,
+    StreamSummary,
+    Verifier,
+    VerifyReport,
+    jsonl_lines,
+)
+
+RecordHook = Callable[[Part, dict[str, Any]], None]
+
+
+@dataclass(slots=True)
+class PartResult:
+    """One part as verification saw it (from its records, or from its seal in fast mode)."""
+
+    part: Part
+    seal: Seal | None
+    sealed_ok: bool  # a seal that reads, names this part and matches its digest
+    records: int = 0
+    first_seq: int | None = None
+    first_prev_hash: str | None = None
+    last_seq: int | None = None
+    last_hash: str | None = None
+    read: bool = False  # its records were read
+    damaged: bool = False
+
+
+def group_series(parts: list[Part]) -> tuple[list[Part], dict[tuple[str, str, str], list[Part]]]:
+    """(legacy parts, series -> its parts in number order)."""
+    legacy: list[Part] = []
+    series: dict[tuple[str, str, str], list[Part]] = {}
+    for p in parts:
+        if p.legacy:
+            legacy.append(p)
+        else:
+            series.setdefault(p.series, []).append(p)
+    return legacy, series
+
+
+def check_seal(v: Verifier, p: Part) -> tuple[Seal | None, bool]:
+    """(the part's seal or None, whether it is one that reads, names the part and matches
+    its digest); problems are reported to `v`."""
+    if not p.seal_path.exists():
+        return None, False
+    name = p.path.name
+    try:
+        s = load(p.seal_path)
+    except BadSeal as exc:
+        v.problem("bad_seal", p.seal_path.name, str(exc))
+        return None, False
+    ok = True
+    if (s.host, s.stream, s.part) != (p.host, p.stream, name):
+        v.problem("bad_seal", s.path.name,
+                  f"it seals {s.part} of stream {s.stream} of host {s.host}, not {name}")
+        ok = False
+    sha, size = file_sha256(p.path)
+    if (sha, size) != (s.part_sha256, s.part_bytes):
+        v.problem("part_digest", name,
+                  f"SHA-256 {sha} ({size} bytes), its seal says {s.part_sha256} "
+                  f"({s.part_bytes} bytes): the part was changed after it was sealed")
+        ok = False
+    return s, ok
+
+
+def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: bool,
+              on_record: RecordHook | None = None, summary: Summary | None = None,
+              ) -> PartResult:
+    """Feed every line of a part to the verifier (and to `on_record`/`summary`, parsed)."""
+    out = PartResult(p, None, False, read=True)
+    reader = PartLines(p.path, p.compressed)
+    before = v.report_.records
+    name = p.path.name
+    first = True
+    loads = orjson.loads
+    parse = on_record is not None or summary is not None
+    feed = v.feed_line
+    for number, lines in reader.chunks():
+        for i, raw in enumerate(lines):
+            if not raw:
+                continue
+            where = (name, number + i)
+            feed(raw, where, expect)
+            if first:
+                if v.last_seq is not None:
+                    out.first_seq, out.first_prev_hash = v.last_seq, v.last_prev
+                first = False
+            if parse:
+                try:
+                    rec = loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(rec, dict):
+                    continue
+                if summary is not None:
+                    summary.add(rec)
+                if on_record is not None:
+                    on_record(p, rec)
+    if reader.torn is not None and reader.torn.strip() and not (live and not p.compressed):
+        # a torn line in a closed part is damage; in the live part it is being written
+        v.feed(reader.torn, (name, reader.lines + 1), expect)
+    if reader.damage is not None:
+        v.problem("damaged_part", name, reader.where_damaged())
+        out.damaged = True
+    out.records = v.report_.records - before
+    if out.records and v.last_seq is not None:
+        out.last_seq, out.last_hash = v.last_seq, v.last_hash
+    return out
+
+
+def _compare(v: Verifier, r: PartResult, s: Seal) -> None:
+    said = (s.records, s.first_seq, s.first_prev_hash, s.last_seq, s.last_hash)
+    got = (r.records, r.first_seq, r.first_prev_hash, r.last_seq, r.last_hash)
+    if said != got and not r.damaged:
+        v.problem("seal_mismatch", r.part.path.name,
+                  f"its seal says {s.records} record(s), seq {s.first_seq}..{s.last_seq}; "
+                  f"the part holds {r.records}, seq {r.first_seq}..{r.last_seq}")
+
+
+def follow_seal(v: Verifier, p: Part, s: Seal, prev: tuple[int, str] | None,
+                complete: bool) -> None:
+    """Fast mode: check a sealed part's place in its chain from its seal alone."""
+    name = p.path.name
+    chain = f"{p.stream}@{p.host}"
+    first, last = s.first_seq, s.last_seq
+    if first is None or last is None:
+        return
+    restart_at_first = any(seq == first for seq, _lo, _hi in s.restarts)
+    if prev is None:
+        if complete and first != 1 and not restart_at_first:
+            v.problem("gap", name, f"seq 1..{first - 1} ({first - 1} records) not in the "
+                      "archive before this part", stream=chain, seq=1)
+    elif first != prev[0] + 1:
+        kind = "gap" if first > prev[0] + 1 else "reordered"
+        v.problem(kind, name, f"this part starts at seq {first}; the part before it "
+                  f"ended at seq {prev[0]}", stream=chain, seq=first)
+    elif s.first_prev_hash != prev[1] and not (
+            restart_at_first and s.first_prev_hash == ZERO_HASH):
+        v.problem("chain_break", name, f"its first record's prev_hash is not the hash of "
+                  f"seq {prev[0]} (the last of the part before it)", stream=chain, seq=first)
+    if s.records != last - first + 1 or s.unreadable:
+        v.problem("gap", name, f"its seal says {s.records} record(s) for seq {first}..{last}"
+                  f" and {s.unreadable} unreadable line(s)", stream=chain, seq=first)
+
+
+def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
+                   rollups: bool = False, workers: int = 1) -> VerifyReport:
+    """Verify the archive in `directory` (see the module docstring).
+
+    `workers` > 1 verifies the series (independent chains) in that many processes, as
+    `zcat | sha256sum` uses two; the report is the same (problems listed series by
+    series). An archive with legacy parts is verified in one process (its chains may go
+    on in the series)."""
+    v = Verifier(hmac_key=key, complete=True, source=str(directory))
+    parts = list_parts(directory)
+    legacy, series = group_series(parts)
+    newest = parts[-1] if parts else None
+    for p in legacy:
+        read_part(v, p, expect=None, live=p is newest and not series)
+    from_seals: dict[str, StreamSummary] = {}
+    if workers > 1 and len(series) > 1 and not legacy:
+        return _parallel(directory, key, series, fast=fast, rollups=rollups,
+                         workers=workers)
+    for (_prefix, host, stream), sparts in series.items():
+        _verify_series(v, host, stream, sparts, fast=fast, rollups=rollups,
+                       from_seals=from_seals)
+    _verify_others(v, _other_files(directory))
+    report = v.report()
+    # fast mode: what the seals say of a stream (the verifier read only unsealed parts)
+    report.streams.update(from_seals)
+    return report
+
+
+def _verify_group(key: bytes | None, group: list[list[Part]], fast: bool,
+                  rollups: bool) -> VerifyReport:
+    """A worker's share: whole series, one after another."""
+    v = Verifier(hmac_key=key, complete=True)
+    from_seals: dict[str, StreamSummary] = {}
+    for sparts in group:
+        _verify_series(v, sparts[0].host, sparts[0].stream, sparts, fast=fast,
+                       rollups=rollups, from_seals=from_seals)
+    report = v.report()
+    report.streams.update(from_seals)
+    return report
+
+
+def _parallel(directory: Path, key: bytes | None,
+              series: dict[tuple[str, str, str], list[Part]], *, fast: bool, rollups: bool,
+              workers: int) -> VerifyReport:
+    import multiprocessing  # noqa: PLC0415 - only with workers
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    n = min(workers, len(series))
+    # about equal bytes per worker, whole series each, in series order within a worker
+    groups: list[list[list[Part]]] = [[] for _ in range(n)]
+    load = [0] * n
+    for sparts in sorted(series.values(), key=lambda ps: -sum(p.path.stat().st_size
+                                                              for p in ps)):
+        w = load.index(min(load))
+        groups[w].append(sparts)
+        load[w] += sum(p.path.stat().st_size for p in sparts)
+    for g in groups:
+        g.sort(key=lambda ps: ps[0].order)
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        reports = list(pool.map(_verify_group, [key] * n, groups, [fast] * n,
+                                [rollups] * n))
+    out = VerifyReport(source=str(directory))
+    listed: list[tuple[tuple[object, ...], Problem]] = []
+    for g, r in zip(groups, reports, strict=True):
+        out.records += r.records
+        out.counts.update(r.counts)
+        out.streams.update(r.streams)
+        listed += [(g[0][0].order, p) for p in r.problems]
+    listed.sort(key=lambda t: t[0])
+    out.problems = [p for _o, p in listed][:MAX_LISTED]
+    others = _other_files(directory)
+    if others:  # rare: JSON Lines files beside the parts, in this process
+        v = Verifier(hmac_key=key, complete=True)
+        _verify_others(v, others)
+        r = v.report()
+        out.records += r.records
+        out.counts.update(r.counts)
+        out.problems = (out.problems + r.problems)[:MAX_LISTED]
+        out.streams.update(r.streams)
+    return out
+
+
+def _other_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir()
+                  if p.name.endswith((".jsonl", ".jsonl.gz")) and not p.name.startswith(".")
+                  and parse_name(p.name) is None)
+
+
+def _verify_others(v: Verifier, others: list[Path]) -> None:
+    for f in others:
+        damage: list[str] = []
+        for n, line_raw in jsonl_lines(f, damage):
+            v.feed_line(line_raw, (f.name, n))
+        for d in damage:
+            v.problem("damaged_part", f.name, d)
+
+
+def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, fast: bool,
+                   rollups: bool, from_seals: dict[str, StreamSummary]) -> None:
+    expect = (host, stream)
+    chain = f"{stream}@{host}"
+    prev_seal = ZERO_DIGEST
+    prev_sealed_part: str | None = None
+    number = sparts[0].number
+    prev: tuple[int, str] | None = v.chain_end(host, stream)
+    fast_summary: StreamSummary | None = None
+    if number != 0 and prev is None:
+        v.problem("missing_part", sparts[0].path.name,
+                  f"parts 0..{number - 1} of stream {stream} of host {host} are not in the "
+                  "archive", stream=chain)
+    for i, p in enumerate(sparts):
+        live = i == len(sparts) - 1
+        if p.number != number:
+            v.problem("missing_part", p.path.name,
+                      f"part(s) {number}..{p.number - 1} of this stream are not in the "
+                      "archive before it", stream=chain)
+        number = p.number + 1
+        s, ok = check_seal(v, p)
+        if s is not None:
+            if s.prev_seal != prev_seal:
+                why = (f"the seal of {prev_sealed_part}" if prev_sealed_part is not None
+                       else "no seal (it is the first of its stream here)")
+                v.problem("seal_chain", s.path.name,
+                          f"its prev_seal is {s.prev_seal[:16]}..., which is not {why}: a "
+                          "part before it was removed, replaced or reordered", stream=chain)
+            prev_seal, prev_sealed_part = s.digest, p.path.name
+        elif not live:
+            v.problem("unsealed", p.path.name, "a closed part without a seal (the sink "
+                      "seals it when it starts)", stream=chain)
+            prev_seal, prev_sealed_part = "", p.path.name
+        if fast and s is not None and ok:
+            follow_seal(v, p, s, prev, complete=True)
+            if s.last_seq is not None and s.last_hash is not None:
+                prev = (s.last_seq, s.last_hash)
+                if fast_summary is None:
+                    fast_summary = StreamSummary(s.first_seq or 0, s.last_seq, 0)
+                fast_summary.last_seq = s.last_seq
+                fast_summary.records += s.records
+            continue
+        if prev is not None and v.chain_end(host, stream) != prev:
+            v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
+        summary = Summary() if rollups and s is not None else None
+        r = read_part(v, p, expect=expect, live=live, summary=summary)
+        if s is not None:
+            _compare(v, r, s)
+            if summary is not None and summary.rollup.finish().to_json() != dict(s.rollup_json):
+                v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
+                          "those of the part's records", stream=chain)
+        end = v.chain_end(host, stream)
+        if end is not None:
+            prev = end
+        if fast_summary is not None and r.records:
+            fast_summary.last_seq = max(fast_summary.last_seq, r.last_seq or 0)
+            fast_summary.records += r.records
+    v.forget(host, stream)  # its duplicate-id window: one stream's at a time in memory
+    if fast_summary is not None:
+        from_seals[chain] = fast_summary
