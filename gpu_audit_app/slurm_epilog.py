@@ -45,7 +45,7 @@ from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.jobevents import job_event
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit.spool import SpoolConfig, SpoolWriter
+from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
 from gpu_audit.spool.errors import SpoolLocked
 from gpu_audit_app.chargeback_sources import archive_source
 from gpu_audit_app.config import Config, load_settings
@@ -140,6 +140,60 @@ def _accounted_run(job_id: str, prolog_start: float) -> tuple[float, float] | No
     return None
 
 
+def trail_covers(config: Config, end: float) -> float:
+    """When the record that accounts for `end` is due: the exporter writes usage at the
+    first sample past each multiple of audit.interval_seconds (UTC-aligned; every
+    sample in the per-cycle trail), so the run's last interval is written up to one
+    audit interval after it ended."""
+    every = config.audit.interval_seconds
+    return math.ceil(end / every) * every
+
+
+def wait_for_trail(config: Config, end: float, *, limit: float | None = None,
+                   clock: Any = time.time, sleep: Any = time.sleep) -> bool:
+    """Wait until the exporter's spool holds a usage (or per-cycle `gpu`) record dated at
+    or after the interval boundary past `end` (trail_covers), or an exporter_stop after
+    `end` (it writes the interval so far); at most until three samples past the boundary.
+    `limit` bounds the wait in seconds from now. False
+    when it did not come (exporter down, or the record already shipped and its segment
+    gone): the run's last interval may then be missing from the report."""
+    due = trail_covers(config, end)
+    deadline = due + 3 * config.exporter.interval_seconds + 2.0
+    if limit is not None:
+        deadline = min(deadline, clock() + max(limit, 0.0))
+    due_ns, end_ns = int(due * 1e9), int(end * 1e9)
+    offset = 0
+    while True:
+        try:
+            with SpoolReader(config.spool.directory) as reader:
+                while True:
+                    got = reader.read(offset, 4096)
+                    for _off, raw in got.entries:
+                        if _closes(raw, due_ns, end_ns):
+                            return True
+                    if got.next_offset == offset:
+                        break
+                    offset = got.next_offset
+        except OSError:
+            pass  # no spool (yet): the deadline decides
+        if clock() >= deadline:
+            return False
+        sleep(min(0.5, max(deadline - clock(), 0.0)))
+
+
+def _closes(raw: bytes, due_ns: int, end_ns: int) -> bool:
+    try:
+        rec = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(rec, dict) or not isinstance(rec.get("time_ns"), int):
+        return False
+    kind = rec.get("kind")
+    if kind in ("usage", "gpu"):
+        return bool(rec["time_ns"] >= due_ns)
+    return kind == "exporter_stop" and rec["time_ns"] >= end_ns
+
+
 def measure(config: Config, config_path: Path | None, job_id: str, start: float,
             end: float) -> tuple[UsageMeter, list[str]]:
     """The job's usage on this node from the exporter's archive and spool, and the
@@ -153,8 +207,11 @@ def measure(config: Config, config_path: Path | None, job_id: str, start: float,
         pass  # no archive sink: the spool alone
     dirs.append(config.spool.directory)
     dirs = [d for d in dirs if d.is_dir()]
-    # a little beyond the run on both sides: a record covers the interval before it
-    start_ns, end_ns = int(start * 1e9), int((end + 2) * 1e9)
+    # a record covers the interval before it: the run's last one is dated at the first
+    # sample past the audit interval's boundary after the end (a little slack for jitter)
+    due = trail_covers(config, end)
+    start_ns = int(start * 1e9)
+    end_ns = int((due + 2 * config.exporter.interval_seconds + 2) * 1e9)
     meter = UsageMeter(start_ns=start_ns, end_ns=end_ns,
                        key=lambda r: job_id if _job_of(r) == job_id else None)
     trails = Trails(dirs, key=key, start_ns=start_ns, end_ns=end_ns)
@@ -314,6 +371,11 @@ def epilog(args: argparse.Namespace) -> int:
               "no record written", file=sys.stderr)
     if config is not None:
         try:
+            if not wait_for_trail(config, end, limit=args.trail_wait):
+                print(f"gpu-audit slurm epilog: job {job_id}: the exporter wrote no record "
+                      f"past {trail_covers(config, end):.0f} (its audit interval after the "
+                      "run's end): the report may miss the run's last interval",
+                      file=sys.stderr)
             meter, problems = measure(config, args.config, job_id, start, end)
             for p in problems[:5]:
                 print(f"gpu-audit slurm epilog: audit trail: {p}", file=sys.stderr)

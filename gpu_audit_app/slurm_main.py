@@ -45,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--slurm-dir", type=Path, metavar="DIR",
                    help="Where the `slurm` spool and the reports go (GPU_AUDIT_SLURM_DIR; "
                    "default /var/lib/gpu-audit/slurm).")
+    e.add_argument("--trail-wait", type=float, default=None, metavar="SECONDS",
+                   help="Wait at most this long for the exporter to write the audit "
+                   "interval in which the run ended (default: until that interval's "
+                   "record is due, up to audit.interval_seconds plus three samples; 0: "
+                   "do not wait, the report may miss the run's last interval).")
     e.add_argument("--admin-comment", action="store_true",
                    help="Also store the report in the job's AdminComment (sacctmgr), so "
                    "`jobreport` finds it from any host.")

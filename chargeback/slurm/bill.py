@@ -120,11 +120,20 @@ class _Run:
     models: tuple[str, ...]
 
 
+# Marks a meter key that names a job (a schema-3 task), resolved to its account and
+# partition from the job's report once every record was read.
+_BY_JOB = "\x01"
+
+
 def _group_of(rec: Mapping[str, Any]) -> str | None:
-    """The (account, partition, user) key of a Slurm job's process record."""
+    """The (account, partition, user) key of a Slurm job's process record; a job's
+    (schema-3 usage records carry the holder, not the account and partition)."""
     a = rec.get("attribution")
     if not isinstance(a, Mapping) or not isinstance(a.get("slurm_job_id"), str):
         return None
+    if rec.get("schema3") is True:
+        return _BY_JOB + _SEP.join((a["slurm_job_id"], str(a.get("project") or ""),
+                                    str(a.get("user") or "")))
     return _SEP.join((str(a.get("slurm_account") or a.get("project") or ""),
                       str(a.get("slurm_partition") or ""),
                       str(a.get("slurm_user") or a.get("user") or "")))
@@ -143,6 +152,9 @@ def build_slurm_bill(records: Iterable[Mapping[str, Any]], start: datetime, end:
             gpu = rec.get("gpu")
             if isinstance(gpu, Mapping) and isinstance(gpu.get("name"), str):
                 models[str(gpu.get("uuid"))] = str(gpu["name"])
+        elif rec.get("kind") == "usage":  # schema 3: the model on every record
+            if isinstance(rec.get("model"), str) and isinstance(rec.get("uuid"), str):
+                models[rec["uuid"]] = rec["model"]
         elif rec.get("stream") == "slurm":
             report = RunReport.from_record(rec)
             if report is not None:
@@ -170,8 +182,13 @@ def build_slurm_bill(records: Iterable[Mapping[str, Any]], start: datetime, end:
         r.allocated_gpu_seconds += seconds * run.gpus
         r.gpu_cost += sum(seconds / SECONDS_PER_HOUR * rates.gpu_hour_price(m)
                           for m in run.models)
+    of_job = {rep.job_id: (rep.account, rep.partition, rep.user) for rep in reports}
     for key, usage in meter.result().items():
-        account, partition, user = key.split(_SEP)
+        if key.startswith(_BY_JOB):
+            job, project, user = key[1:].split(_SEP)
+            account, partition, user = of_job.get(job, (project, "", user))
+        else:
+            account, partition, user = key.split(_SEP)
         r = row((account, partition, user))
         r.used_gpu_seconds += usage.gpu_seconds
         r.busy_gpu_seconds += usage.busy_gpu_seconds

@@ -9,11 +9,21 @@ share of the energy, the most GPU memory it had on one GPU at once and how many 
 processes it ran. A record accounts for `(time - elapsed, time]`, so it counts for a
 window `(start, end]` when its time is inside it (as chargeback's archive source).
 
+Both cadences of the trail are read (docs/AUDIT.md). A schema-3 `usage` record adds up a
+holder's minute on one GPU; its `tasks` name each process's Slurm job (`sj`). The
+holder's sums (GPU time held, busy, idle-held, energy) go to the jobs of its tasks in
+proportion to the time each job's processes were seen, which is exact in the usual case
+of one job per holder, GPU and interval (a GPU is a Slurm job's alone), and a job's peak
+memory on a GPU is the sum of its processes' peaks in the interval (an upper bound when
+they peaked at different moments). `key` sees such a task as a process record whose
+`attribution` holds `slurm_job_id`, `user` and `project` (`schema3: True` marks it).
+
 Pure: no I/O. Memory is bounded by the jobs and GPUs seen, not by the records.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,9 +87,13 @@ class UsageMeter:
         # (host, uuid, job) -> (time_ns, memory of the job's processes in that cycle)
         self._cycle: dict[tuple[str, str, str], tuple[int, int]] = {}
         self.simulated_left_out = 0
+        self._mem_total: dict[tuple[str, str], int] = {}  # (host, uuid) -> schema-3 `gmt`
 
     def add(self, rec: Mapping[str, Any]) -> None:
         kind = rec.get("kind")
+        if kind == "usage":
+            self._add_interval(rec)
+            return
         if kind not in ("gpu", "process"):
             return
         t = rec.get("time_ns")
@@ -141,3 +155,70 @@ class UsageMeter:
 
     def result(self) -> dict[str, JobUsage]:
         return self.jobs
+
+    def _add_interval(self, rec: Mapping[str, Any]) -> None:
+        """A schema-3 usage record: the holder's sums shared among its tasks' jobs."""
+        t, host, uuid = rec.get("time_ns"), rec.get("host"), rec.get("uuid")
+        tasks = rec.get("tasks")
+        if not (isinstance(t, int) and isinstance(host, str) and isinstance(uuid, str)):
+            return
+        total = _num(rec.get("gmt"))  # on the GPU's first record of the interval
+        if total is not None:
+            self._mem_total[(host, uuid)] = int(total)
+        if not isinstance(tasks, list):
+            return
+        if (self._start is not None and t <= self._start) or (
+                self._end is not None and t > self._end):
+            return
+        # per Slurm job (None: processes of no job): the longest any of its processes was
+        # seen (the job's time on the GPU), the sum of their peaks, their identities
+        seen: dict[str | None, list[float]] = {}
+        peaks: dict[str | None, int] = {}
+        pids: dict[str | None, set[tuple[str, int, int]]] = {}
+        for task in tasks:
+            if not isinstance(task, Mapping):
+                continue
+            sj = task.get("sj") if isinstance(task.get("sj"), str) and task.get("sj") else None
+            secs = _num(task.get("s")) or 0.0
+            held = seen.setdefault(sj, [0.0])
+            held[0] = max(held[0], secs)
+            peaks[sj] = peaks.get(sj, 0) + int(_num(task.get("mx")) or 0)
+            pid, ticks = task.get("pid"), task.get("st", 0)
+            if isinstance(pid, int):
+                pids.setdefault(sj, set()).add((host, pid, ticks if isinstance(ticks, int) else 0))
+        total = math.fsum(v[0] for v in seen.values())
+        if total <= 0:
+            return
+        user, project = rec.get("user"), rec.get("project")
+        dt, n = _num(rec.get("dt")) or 0.0, _num(rec.get("n")) or 0.0
+        for sj, held in seen.items():
+            if sj is None:
+                continue
+            who = {"slurm_job_id": sj, "user": user if isinstance(user, str) else "",
+                   "project": project if isinstance(project, str) else ""}
+            view = {"kind": "process", "schema3": True, "host": host, "time_ns": t,
+                    "attribution": who}
+            job = self._key(view)
+            if job is None:
+                continue
+            if rec.get("sim") is True and not self._include_simulated:
+                self.simulated_left_out += 1
+                continue
+            share = held[0] / total
+            usage = self.jobs.get(job)
+            if usage is None:
+                usage = self.jobs[job] = JobUsage()
+            usage.simulated |= rec.get("sim") is True
+            usage.gpus.add(uuid)
+            usage.hosts.add(host)
+            usage.pids |= pids.get(sj, set())
+            usage.gpu_seconds += (_num(rec.get("s")) or 0.0) * share
+            usage.busy_gpu_seconds += (_num(rec.get("b")) or 0.0) * share
+            usage.idle_held_gpu_seconds += (_num(rec.get("i")) or 0.0) * share
+            usage.energy_joules += (_num(rec.get("e")) or 0.0) / 1000.0 * share
+            if dt > 0:
+                usage.samples += max(1, round(n * held[0] / dt))
+            peak = peaks.get(sj, 0)
+            if peak > usage.peak_memory_bytes:
+                usage.peak_memory_bytes = peak
+                usage.memory_total_bytes = self._mem_total.get((host, uuid), 0)

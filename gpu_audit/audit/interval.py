@@ -69,6 +69,7 @@ class _Task:
     start: int | None
     name: str
     job: str
+    slurm_job: str  # the Slurm job id (per-job reports and the bill by account)
     seconds: float = 0.0
     mem_max: int | None = None
     sm_max: float | None = None
@@ -96,6 +97,7 @@ class _Gpu:
     sources: set[str] = field(default_factory=set)
     mem_seconds: float = 0.0
     mem_max: float | None = None
+    mem_total: float | None = None  # the GPU's memory, for "how much of it was used"
     util_time: float = 0.0
     util_seconds: float = 0.0
     util_max: float | None = None
@@ -155,16 +157,16 @@ class IntervalUsage:
             h.counted = True
             for i, v in enumerate(sums):
                 h.sums[i] += v
-        for owner, p, job in tasks:
+        for owner, p, job, slurm_job in tasks:
             h = acc.holders.get(owner)
             if h is None:
                 h = acc.holders[owner] = _Holder()
-            _add_task(h, p, job, e)
+            _add_task(h, p, job, slurm_job, e)
 
     def _cycle(
         self, snap: Snapshot, gpu: GpuSample, prev_gpu: GpuSample | None, e: float, *,
         counter_share: float, acc: _Gpu,
-    ) -> tuple[GpuCycle, list[tuple[Owner, ProcessSample, str]]]:
+    ) -> tuple[GpuCycle, list[tuple[Owner, ProcessSample, str, str]]]:
         """The sample as the per-cycle trail would record it, reduced for the bill."""
         util = finite(gpu.scalar("utilization_gpu"))
         mem = finite(gpu.scalar("memory_used"))
@@ -177,6 +179,9 @@ class IntervalUsage:
             c.energy_source = energy[1]
             acc.energy_known = True
             acc.sources.add(energy[1])
+        total = finite(gpu.scalar("memory_total"))
+        if total is not None:
+            acc.mem_total = total
         if mem is not None:
             acc.mem_seconds += e * mem
             acc.mem_max = mem if acc.mem_max is None else max(acc.mem_max, mem)
@@ -197,14 +202,15 @@ class IntervalUsage:
                 unattributed_mem=[as_float(ap.process.used_memory_bytes) for ap in unowned],
                 gpu_util=util, gpu_mem_used=mem))
         share = iter(shares)
-        tasks: list[tuple[Owner, ProcessSample, str]] = []
+        tasks: list[tuple[Owner, ProcessSample, str, str]] = []
         for ap, owner in zip(procs, owners, strict=True):
             p = ap.process
             sm = p.sm_util_ratio
             busy = e * max(0.0, sm) if sm is not None and isfinite(sm) else 0.0
             if owner is None:
                 c.unowned_processes += 1
-                tasks.append((UNATTRIBUTED, p, ap.attribution.job or ""))
+                tasks.append((UNATTRIBUTED, p, ap.attribution.job or "",
+                              ap.attribution.slurm_job_id or ""))
                 continue
             energy_j = joules(next(share)) if shares else 0.0
             o = c.owners.get(owner)
@@ -214,7 +220,7 @@ class IntervalUsage:
                 o[0] = max(o[0], e)
                 o[1] += busy
                 o[2] += energy_j
-            tasks.append((owner, p, ap.attribution.job or ""))
+            tasks.append((owner, p, ap.attribution.job or "", ap.attribution.slurm_job_id or ""))
         c.un_seen = True
         c.un_seconds = 0.0 if owned else e
         if shares:
@@ -305,18 +311,20 @@ def _gpu_fields(rec: Record, g: _Gpu) -> None:
     if g.mem_max is not None:
         rec["gms"] = round(g.mem_seconds)
         rec["gmx"] = round(g.mem_max)
+    if g.mem_total is not None:
+        rec["gmt"] = round(g.mem_total)
     if g.util_max is not None:
         rec["gua"] = round(g.util_time / g.util_seconds, 4) if g.util_seconds else 0.0
         rec["gux"] = g.util_max
 
 
-def _add_task(h: _Holder, p: ProcessSample, job: str, e: float) -> None:
+def _add_task(h: _Holder, p: ProcessSample, job: str, slurm_job: str, e: float) -> None:
     start = p.identity.start_time_ticks if p.identity is not None else None
     key: TaskKey = (p.pid, p.type, p.gpu_instance_id, p.compute_instance_id, start)
     t = h.tasks.get(key)
     if t is None:
         t = h.tasks[key] = _Task(p.pid, p.type, p.gpu_instance_id, p.compute_instance_id,
-                                 start, p.name, job)
+                                 start, p.name, job, slurm_job)
     t.seconds += e
     mem = p.used_memory_bytes
     if mem is not None:
@@ -344,6 +352,8 @@ def _task_json(t: _Task) -> dict[str, Any]:
         out["name"] = t.name
     if t.job:
         out["job"] = t.job
+    if t.slurm_job:
+        out["sj"] = t.slurm_job
     if t.mem_max is not None:
         out["mx"] = t.mem_max
     if t.sm_max is not None:

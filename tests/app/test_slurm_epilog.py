@@ -40,7 +40,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _epilog(node: Path, config: str = "config.yaml") -> int:
     return main(["slurm", "epilog", "--config", str(node / config), "--jobmap-dir",
-                 str(node / "jobs"), "--slurm-dir", str(node / "slurm")])
+                 str(node / "jobs"), "--slurm-dir", str(node / "slurm"), "--trail-wait", "0"])
 
 
 def test_without_slurm_the_run_is_recorded_from_the_node(

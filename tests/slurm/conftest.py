@@ -133,6 +133,9 @@ def _start_node(cluster: SlurmCluster, node: str) -> NodeExporter:
                      "scenario": str(base / "scenario.yaml"), "interval_seconds": 1,
                      "log_summary_interval_seconds": 0},
         "attribution": {"jobmap_dir": str(cluster.jobmap_dir(node))},
+        # the interval trail (schema 3) as a site runs it, at a short interval so the
+        # epilog's wait for the run's last interval stays short
+        "audit": {"interval_seconds": 5},
         "spool": {"directory": str(base / "spool")},
     }
     (base / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

@@ -50,7 +50,8 @@ def held_by(node: NodeExporter, job: str) -> list[dict[str, str]]:
 
 def _pids(cluster: SlurmCluster, node: NodeExporter, job: str) -> Iterable[int]:
     for rec in spool_records(node.spool):
-        if rec.get("kind") == "process" and rec.get("attribution", {}).get("job") == job:
+        if (rec.get("kind") == "event" and rec.get("event") == "process_start"
+                and rec.get("attribution", {}).get("job") == job):
             yield rec["process"]["pid"]
 
 
@@ -89,7 +90,7 @@ def test_slurm_jobs_are_attributed_to_user_account_partition_and_job(
 
         def recorded() -> list[dict[str, Any]]:
             return [r["attribution"] for r in spool_records(nodes["n1"].spool)
-                    if r.get("kind") == "process"
+                    if r.get("kind") == "event" and r.get("event") == "process_start"
                     and r.get("attribution", {}).get("slurm_job_id") == job_a]
 
         wait_for(lambda: bool(recorded()), 30, "job A's process records in n1's spool")

@@ -123,8 +123,10 @@ def template_body(cfg: SearchConfig) -> dict[str, Any]:
         "idx": {"type": "integer"}, "n": {"type": "integer"}, "sim": {"type": "boolean"},
         **{name: {"type": "double"} for name in ("dt", "s", "c", "b", "i", "gs", "gd", "gi",
                                                   "gua", "gux")},
-        **{name: {"type": "long"} for name in ("e", "pe", "ms", "ge", "gpe", "gms", "gmx")},
+        **{name: {"type": "long"} for name in ("e", "pe", "ms", "ge", "gpe", "gms", "gmx",
+                                                  "gmt")},
         "tasks": {"properties": {"pid": {"type": "long"}, "name": keyword, "job": keyword,
+                                 "sj": keyword,
                                  "s": {"type": "double"}, "mx": {"type": "long"},
                                  "ua": {"type": "double"}, "ux": {"type": "double"}}},
     }

@@ -58,7 +58,7 @@ _FIXED_FIELDS = frozenset(
 _TOP_LEVEL_FLOATS = ("gpu_seconds", "energy_joules")
 # a schema-3 usage record's sums and extremes (docs/AUDIT.md), each a float field
 _USAGE_FLOATS = ("dt", "n", "s", "c", "b", "i", "e", "pe", "ms", "gs", "gd", "gi", "ge",
-                 "gpe", "gms", "gmx", "gua", "gux")
+                 "gpe", "gms", "gmx", "gmt", "gua", "gux")
 
 
 class EncodeError(ValueError):
