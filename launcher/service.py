@@ -337,14 +337,8 @@ class Service:
             return protocol.error("not_found", f"no job {req.id}")
         try:
             ids = self.engine.retry(job_id, caller.uid, caller.admin)
-        except PermissionDenied as exc:
-            return protocol.error("denied", str(exc))
-        except UnknownJob as exc:
-            return protocol.error("not_found", str(exc))
-        except BadState as exc:
-            return protocol.error("bad_request", str(exc))
         except LauncherError as exc:
-            return protocol.error("invalid", str(exc), exc.problems)
+            return _refused(exc)
         self._after_tick()
         jobs = [j for i in ids if (j := self.store.get(i)) is not None]
         return {"ok": True, "id": job_id, "ids": ids, "names": [j.name for j in jobs],
@@ -398,15 +392,22 @@ class Service:
                   "release": self.engine.release}[op]
         try:
             action(job_id, caller.uid, caller.admin)
-        except PermissionDenied as exc:
-            return protocol.error("denied", str(exc))
-        except UnknownJob as exc:
-            return protocol.error("not_found", str(exc))
-        except BadState as exc:
-            return protocol.error("bad_request", str(exc))
+        except (PermissionDenied, UnknownJob, BadState) as exc:
+            return _refused(exc)
         self._after_tick()
         job = self.store.get(job_id)
         return {"ok": True, "id": job_id, "state": job.state if job else None}
+
+
+def _refused(exc: LauncherError) -> dict[str, Any]:
+    """The answer when the engine refuses an operation on a job."""
+    if isinstance(exc, PermissionDenied):
+        return protocol.error("denied", str(exc))
+    if isinstance(exc, UnknownJob):
+        return protocol.error("not_found", str(exc))
+    if isinstance(exc, BadState):
+        return protocol.error("bad_request", str(exc))
+    return protocol.error("invalid", str(exc), exc.problems)
 
 
 # the reason kinds a daemon can give (the hand-launched one is replay's only)

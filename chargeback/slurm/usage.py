@@ -117,15 +117,9 @@ class UsageMeter:
         if (self._start is not None and t <= self._start) or (
                 self._end is not None and t > self._end):
             return
-        if rec.get("simulated") is True and not self._include_simulated:
-            self.simulated_left_out += 1
-            return
-        usage = self.jobs.get(job)
+        usage = self._usage_of(job, rec.get("simulated") is True, host, uuid)
         if usage is None:
-            usage = self.jobs[job] = JobUsage()
-        usage.simulated |= rec.get("simulated") is True
-        usage.gpus.add(uuid)
-        usage.hosts.add(host)
+            return
         proc = rec.get("process") if isinstance(rec.get("process"), Mapping) else {}
         assert isinstance(proc, Mapping)
         pid, ticks = proc.get("pid"), proc.get("start_time_ticks", 0)
@@ -155,6 +149,20 @@ class UsageMeter:
 
     def result(self) -> dict[str, JobUsage]:
         return self.jobs
+
+    def _usage_of(self, job: str, simulated: bool, host: str, uuid: str) -> JobUsage | None:
+        """The job's usage, now also on this host and GPU; None for a simulated record
+        left out (counted)."""
+        if simulated and not self._include_simulated:
+            self.simulated_left_out += 1
+            return None
+        usage = self.jobs.get(job)
+        if usage is None:
+            usage = self.jobs[job] = JobUsage()
+        usage.simulated |= simulated
+        usage.gpus.add(uuid)
+        usage.hosts.add(host)
+        return usage
 
     def _add_interval(self, rec: Mapping[str, Any]) -> None:
         """A schema-3 usage record: the holder's sums shared among its tasks' jobs."""
@@ -201,16 +209,10 @@ class UsageMeter:
             job = self._key(view)
             if job is None:
                 continue
-            if rec.get("sim") is True and not self._include_simulated:
-                self.simulated_left_out += 1
+            usage = self._usage_of(job, rec.get("sim") is True, host, uuid)
+            if usage is None:
                 continue
             share = held[0] / total
-            usage = self.jobs.get(job)
-            if usage is None:
-                usage = self.jobs[job] = JobUsage()
-            usage.simulated |= rec.get("sim") is True
-            usage.gpus.add(uuid)
-            usage.hosts.add(host)
             usage.pids |= pids.get(sj, set())
             usage.gpu_seconds += (_num(rec.get("s")) or 0.0) * share
             usage.busy_gpu_seconds += (_num(rec.get("b")) or 0.0) * share
