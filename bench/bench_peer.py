@@ -24,8 +24,9 @@ the gpu-audit unit and image set; 0 leaves it unset).
     .venv/bin/python bench/bench_peer.py [--shapes 1x8,8x8,8x64] [--minutes 10]
         [--ours LABEL=TREE ...] [--json bench/results/peer.json]
 
---ours LABEL=TREE adds a gpu-audit checkout (e.g. a `git archive` of main) run with
-PYTHONPATH=TREE, for before/after in one run; the default is this checkout as "gpu-audit".
+--ours LABEL=TREE adds a gpu-audit checkout (e.g. a `git archive` of main), installed
+into its own venv (.bench-cache/gpu-audit-venv-LABEL, a plain `pip install TREE`), for
+before/after in one run; the default is this checkout as "gpu-audit".
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ def nvitop_venv() -> Path:
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q",
                         f"nvitop-exporter=={NVITOP_VERSION}"], check=True)
     return exe
+
+
+def ours_venv(label: str, tree: Path) -> Path:
+    """A venv with gpu-audit installed from `tree` as a user installs it (a plain,
+    non-editable `pip install`, base dependencies only), so neither side pays for a
+    development checkout's start-up (the editable finder, the test extras' .pth files)."""
+    venv = CACHE / f"gpu-audit-venv-{label}"
+    pip = venv / "bin" / "pip"
+    if not pip.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(pip), "install", "-q", str(tree)], check=True)
+    else:  # same dependencies: only the project itself is replaced
+        subprocess.run([str(pip), "install", "-q", "--no-deps", "--force-reinstall",
+                        str(tree)], check=True)
+    return venv / "bin" / "gpu-audit"
 
 
 def free_port() -> int:
@@ -134,8 +150,8 @@ def series_count(ex: Exporter) -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
 
 
-def ours_argv(tree: Path, port: int, spool: Path, interval: float) -> list[str]:
-    return [sys.executable, "-m", "gpu_audit_app.cli", "exporter", "--backend", "nvml",
+def ours_argv(exe: Path, port: int, spool: Path, interval: float) -> list[str]:
+    return [str(exe), "exporter", "--backend", "nvml",
             "--listen", f"127.0.0.1:{port}", "--spool-dir", str(spool),
             "--interval", f"{interval:g}"]
 
@@ -217,6 +233,7 @@ def main() -> None:
     trees = [(lbl, Path(t).resolve()) for lbl, t in (o.split("=", 1) for o in args.ours)]
     if not trees:
         trees = [("gpu-audit", ROOT)]
+    installed = {label: ours_venv(label, tree) for label, tree in trees}
     lib = build_fake_nvml()
     nvitop = None if args.no_nvitop else nvitop_venv()
     tmp = Path(tempfile.mkdtemp(prefix="bench-peer-"))
@@ -228,12 +245,11 @@ def main() -> None:
     exporters: list[Exporter] = []
     for gpus, per_gpu in shapes:
         env = fake_env(lib, gpus, per_gpu, sleepers.pid_file, base)
-        for label, tree in trees:
+        for label, exe in installed.items():
             port = free_port()
-            e = dict(env, PYTHONPATH=str(tree))
             spool = tmp / f"spool-{label}-{gpus}x{per_gpu}"
             exporters.append(Exporter(label, (gpus, per_gpu),
-                                      ours_argv(tree, port, spool, args.interval), e, port))
+                                      ours_argv(exe, port, spool, args.interval), env, port))
         if nvitop is not None:
             port = free_port()
             exporters.append(Exporter("nvitop-exporter", (gpus, per_gpu),

@@ -19,6 +19,8 @@ from tests.netutil import free_port, http_get, wait_for
 # Packages (and app modules) an exporter process must never import.
 FOREIGN = ("launcher", "chargeback", "alerts", "dashboards",
            "gpu_audit_app.launcher", "gpu_audit_app.chargeback", "gpu_audit_app.slurm")
+# ... and the exporter alone (no embedded shipper) never reads audit records back.
+NOT_IN_EXPORTER = ("gpu_audit.audit.verify", "gpu_audit.archive.reader")
 
 # Runs the real command line, serves until SIGINT, then writes the module names.
 PROGRAM = """
@@ -34,7 +36,8 @@ sys.exit(main(sys.argv[2:]))
 def test_running_exporter_never_imports_other_components(command: str,
                                                          tmp_path: Path) -> None:
     """After serving /metrics for a cycle, `gpu-audit exporter` and `gpu-audit run` have
-    imported no launcher, chargeback, alerts, dashboards or Slurm module."""
+    imported no launcher, chargeback, alerts, dashboards or Slurm module, and the
+    exporter alone no audit verifier or archive reader."""
     port = free_port()
     listing = tmp_path / "modules.txt"
     proc = subprocess.Popen(
@@ -52,6 +55,8 @@ def test_running_exporter_never_imports_other_components(command: str,
     assert "exporter.app" in modules  # the listing is of a process that ran the exporter
     foreign = [m for m in modules if m.startswith(FOREIGN)]
     assert foreign == []
+    if command == "exporter":
+        assert [m for m in modules if m.startswith(NOT_IN_EXPORTER)] == []
 
 
 def _serves(port: int) -> bool:
