@@ -11,6 +11,7 @@
  *   FAKE_NVML_PID_FILE  file of whitespace-separated PIDs given to the processes in turn
  *                       (real processes, so /proc lookups succeed for both exporters);
  *                       without it PIDs are 100000 + n.
+ * nvmlSystemGetProcessName gives each process a name of its own.
  * Values move a little with time (utilisation, power, energy), as a real GPU's do, so no
  * exporter can skip work because nothing changed. Functions absent here make the binding
  * raise NVMLError_FunctionNotFound, which both exporters treat as "not supported".
@@ -199,6 +200,21 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t h, unsigned *
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t h, unsigned *c, proc_t *o) { return procs(h, c, o, 0); }
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t h, unsigned *c, proc_t *o) { return procs(h, c, o, 0); }
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t h, unsigned *c, proc_t *o) { return procs(h, c, o, 0); }
+
+/* Each process its own name (a job of its own), so every process is a series of its own
+ * in gpu-audit's identity-keyed families, as on a node shared by many jobs. */
+nvmlReturn_t nvmlSystemGetProcessName(unsigned pid, char *name, unsigned len) {
+    for (unsigned n = 0; n < ngpus * nprocs; n++) {
+        unsigned g = n / (nprocs ? nprocs : 1), p = n % (nprocs ? nprocs : 1);
+        if (pid_at(g, p) == pid) {
+            char b[64];
+            snprintf(b, sizeof b, "python3 /srv/job%u/train.py", n);
+            copy(name, len, b);
+            return OK;
+        }
+    }
+    return NOT_FOUND;
+}
 
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, psample_t *out, unsigned *count,
                                              unsigned long long last_seen) {
