@@ -19,6 +19,8 @@ from tests.netutil import free_port, http_get, wait_for
 # Packages (and app modules) an exporter process must never import.
 FOREIGN = ("launcher", "chargeback", "alerts", "dashboards",
            "gpu_audit_app.launcher", "gpu_audit_app.chargeback", "gpu_audit_app.slurm")
+# Without basic auth in the web-config, no bcrypt either.
+FOREIGN += ("bcrypt",)
 # ... and the exporter alone (no embedded shipper) never reads audit records back.
 NOT_IN_EXPORTER = ("gpu_audit.audit.verify", "gpu_audit.archive.reader")
 
@@ -36,7 +38,8 @@ sys.exit(main(sys.argv[2:]))
 def test_running_exporter_never_imports_other_components(command: str,
                                                          tmp_path: Path) -> None:
     """After serving /metrics for a cycle, `gpu-audit exporter` and `gpu-audit run` have
-    imported no launcher, chargeback, alerts, dashboards or Slurm module, and the
+    imported no launcher, chargeback, alerts, dashboards or Slurm module (nor bcrypt
+    without basic auth), and the
     exporter alone no audit verifier or archive reader."""
     port = free_port()
     listing = tmp_path / "modules.txt"
