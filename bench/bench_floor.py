@@ -47,6 +47,36 @@ from peerlib import Sleepers, build_fake_nvml, fake_env  # noqa: E402
 STAGES = ("sample_attr", "render", "audit")
 
 
+class _Recorder:
+    """Records the binding's top-level calls (the backend's, not pynvml's own inner
+    ones) while installed on the pynvml module."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.depth = 0
+        self.originals = {n: getattr(module, n) for n in dir(module)
+                          if n.startswith("nvml") and callable(getattr(module, n))}
+        for n, fn in self.originals.items():
+            setattr(module, n, self._wrap(fn))
+
+    def _wrap(self, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.depth == 0:
+                self.calls.append((fn, args, kwargs))
+            self.depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth -= 1
+        return call
+
+    def restore(self) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+        for n, fn in self.originals.items():
+            setattr(self.module, n, fn)
+        return self.calls
+
+
 def ours(gpus: int, per_gpu: int, cycles: int, tmp: Path,
          audit_interval: float) -> tuple[dict[str, list[float]], dict[str, Any]]:
     import pynvml
@@ -80,33 +110,13 @@ def ours(gpus: int, per_gpu: int, cycles: int, tmp: Path,
     written0 = 0
     for cycle in range(cycles + 5):
         now += 5.0
-        record_calls = cycle == 4
-        if record_calls:  # the NVML calls of one fast cycle, for the floor to replay
-            calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-            depth = [0]
-            originals = {n: getattr(pynvml, n) for n in dir(pynvml)
-                         if n.startswith("nvml") and callable(getattr(pynvml, n))}
-
-            def recorder(fn: Any) -> Any:
-                def call(*args: Any, **kwargs: Any) -> Any:
-                    if depth[0] == 0:  # the backend's calls, not pynvml's own inner ones
-                        calls.append((fn, args, kwargs))
-                    depth[0] += 1
-                    try:
-                        return fn(*args, **kwargs)
-                    finally:
-                        depth[0] -= 1
-                return call
-            for n, fn in originals.items():
-                setattr(pynvml, n, recorder(fn))
+        recorder = _Recorder(pynvml) if cycle == 4 else None  # the calls the floor replays
         t0 = time.thread_time()
         samples = tuple(backend.sample(now, slow=cycle % 12 == 0))
         procs = resolver.attribute(samples)
         t1 = time.thread_time()
-        if record_calls:
-            for n, fn in originals.items():
-                setattr(pynvml, n, fn)
-            extra["nvml_calls"] = calls
+        if recorder is not None:
+            extra["nvml_calls"] = recorder.restore()
         snap = Snapshot(timestamp=now, host="bench", backend=info, gpus=samples,
                         processes=procs, interval_seconds=5.0,
                         elapsed_seconds=5.0 if prev else 0.0, cycle=cycle)
@@ -132,7 +142,7 @@ def ours(gpus: int, per_gpu: int, cycles: int, tmp: Path,
     return times, extra
 
 
-def floor(cycles: int, tmp: Path, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]],
+def floor(cycles: int, tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]],
           exposition: bytes, records: list[dict[str, Any]],
           pids: list[int]) -> dict[str, list[float]]:
     import orjson
@@ -194,8 +204,8 @@ def run_shape(gpus: int, per_gpu: int, cycles: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-floor-"))
     ours_t, extra = ours(gpus, per_gpu, cycles, tmp, 5.0)
     default_t, default_extra = ours(gpus, per_gpu, cycles, tmp, 60.0)
-    floor_t = floor(cycles, tmp, extra["nvml_calls"], extra["exposition"], extra["records"],
-                    extra["pids"])
+    floor_t = floor(cycles, tmp, calls=extra["nvml_calls"], exposition=extra["exposition"],
+                    records=extra["records"], pids=extra["pids"])
     n_records = len(extra["records"])
     out: dict[str, Any] = {"gpus": gpus, "procs_per_gpu": per_gpu,
                            "nvml_calls_per_cycle": len(extra["nvml_calls"]),

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peerlib import CACHE  # noqa: E402
+from peerlib import CACHE
 
 STEPS = ["http.server", "prometheus_client", "yaml", "orjson", "pydantic", "pydantic.main",
          "gpu_audit.config_section", "gpu_audit.audit", "shipper.config",

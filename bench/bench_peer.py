@@ -32,6 +32,7 @@ before/after in one run; the default is this checkout as "gpu-audit".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import http.client
 import json
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peerlib import (  # noqa: E402
+from peerlib import (
     CACHE,
     ROOT,
     Sleepers,
@@ -184,10 +185,8 @@ def measure(exporters: list[Exporter], args: argparse.Namespace) -> None:
     def scraper(ex: Exporter) -> None:
         nxt = time.monotonic()
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 ex.scrape()
-            except OSError:
-                pass
             nxt += args.soak_every
             stop.wait(max(0.0, nxt - time.monotonic()))
 
