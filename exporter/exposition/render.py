@@ -417,22 +417,23 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
         for key, agg in items:
             pmem, psm, pmemu, penc, pdec, pcount = cache.line_prefixes(
                 (prefix, key), partial(_process_line_prefixes, fams, prefix, names, key))
-            # Values are finite or None here (_process_rows); ratios capped at 1.
+            # Values are finite or None here (_process_rows); ratios capped at 1 ("1" is
+            # what _num writes for 1.0). Memory is an int (a float only from a simulator).
             v: float | None = agg.mem
             if v is not None:
-                mem.lines.append(pmem + _num(v) + "\n")
+                mem.lines.append(pmem + (str(v) if type(v) is int else _num(v)) + "\n")
             v = agg.sm
             if v is not None:
-                sm.lines.append(psm + _num(min(v, 1.0)) + "\n")
+                sm.lines.append(psm + ("1" if v >= 1.0 else _num(v)) + "\n")
             v = agg.memu
             if v is not None:
-                memu.lines.append(pmemu + _num(min(v, 1.0)) + "\n")
+                memu.lines.append(pmemu + ("1" if v >= 1.0 else _num(v)) + "\n")
             v = agg.enc
             if v is not None:
-                enc.lines.append(penc + _num(min(v, 1.0)) + "\n")
+                enc.lines.append(penc + ("1" if v >= 1.0 else _num(v)) + "\n")
             v = agg.dec
             if v is not None:
-                dec.lines.append(pdec + _num(min(v, 1.0)) + "\n")
+                dec.lines.append(pdec + ("1" if v >= 1.0 else _num(v)) + "\n")
             count.lines.append(f"{pcount}{agg.count}\n")
     return list(fams), dropped
 
