@@ -18,7 +18,8 @@ Ours: the real NVML backend, attribution resolver (real /proc), renderer and aud
 producer (per-cycle trail, audit.interval_seconds = the sampling interval, so every
 cycle writes records as the floor's does; the 60 s default is measured too), group-
 commit spool. CPU per stage from time.thread_time (no other thread runs), p50 over
---cycles after 5 warm-up cycles.
+--cycles after 5 warm-up cycles; ours and the floor alternate cycle by cycle, so a change
+of load on the (shared) machine weighs on both alike.
 
     .venv/bin/python bench/bench_floor.py [--shapes 1x8,8x8,8x64] [--cycles 60]
         [--json bench/results/floor.json]
@@ -36,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +79,10 @@ class _Recorder:
         return self.calls
 
 
-def ours(gpus: int, per_gpu: int, cycles: int, tmp: Path,
-         audit_interval: float) -> tuple[dict[str, list[float]], dict[str, Any]]:
+def ours(gpus: int, per_gpu: int, tmp: Path, audit_interval: float,
+         extra: dict[str, Any]) -> Iterator[tuple[float, float, float]]:
+    """Our cycles, one per next(): CPU ms of (sampling + attribution, render, audit).
+    Cycle 4 records what the floor needs into `extra`."""
     import pynvml
 
     from exporter.attribution.config import AttributionConfig
@@ -103,48 +107,48 @@ def ours(gpus: int, per_gpu: int, cycles: int, tmp: Path,
                              simulated=False)
     producer.start()
     gc.freeze()
-    times: dict[str, list[float]] = {k: [] for k in STAGES}
-    extra: dict[str, Any] = {}
     now = time.time()
     prev: Snapshot | None = None
     written0 = 0
-    for cycle in range(cycles + 5):
-        now += 5.0
-        recorder = _Recorder(pynvml) if cycle == 4 else None  # the calls the floor replays
-        t0 = time.thread_time()
-        samples = tuple(backend.sample(now, slow=cycle % 12 == 0))
-        procs = resolver.attribute(samples)
-        t1 = time.thread_time()
-        if recorder is not None:
-            extra["nvml_calls"] = recorder.restore()
-        snap = Snapshot(timestamp=now, host="bench", backend=info, gpus=samples,
-                        processes=procs, interval_seconds=5.0,
-                        elapsed_seconds=5.0 if prev else 0.0, cycle=cycle)
-        rendered = renderer.render(snap)
-        t2 = time.thread_time()
-        producer.on_snapshot(snap)
-        t3 = time.thread_time()
-        if cycle == 4:
-            extra["exposition"] = bytes(rendered.body)
-            extra["records"] = build_records(snap, prev, stream="floor",
-                                             exporter_version="bench")
-            extra["pids"] = sorted({p.process.pid for ps in procs.values() for p in ps})
-            written0 = producer.stats().get("records_written", 0)
-        prev = snap
-        if cycle >= 5:
-            for k, dt in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                times[k].append(dt * 1000)
-    extra["records_written"] = producer.stats().get("records_written", 0) - written0
-    producer.stop()
-    spool.close()
-    resolver.close()
-    backend.close()
-    return times, extra
+    cycle = -1
+    try:
+        while True:
+            cycle += 1
+            now += 5.0
+            recorder = _Recorder(pynvml) if cycle == 4 else None  # the calls the floor replays
+            t0 = time.thread_time()
+            samples = tuple(backend.sample(now, slow=cycle % 12 == 0))
+            procs = resolver.attribute(samples)
+            t1 = time.thread_time()
+            if recorder is not None:
+                extra["nvml_calls"] = recorder.restore()
+            snap = Snapshot(timestamp=now, host="bench", backend=info, gpus=samples,
+                            processes=procs, interval_seconds=5.0,
+                            elapsed_seconds=5.0 if prev else 0.0, cycle=cycle)
+            rendered = renderer.render(snap)
+            t2 = time.thread_time()
+            producer.on_snapshot(snap)
+            t3 = time.thread_time()
+            if cycle == 4:
+                extra["exposition"] = bytes(rendered.body)
+                extra["records"] = build_records(snap, prev, stream="floor",
+                                                 exporter_version="bench")
+                extra["pids"] = sorted({p.process.pid for ps in procs.values() for p in ps})
+                written0 = producer.stats().get("records_written", 0)
+            prev = snap
+            extra["records_written"] = producer.stats().get("records_written", 0) - written0
+            yield (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000
+    finally:
+        producer.stop()
+        spool.close()
+        resolver.close()
+        backend.close()
 
 
-def floor(cycles: int, tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]],
+def floor(tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]],
           exposition: bytes, records: list[dict[str, Any]],
-          pids: list[int]) -> dict[str, list[float]]:
+          pids: list[int]) -> Iterator[tuple[float, float, float]]:
+    """The floor loop's cycles, one per next(), timed as ours."""
     import orjson
 
     # render: the exposition's sample lines as (cached prefix, value)
@@ -160,52 +164,79 @@ def floor(cycles: int, tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dic
     fd = os.open(tmp / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     prev_hash = "0" * 64
     seq = 0
-    times: dict[str, list[float]] = {k: [] for k in STAGES}
     now = time.time()
-    for cycle in range(cycles + 5):
-        now += 5.0
-        t0 = time.thread_time()
-        for fn, args, kwargs in calls:
-            fn(*args, **kwargs)
-        for pid in pids:
-            st = os.stat(f"/proc/{pid}")
-            hit = identity.get(pid)
-            if hit is None or hit[0] != st.st_ctime:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    name = f.read().split(b"\0", 1)[0].decode(errors="replace")
-                identity[pid] = (st.st_ctime, pwd.getpwuid(st.st_uid).pw_name, name)
-        t1 = time.thread_time()
-        bump = cycle % 7
-        out = [f"{p}{v + bump if v > 1 else v}\n" for p, v in samples]
-        body = ("".join(headers) + "".join(out)).encode()
-        t2 = time.thread_time()
-        chunks = []
-        for tpl in templates:
-            rec = dict(tpl)
-            rec["time"] = now
-            rec["seq"] = seq
-            rec["prev_hash"] = prev_hash
-            raw = orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
-            prev_hash = hashlib.sha256(prev_hash.encode() + raw).hexdigest()
-            chunks.append(raw[:-1] + b',"hash":"' + prev_hash.encode() + b'"}\n')
-            seq += 1
-        os.write(fd, b"".join(chunks))
-        os.fsync(fd)
-        t3 = time.thread_time()
-        del body
-        if cycle >= 5:
-            for k, dt in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                times[k].append(dt * 1000)
-    os.close(fd)
-    return times
+    cycle = -1
+    try:
+        while True:
+            cycle += 1
+            now += 5.0
+            t0 = time.thread_time()
+            for fn, args, kwargs in calls:
+                fn(*args, **kwargs)
+            for pid in pids:
+                st = os.stat(f"/proc/{pid}")
+                hit = identity.get(pid)
+                if hit is None or hit[0] != st.st_ctime:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        name = f.read().split(b"\0", 1)[0].decode(errors="replace")
+                    identity[pid] = (st.st_ctime, pwd.getpwuid(st.st_uid).pw_name, name)
+            t1 = time.thread_time()
+            bump = cycle % 7
+            out = [f"{p}{v + bump if v > 1 else v}\n" for p, v in samples]
+            body = ("".join(headers) + "".join(out)).encode()
+            t2 = time.thread_time()
+            chunks = []
+            for tpl in templates:
+                rec = dict(tpl)
+                rec["time"] = now
+                rec["seq"] = seq
+                rec["prev_hash"] = prev_hash
+                raw = orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
+                prev_hash = hashlib.sha256(prev_hash.encode() + raw).hexdigest()
+                chunks.append(raw[:-1] + b',"hash":"' + prev_hash.encode() + b'"}\n')
+                seq += 1
+            os.write(fd, b"".join(chunks))
+            os.fsync(fd)
+            t3 = time.thread_time()
+            del body
+            yield (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000
+    finally:
+        os.close(fd)
 
 
 def run_shape(gpus: int, per_gpu: int, cycles: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-floor-"))
-    ours_t, extra = ours(gpus, per_gpu, cycles, tmp, 5.0)
-    default_t, default_extra = ours(gpus, per_gpu, cycles, tmp, 60.0)
-    floor_t = floor(cycles, tmp, calls=extra["nvml_calls"], exposition=extra["exposition"],
-                    records=extra["records"], pids=extra["pids"])
+    extra: dict[str, Any] = {}
+    o = ours(gpus, per_gpu, tmp, 5.0, extra)
+    for _ in range(5):  # warm-up; cycle 4 records the calls, lines and records
+        next(o)
+    written0 = extra["records_written"]
+    f = floor(tmp, calls=extra["nvml_calls"], exposition=extra["exposition"],
+              records=extra["records"], pids=extra["pids"])
+    for _ in range(5):
+        next(f)
+    # Alternating, one of ours then one of the floor's: load on this shared machine
+    # changes over a run, and then weighs on both sides alike.
+    ours_t: dict[str, list[float]] = {k: [] for k in STAGES}
+    floor_t: dict[str, list[float]] = {k: [] for k in STAGES}
+    for _ in range(cycles):
+        for side, gen in ((ours_t, o), (floor_t, f)):
+            for k, ms in zip(STAGES, next(gen), strict=True):
+                side[k].append(ms)
+    written = extra["records_written"] - written0
+    o.close()
+    f.close()
+    default_extra: dict[str, Any] = {}
+    d = ours(gpus, per_gpu, tmp, 60.0, default_extra)
+    for _ in range(5):
+        next(d)
+    d_written0 = default_extra["records_written"]
+    default_t: dict[str, list[float]] = {k: [] for k in STAGES}
+    for _ in range(cycles):
+        for k, ms in zip(STAGES, next(d), strict=True):
+            default_t[k].append(ms)
+    d_written = default_extra["records_written"] - d_written0
+    d.close()
     n_records = len(extra["records"])
     out: dict[str, Any] = {"gpus": gpus, "procs_per_gpu": per_gpu,
                            "nvml_calls_per_cycle": len(extra["nvml_calls"]),
@@ -216,11 +247,11 @@ def run_shape(gpus: int, per_gpu: int, cycles: int) -> dict[str, Any]:
         out[f"floor_{k}_ms"] = statistics.median(floor_t[k])
         out[f"ratio_{k}"] = out[f"ours_{k}_ms"] / out[f"floor_{k}_ms"]
     # records per CPU-second over the whole run (all cycles' audit CPU / records)
-    out["ours_records_per_cpu_s"] = extra["records_written"] / (sum(ours_t["audit"]) / 1000)
+    out["ours_records_per_cpu_s"] = written / (sum(ours_t["audit"]) / 1000)
     out["floor_records_per_cpu_s"] = n_records * cycles / (sum(floor_t["audit"]) / 1000)
     out["ours_default60_audit_ms"] = statistics.median(default_t["audit"])
     out["ours_default60_audit_ms_mean"] = statistics.fmean(default_t["audit"])
-    out["ours_default60_records_per_cycle"] = default_extra["records_written"] / cycles
+    out["ours_default60_records_per_cycle"] = d_written / cycles
     return out
 
 
