@@ -42,6 +42,7 @@ LABEL org.opencontainers.image.title="gpu-audit" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    MALLOC_ARENA_MAX=2 \
     GPU_AUDIT_HEALTHZ_URL=http://127.0.0.1:9945/healthz
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels "gpu-audit[all]==${VERSION}" \

@@ -30,12 +30,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_exporter import SHAPES, pct, scenario_file  # noqa: E402  (the same shapes)
 
-from exporter.app import SimProcfs  # noqa: E402
 from exporter.attribution.config import AttributionConfig  # noqa: E402
 from exporter.attribution.resolver import Resolver  # noqa: E402
 from exporter.exposition.render import Renderer, RenderOptions  # noqa: E402
 from exporter.inventory import open_inventory  # noqa: E402
 from exporter.sim.backend import SimBackend  # noqa: E402
+from exporter.sim.fakeproc import SimProcfs  # noqa: E402
 from exporter.sim.scenario import load_scenario  # noqa: E402
 from gpu_audit.model.attribution import AttributedProcess, Attribution  # noqa: E402
 from gpu_audit.model.snapshot import Snapshot  # noqa: E402

@@ -31,7 +31,7 @@ from exporter.backends.nvml_events import XidEvents, XidState
 from exporter.backends.nvml_fields import READERS, DeviceCtx, Values
 from exporter.backends.nvml_identity import MigSlot, enumerate_mig, read_identity, read_mig
 from exporter.backends.nvml_processes import (
-    apply_utilization,
+    build_processes,
     merge_process_lists,
     newest_util_samples,
     read_process_list,
@@ -299,17 +299,16 @@ class NvmlBackend:
             got = read_process_list(nvml, self._process_calls[kind], dev.handle)
             if got is not None:
                 lists.append((kind, got))
-        procs = merge_process_lists(lists)
+        entries = merge_process_lists(lists)
         names: dict[int, str] = {}
-        for p in procs:
-            cached = dev.names.get(p.pid)
+        for pid, *_ in entries:
+            cached = dev.names.get(pid)
             if cached is None:
-                cached = self._process_name(p.pid)
-            names[p.pid] = cached
+                cached = self._process_name(pid)
+            names[pid] = cached
         dev.names = names  # drop pids that left, so a reused pid is asked again
-        procs = [_with_name(p, names[p.pid]) for p in procs]
-        if not procs or not dev.util_supported:
-            return procs
+        if not entries or not dev.util_supported:
+            return build_processes(entries, names, {})
         last_seen = dev.util_last_seen_us
         if last_seen is None:
             since = self._prev_now if self._prev_now is not None else (
@@ -323,11 +322,11 @@ class NvmlBackend:
             dev.util_supported = False
             log.info("GPU %d (%s): nvmlDeviceGetProcessUtilization not available (%s); "
                      "per-process utilisation omitted", dev.index, dev.uuid, error_name(err))
-            return procs
+            return build_processes(entries, names, {})
         newest = newest_util_samples(samples)
         if newest:
-            dev.util_last_seen_us = max(u.timestamp_us for u in newest.values())
-        return apply_utilization(procs, newest)
+            dev.util_last_seen_us = max(u[0] for u in newest.values())
+        return build_processes(entries, names, newest)
 
     def _process_name(self, pid: int) -> str:
         nvml = self._nvml
@@ -397,10 +396,6 @@ class NvmlBackend:
 
 def _replace_uuid(info: GpuInfo, uuid: str) -> GpuInfo:
     return replace(info, uuid=uuid)
-
-
-def _with_name(p: ProcessSample, name: str) -> ProcessSample:
-    return replace(p, name=name)
 
 
 def create(config: ExporterConfig) -> NvmlBackend:

@@ -15,7 +15,6 @@ raised to the backend, which marks the GPU down.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_audit.model.samples import ProcessSample, ProcessType
@@ -49,61 +48,68 @@ def _memory(value: Any) -> int | None:
     return None if v == NOT_AVAILABLE else v
 
 
-def merge_process_lists(lists: Iterable[tuple[ProcessType, list[Any]]]) -> list[ProcessSample]:
+# (pid, kind, used memory, GPU instance, compute instance): one merged list entry.
+Entry = tuple[int, ProcessType, int | None, int | None, int | None]
+# (driver timestamp in us, sm, memory, encoder, decoder ratios): a pid's newest sample.
+# Plain tuples, not objects: 512 processes per cycle on a big node (issue 27).
+UtilSample = tuple[int, float, float, float, float]
+
+
+def merge_process_lists(lists: Iterable[tuple[ProcessType, list[Any]]]) -> list[Entry]:
     """One entry per (pid, GPU instance, compute instance); the first list wins.
 
     A process doing both compute and graphics ("C+G") appears in both lists with the
     same memory; counting it once keeps per-GPU totals honest.
     """
     seen: set[tuple[int, int | None, int | None]] = set()
-    out: list[ProcessSample] = []
+    out: list[Entry] = []
     for kind, entries in lists:
         for p in entries:
             gi = _optional_instance(getattr(p, "gpuInstanceId", None))
             ci = _optional_instance(getattr(p, "computeInstanceId", None))
-            key = (int(p.pid), gi, ci)
+            pid = int(p.pid)
+            key = (pid, gi, ci)
             if key in seen:
                 continue
             seen.add(key)
-            out.append(
-                ProcessSample(
-                    pid=int(p.pid),
-                    type=kind,
-                    used_memory_bytes=_memory(getattr(p, "usedGpuMemory", None)),
-                    gpu_instance_id=gi,
-                    compute_instance_id=ci,
-                )
-            )
+            out.append((pid, kind, _memory(getattr(p, "usedGpuMemory", None)), gi, ci))
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class UtilSample:
-    """The newest process-utilisation sample of one pid, as ratios."""
-
-    timestamp_us: int
-    sm: float
-    memory: float
-    encoder: float
-    decoder: float
 
 
 def newest_util_samples(samples: Iterable[Any]) -> dict[int, UtilSample]:
     """Keep the newest sample per pid (the driver buffers several per period)."""
     out: dict[int, UtilSample] = {}
+    # The binding's structs override __getattribute__ (to decode bytes fields, which
+    # these are not): the plain lookup reads the same fields at a third of the cost.
+    get = object.__getattribute__
     for s in samples:
-        pid = int(s.pid)
-        ts = int(s.timeStamp)
+        pid = int(get(s, "pid"))
+        ts = int(get(s, "timeStamp"))
         prev = out.get(pid)
-        if prev is not None and prev.timestamp_us >= ts:
+        if prev is not None and prev[0] >= ts:
             continue
-        out[pid] = UtilSample(
-            timestamp_us=ts,
-            sm=s.smUtil / 100.0,
-            memory=s.memUtil / 100.0,
-            encoder=s.encUtil / 100.0,
-            decoder=s.decUtil / 100.0,
-        )
+        out[pid] = (ts, get(s, "smUtil") / 100.0, get(s, "memUtil") / 100.0,
+                    get(s, "encUtil") / 100.0, get(s, "decUtil") / 100.0)
+    return out
+
+
+def build_processes(entries: Iterable[Entry], names: Mapping[int, str],
+                    util: Mapping[int, UtilSample]) -> list[ProcessSample]:
+    """The cycle's ProcessSamples, each built once with its name and utilisation ratios
+    (where the driver had a sample) - never copied field by field."""
+    out: list[ProcessSample] = []
+    for pid, kind, mem, gi, ci in entries:
+        u = util.get(pid)
+        if u is None:
+            out.append(ProcessSample(pid=pid, name=names.get(pid, ""), type=kind,
+                                     used_memory_bytes=mem, gpu_instance_id=gi,
+                                     compute_instance_id=ci))
+        else:
+            out.append(ProcessSample(pid=pid, name=names.get(pid, ""), type=kind,
+                                     used_memory_bytes=mem, sm_util_ratio=u[1],
+                                     memory_util_ratio=u[2], encoder_util_ratio=u[3],
+                                     decoder_util_ratio=u[4], gpu_instance_id=gi,
+                                     compute_instance_id=ci))
     return out
 
 
@@ -113,25 +119,3 @@ def read_process_utilization(nvml: Any, handle: Any, last_seen_us: int) -> list[
         return list(nvml.nvmlDeviceGetProcessUtilization(handle, last_seen_us))
     except nvml.NVMLError_NotFound:
         return []
-
-
-def apply_utilization(
-    processes: list[ProcessSample], util: Mapping[int, UtilSample]
-) -> list[ProcessSample]:
-    """Processes with their utilisation ratios filled where a sample exists."""
-    out: list[ProcessSample] = []
-    for p in processes:
-        u = util.get(p.pid)
-        if u is None:
-            out.append(p)
-            continue
-        out.append(
-            replace(
-                p,
-                sm_util_ratio=u.sm,
-                memory_util_ratio=u.memory,
-                encoder_util_ratio=u.encoder,
-                decoder_util_ratio=u.decoder,
-            )
-        )
-    return out

@@ -85,11 +85,14 @@ class LabelCache:
     one exposition.
     """
 
-    __slots__ = ("_blocks", "_new", "_new_blocks", "_old")
+    __slots__ = ("_blocks", "_new", "_new_blocks", "_new_prefixes", "_old", "_prefixes")
 
     def __init__(self) -> None:
         self._old: dict[tuple[object, ...], str] = {}
         self._new: dict[tuple[object, ...], str] = {}
+        # series identity -> the `name{labels} ` start of each of its lines
+        self._prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self._new_prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
         self._blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
         self._new_blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
 
@@ -101,6 +104,18 @@ class LabelCache:
                 text = build()
             self._new[key] = text
         return text
+
+    def line_prefixes(self, key: tuple[object, ...],
+                      build: Callable[[], tuple[str, ...]]) -> tuple[str, ...]:
+        """The cached `name{labels} ` starts of a series' lines: only the value is
+        formatted each cycle."""
+        hit = self._new_prefixes.get(key)
+        if hit is None:
+            hit = self._prefixes.get(key)
+            if hit is None:
+                hit = build()
+            self._new_prefixes[key] = hit
+        return hit
 
     def block(self, key: tuple[object, ...], values: object) -> list[str] | None:
         """The lines rendered last cycle for `key`, when its values are unchanged."""
@@ -116,6 +131,7 @@ class LabelCache:
     def rotate(self) -> None:
         self._old, self._new = self._new, {}
         self._blocks, self._new_blocks = self._new_blocks, {}
+        self._prefixes, self._new_prefixes = self._new_prefixes, {}
 
 
 def _fixed(f: fam.FamilyDef) -> _Family:
@@ -154,10 +170,6 @@ def _plus(total: float | None, value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return total
     return value if total is None else total + value
-
-
-def _cap1(value: float | None) -> float | None:
-    return None if value is None else min(value, 1.0)
 
 
 def _identity(ap: AttributedProcess, pid_label: bool) -> tuple[str, ...]:
@@ -363,6 +375,23 @@ def _join(prefix: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
     return prefix + "".join(f',{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True))
 
 
+def _num(v: float) -> str:
+    """A finite sample value as fmt_value writes it. Only for values finite by
+    construction: _process_rows drops NaN/Inf, and sums of finite byte counts and
+    ratios stay finite."""
+    if type(v) is int:
+        return str(v)
+    if v.is_integer() and -1e15 < v < 1e15:
+        return str(int(v))
+    return repr(float(v))
+
+
+def _process_line_prefixes(fams: tuple[_Family, ...], prefix: str, names: tuple[str, ...],
+                           key: tuple[str, ...]) -> tuple[str, ...]:
+    labels = _join(prefix, names, key)
+    return tuple(f"{f.name}{{{labels}}} " for f in fams)
+
+
 def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mapping[str, str],
                       opts: RenderOptions,
                       cache: LabelCache) -> tuple[list[_Family], dict[str, int]]:
@@ -386,17 +415,26 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
             items = items[:cap]
         prefix = prefixes[g.info.uuid]
         for key, agg in items:
-            labels = cache.get((prefix, key), partial(_join, prefix, names, key))
-            tail = labels + "} "
-            for f, v in ((mem, agg.mem), (sm, _cap1(agg.sm)), (memu, _cap1(agg.memu)),
-                         (enc, _cap1(agg.enc)), (dec, _cap1(agg.dec))):
-                if v is not None:
-                    text = (str(int(v)) if type(v) is int or (
-                        type(v) is float and v.is_integer() and -1e15 < v < 1e15)
-                        else fmt_value(v))
-                    if text is not None:
-                        f.lines.append(f"{f.name}{{{tail}{text}\n")
-            count.lines.append(f"{count.name}{{{tail}{agg.count}\n")
+            pmem, psm, pmemu, penc, pdec, pcount = cache.line_prefixes(
+                (prefix, key), partial(_process_line_prefixes, fams, prefix, names, key))
+            # Values are finite or None here (_process_rows); ratios capped at 1 ("1" is
+            # what _num writes for 1.0). Memory is an int (a float only from a simulator).
+            v: float | None = agg.mem
+            if v is not None:
+                mem.lines.append(pmem + (str(v) if type(v) is int else _num(v)) + "\n")
+            v = agg.sm
+            if v is not None:
+                sm.lines.append(psm + ("1" if v >= 1.0 else _num(v)) + "\n")
+            v = agg.memu
+            if v is not None:
+                memu.lines.append(pmemu + ("1" if v >= 1.0 else _num(v)) + "\n")
+            v = agg.enc
+            if v is not None:
+                enc.lines.append(penc + ("1" if v >= 1.0 else _num(v)) + "\n")
+            v = agg.dec
+            if v is not None:
+                dec.lines.append(pdec + ("1" if v >= 1.0 else _num(v)) + "\n")
+            count.lines.append(f"{pcount}{agg.count}\n")
     return list(fams), dropped
 
 

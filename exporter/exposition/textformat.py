@@ -10,6 +10,7 @@ more (see bench/bench_scrape.py). Must never emit NaN or +/-Inf: a non-finite va
 from __future__ import annotations
 
 import math
+import re
 
 # Integral floats below this print as integers; above it a float's integer digits are
 # noise, so the shortest round-trip repr (1.2e+16) is clearer.
@@ -27,10 +28,20 @@ def fmt_value(value: float) -> str | None:
     return repr(float(value))
 
 
+# Control characters other than the newline (escaped as \n): C0, DEL and C1. The text
+# format would carry them, but a NUL or an ESC from a process name breaks dashboards and
+# turns a terminal running `curl /metrics` into an escape-sequence target.
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+REPLACEMENT = "\ufffd"
+
+
 def escape_label_value(value: str) -> str:
-    """Escape backslash, double quote and newline as the text format requires."""
+    """Escape backslash, double quote and newline as the text format requires, and
+    replace every other control character (C0, DEL, C1) with U+FFFD."""
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    if not value.isprintable():  # cheap test first: most values are printable
+        value = _CONTROL.sub(REPLACEMENT, value)
     return value
 
 

@@ -202,7 +202,12 @@ class PartsCache:
 
     def shared(self, part: dict[str, Any]) -> Any:
         """`part` as it goes into records: itself, or its canonical bytes as a Fragment."""
-        return orjson.Fragment(canonical_bytes(part)) if self.fragments else part
+        if not self.fragments:
+            return part
+        # A copy: orjson's result keeps its whole output buffer (~4 KB) allocated for a
+        # ~70-byte part, and these live as long as their process (1,024 of them at
+        # 8 GPUs x 64 processes: ~4 MB of RSS). bytes(b) would return b itself.
+        return orjson.Fragment(bytes(memoryview(canonical_bytes(part))))
 
     def get(self, a: Attribution) -> tuple[bool, Any]:
         """(attributed, record part): the part is None for an unknown owner."""

@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import bcrypt
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gpu_audit.config_section import Section
@@ -315,6 +314,14 @@ class BasicAuth:
         # a configured hash, rather than computing a dummy one here, keeps start-up free
         # of bcrypt work: a slow hash cannot delay start-up or a SIGTERM during it.
         self._dummy = max(self._users.values(), key=_bcrypt_cost, default=b"")
+        self._bcrypt: Any = None
+        if self._users:
+            # Imported only when basic auth is on: an exporter without it never keeps
+            # bcrypt resident (issue 27). Here, not at the first login, so no request
+            # waits for the import.
+            import bcrypt  # noqa: PLC0415
+
+            self._bcrypt = bcrypt
 
     @property
     def enabled(self) -> bool:
@@ -339,7 +346,8 @@ class BasicAuth:
             return True
         hashed = self._users.get(user)
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy)
+            ok = self._bcrypt.checkpw(password.encode(),
+                                      hashed if hashed is not None else self._dummy)
         except ValueError:
             # a hash bcrypt cannot use (load-time validation was bypassed): refuse, as
             # for a wrong password; a 500 would tell the client more than a 401

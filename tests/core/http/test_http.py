@@ -317,7 +317,7 @@ def test_basic_auth_caches_success_not_failure(monkeypatch: pytest.MonkeyPatch) 
         calls.append(pw)
         return bool(real(pw, h))
 
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw", counting)
+    monkeypatch.setattr(bcrypt, "checkpw", counting)
 
     def hdr(raw: bytes) -> str:
         return "Basic " + base64.b64encode(raw).decode()

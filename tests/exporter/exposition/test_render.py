@@ -225,21 +225,64 @@ def test_value_formatting() -> None:
 
 
 label_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+# Control characters drawn often (NUL, ESC, TAB, CR, DEL, C1's CSI) mixed with any text.
+control_text = st.text(
+    st.sampled_from(["\x00", "\x1b", "\t", "\r", "\x7f", "\x9b", "\n"])
+    | st.characters(blacklist_categories=("Cs",)), max_size=30)
+
+
+def readable(value: str) -> str:
+    """What a label value should read as after rendering: every control character but
+    the newline (which the format escapes) replaced with U+FFFD."""
+    return "".join("\ufffd" if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F
+                   else c for c in value)
 
 
 @settings(max_examples=150, deadline=None)
 @given(user=label_text, name=label_text, host=label_text)
 def test_label_escaping_round_trips(user: str, name: str, host: str) -> None:
-    """Any label value (quotes, backslashes, newlines, unicode) parses back unchanged."""
+    """Any label value (quotes, backslashes, newlines, unicode) parses back unchanged,
+    control characters replaced."""
     snap = small_snapshot()
     procs = (AttributedProcess(UUID0, proc(7, 3 * GIB, name=name),
                                Attribution(user=user, sources={"user": "environ"})),)
     snap = dataclasses.replace(snap, processes={UUID0: procs}, host=host)
     body = render_snapshot(snap, RenderOptions(dcgm_compat=True)).body
     (lbl, value), = named(body, "gpu_process_memory_used_bytes")
-    assert (lbl["user"], lbl["process_name"], value) == (user, name, 3 * GIB)
+    assert (lbl["user"], lbl["process_name"], value) == (readable(user), readable(name),
+                                                         3 * GIB)
     hosts = {lbl["Hostname"] for lbl, _ in named(body, "DCGM_FI_DEV_GPU_UTIL")}
-    assert hosts == {host}
+    assert hosts == {readable(host)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=control_text, name=control_text, host=control_text,
+       compat=st.booleans())
+def test_no_control_character_reaches_the_exposition(user: str, name: str, host: str,
+                                                     compat: bool) -> None:
+    """NUL, ESC, DEL, C1 and every other control character from a process name, a user
+    or the host never reach the exposition: each line is printable text (issue 27)."""
+    snap = small_snapshot()
+    procs = (AttributedProcess(UUID0, proc(7, 3 * GIB, name=name),
+                               Attribution(user=user, sources={"user": "environ"})),)
+    snap = dataclasses.replace(snap, processes={UUID0: procs}, host=host)
+    body = render_snapshot(snap, RenderOptions(dcgm_compat=compat)).body
+    for line in body.decode("utf-8").split("\n"):
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in line), repr(line)
+    (lbl, _), = named(body, "gpu_process_memory_used_bytes")
+    assert lbl["process_name"] == readable(name)
+
+
+def test_nul_and_escape_in_a_process_name_are_replaced() -> None:
+    """The issue's case: a process named with a NUL and an ANSI escape renders as
+    U+FFFD in their place, and promtool accepts the exposition."""
+    snap = small_snapshot()
+    procs = (AttributedProcess(UUID0, proc(7, GIB, name="evil\x00\x1b[31mred"), UNKNOWN),)
+    body = render_snapshot(dataclasses.replace(snap, processes={UUID0: procs}),
+                           RenderOptions()).body
+    assert b"\x00" not in body and b"\x1b" not in body
+    assert 'process_name="evil\ufffd\ufffd[31mred"'.encode() in body
+    assert promtool_check(body)[0] == 0
 
 
 def test_invalid_unicode_label_still_gives_utf8() -> None:
