@@ -12,6 +12,11 @@ through a gpu-audit configuration written beside it (`gpu-audit-sim.yaml`, namin
 archive sink), so the manifest records it and `--replay` re-reads the kept archive.
 The bill says it is simulated: the report's banner, the archive source's note on the
 simulated records billed, `include_simulated` in the manifest. Never silent fake data.
+
+Owners are named as `gpu-audit run --simulate` names them (exporter.sim.fakeproc): the
+user database is an empty passwd file, so a simulated uid never borrows this host's
+user name (uid 1000 is `uid:1000` here, on every machine, in both paths) unless the
+scenario's environment names the user.
 """
 
 from __future__ import annotations
@@ -140,13 +145,17 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
             backend = SimBackend(spec, start_time=t0, clock=lambda: clock[0])
             host = HOST if nodes == 1 else f"{HOST}-{i + 1:02d}"
             proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
+            # an empty user database, as the exporter's simulator uses (SimProcfs)
+            passwd = proc / "passwd"
+            passwd.write_text("")
             fleet.append(_Node(
                 host=host, backend=backend, info=backend.open(),
                 producer=AuditProducer(AuditConfig(stream="sim", interval_seconds=interval),
                                        spool, host=host,
                                        exporter_version=__version__, simulated=True,
                                        clock=lambda: clock[0]),
-                proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc))))
+                proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc,
+                                                        passwd_file=passwd))))
         for node in fleet:
             node.producer.start()
         prev: float | None = None

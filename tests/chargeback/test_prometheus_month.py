@@ -382,7 +382,8 @@ def test_compare_with_archive_reports_the_differences_and_replays(
     queried = manifest["compared_sources"]["archive"]["queries"]
     assert {q.split()[2] for q in queried} == {
         p.name for p in month_archive.glob("gpu-audit_*.jsonl*")}
-    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source,completeness")
+    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(
+        ",source,completeness,energy_kwh_price,simulated")
     say = io.StringIO()
     again = replay(out / MANIFEST_NAME, tmp_path / "again", readers=readers, say=say)
     assert again == 0, say.getvalue()
