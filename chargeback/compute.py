@@ -40,6 +40,24 @@ MAX_ROWS = 10  # rows listed per compared source
 _H = 3600.0
 _KWH = 3.6e6
 SHOWBACK = Rates("", {"default": 0.0}, 0.0)  # no rates file: hours and energy only
+# The energy counter and integrated power draw measure the same energy two ways; beyond
+# this share of the larger (and ENERGY_FLOOR_KWH) the bill warns (docs/CHARGEBACK.md):
+# one of them is wrong (a counter that does not count, a simulator's compressed time,
+# samples too sparse for the power integral).
+ENERGY_TOLERANCE = 0.05
+ENERGY_FLOOR_KWH = 0.01
+
+
+def energy_warning(counter_kwh: float, power_kwh: float) -> str | None:
+    """The warning for a bill whose two energy measures disagree, or None."""
+    big = max(abs(counter_kwh), abs(power_kwh))
+    diff = abs(counter_kwh - power_kwh)
+    if diff <= ENERGY_FLOOR_KWH or diff <= ENERGY_TOLERANCE * big:
+        return None
+    return (f"ENERGY: the energy counter says {counter_kwh:,.3f} kWh and integrated power "
+            f"draw {power_kwh:,.3f} kWh, {100 * diff / big:.1f} % apart (tolerance "
+            f"{100 * ENERGY_TOLERANCE:g} %): energy is billed from the counter; check "
+            "the counters and the sampling before invoicing energy")
 
 
 def _row(kind: str, department: str, project: str, user: str, u: Usage) -> Row:
@@ -140,13 +158,17 @@ def build_bill(data: SourceData, rates: Rates | None, directory: Directory,
         power_energy_kwh=fleet_power_energy / _KWH,
         energy_difference_kwh=(fleet_energy - fleet_power_energy) / _KWH,
     )
+    notes = list(data.notes)
+    warning = energy_warning(recon.fleet_energy_kwh, recon.power_energy_kwh)
+    if warning is not None:
+        notes.append(warning)
     return Bill(
         start=data.start, end=data.end, source=data.source, currency=rates.currency,
         idle_policy=idle_policy, idle_policy_note=note,
         rows=[*rows, unattributed, idle_row], reconciliation=recon, days=data.days,
         unmapped=sorted(unmapped), simulated_excluded=data.simulated_excluded,
         simulated_included=data.simulated_included, verified=data.verified,
-        verification_problems=list(data.verification_problems), notes=list(data.notes),
+        verification_problems=list(data.verification_problems), notes=notes,
         completeness=data.completeness, priced=priced, energy_kwh_price=rates.energy_kwh,
         lines=_lines([*rows, unattributed, idle_row], row_models, rates),
     )

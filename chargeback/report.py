@@ -201,7 +201,12 @@ def _dept_hint(departments: list[str], key: str) -> str:
 
 
 def _trail(bill: Bill) -> str:
-    return _simulated(bill) + _gaps(bill) + _chain(bill)
+    return _simulated(bill) + _gaps(bill) + _energy(bill) + _chain(bill)
+
+
+def _energy(bill: Bill) -> str:
+    said = [n for n in bill.notes if n.startswith("ENERGY:")]
+    return "".join(f'<div class="banner" id="energy-warning">{_e(n)}</div>' for n in said)
 
 
 def _gaps(bill: Bill) -> str:

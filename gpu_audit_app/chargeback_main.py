@@ -257,6 +257,9 @@ def chargeback_command(args: argparse.Namespace) -> int:
         print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
               f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
               f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
+    for note in result.bill.notes:
+        if note.startswith("ENERGY:"):
+            print(f"WARNING {note}")
     if not result.bill.priced:
         print("SHOWBACK: no --rates, so the bill has GPU-hours and energy and no cost "
               "(the cost columns are empty)")

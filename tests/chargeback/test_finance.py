@@ -228,3 +228,29 @@ def test_money_is_never_negative_zero() -> None:
     assert money(-0.001) == "0.00 EUR" and money(-0.0) == "0.00 EUR"
     assert money.plain(-1e-12) == "0.00" and money(-0.006) == "-0.01 EUR"
     assert Money("EUR", priced=False)(12.0) == "\u2013"
+
+
+def test_counter_and_integrated_power_apart_is_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's 14.82 kWh counter against 0.25 kWh of integrated power: the bill says
+    so on the terminal, in the notes and in a report banner; within 5 % it does not."""
+    def apart(req: Request, progress: bool) -> SourceData:
+        data = _data(req, progress)
+        data.fleet[H100].energy_joules = 14.82 * 3.6e6
+        data.fleet[H100].power_energy_joules = 0.25 * 3.6e6
+        data.fleet[A100].power_energy_joules = 0.0
+        data.fleet[A100].energy_joules = 0.0
+        return data
+
+    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", apart)
+    assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
+    out = capsys.readouterr().out
+    assert "WARNING ENERGY: the energy counter says 14.820 kWh and integrated power " \
+           "draw 0.250 kWh, 98.3 % apart (tolerance 5 %)" in out
+    doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())
+    assert any(n.startswith("ENERGY:") for n in doc["notes"])
+    assert 'id="energy-warning"' in (tmp_path / "o" / "report.html").read_text()
+    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
+    assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
+    assert "ENERGY" not in capsys.readouterr().out
