@@ -169,7 +169,8 @@ def build_bill(data: SourceData, rates: Rates | None, directory: Directory,
         unmapped=sorted(unmapped), simulated_excluded=data.simulated_excluded,
         simulated_included=data.simulated_included, verified=data.verified,
         verification_problems=list(data.verification_problems), notes=notes,
-        completeness=data.completeness, priced=priced, energy_kwh_price=rates.energy_kwh,
+        completeness=data.completeness, priced=priced,
+        allocation_known=data.allocation_known, energy_kwh_price=rates.energy_kwh,
         lines=_lines([*rows, unattributed, idle_row], row_models, rates),
     )
 

@@ -151,6 +151,9 @@ class SourceData:
     compared: dict[str, SourceData] = field(default_factory=dict)
     # the archive and search sources: proof that no record is missing (None: no proof)
     completeness: Completeness | None = None
+    # False where the source cannot see reservations (the audit records carry none):
+    # allocated GPU-hours are then "not known", written empty, never another column's copy
+    allocation_known: bool = True
 
 
 @dataclass(slots=True)
@@ -264,6 +267,7 @@ class Bill:
     completeness: Completeness | None = None
     # False: a showback (no rates file): hours and energy only, every cost column empty
     priced: bool = True
+    allocation_known: bool = True  # False: allocated GPU-hours are not known (empty)
     energy_kwh_price: float = 0.0  # the rates file's price per kWh
     lines: list[Line] = field(default_factory=list)  # GPU cost per row and GPU model
 

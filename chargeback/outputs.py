@@ -143,6 +143,8 @@ def _number(bill: Bill, name: str, value: float) -> str:
     """A number cell; cost cells are empty in a showback (no rates: no cost)."""
     if not bill.priced and (name in COST_COLUMNS or name == "gpu_hour_price"):
         return ""
+    if not bill.allocation_known and name == "allocated_gpu_hours":
+        return ""
     return fmt_number(value)
 
 
@@ -215,11 +217,13 @@ def _amounts_json(amounts: Usage | Fleet) -> dict[str, float]:
     return out
 
 
-def _row_json(row: Row, priced: bool) -> dict[str, Any]:
+def _row_json(row: Row, priced: bool, allocation_known: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": row.kind, "department": row.department,
                            "project": row.project, "user": row.user}
     out.update({name: rounded(getattr(row, name)) if priced or name not in COST_COLUMNS
                 else None for name in ROW_NUMBER_COLUMNS})
+    if not allocation_known:
+        out["allocated_gpu_hours"] = None
     return out
 
 
@@ -254,7 +258,8 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         "energy_kwh_price": rounded(bill.energy_kwh_price) if bill.priced else None,
         "idle_policy": bill.idle_policy,
         "idle_policy_note": bill.idle_policy_note,
-        "rows": [_row_json(row, bill.priced) for row in bill.rows],
+        "rows": [_row_json(row, bill.priced, bill.allocation_known) for row in bill.rows],
+        "allocation_known": bill.allocation_known,
         "lines": [_line_json(li, bill.priced) for li in bill.lines],
         "reconciliation": {
             **{f.name: rounded(getattr(rec, f.name)) for f in fields(rec)
@@ -349,7 +354,8 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
         simulated_included=obj["simulated_included"], verified=obj["verified"],
         verification_problems=list(obj["verification_problems"]), notes=list(obj["notes"]),
         completeness=completeness_from_json(obj.get("completeness")),
-        priced=obj.get("priced", True), energy_kwh_price=obj.get("energy_kwh_price") or 0.0,
+        priced=obj.get("priced", True), allocation_known=obj.get("allocation_known", True),
+        energy_kwh_price=obj.get("energy_kwh_price") or 0.0,
         lines=lines,
     )
 

@@ -478,11 +478,14 @@ def _full(bill: Bill, money: Money) -> str:
                 _e(money.plain(r.gpu_cost)), _e(money.plain(r.energy_cost)),
                 _e(money.plain(r.idle_share_cost)), _e(money.plain(r.total_cost))]
 
+    def allocated(r: Row) -> str:
+        return _h(r.allocated_gpu_hours) if bill.allocation_known else "\u2013"
+
     body = [cells(r, _e(_label(r)), prices.get((r.kind, r.department, r.project, r.user),
                                                "\u2013") if bill.priced else "\u2013",
-                  _h(r.allocated_gpu_hours)) for r in bill.rows]
+                  allocated(r)) for r in bill.rows]
     total = _sum_rows(bill.rows)
-    body.append(cells(total, "<b>Total</b>", "", _h(total.allocated_gpu_hours)))
+    body.append(cells(total, "<b>Total</b>", "", allocated(total)))
     table = _table(head, body).replace(
         "<tr><td><b>Total</b>", '<tr id="bill-total" class="total"><td><b>Total</b>')
     price = (f"Energy: {_e(money(bill.energy_kwh_price))} per kWh. " if bill.priced

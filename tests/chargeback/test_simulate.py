@@ -55,6 +55,8 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
         assert float(rows[key]["used_gpu_hours"]) == pytest.approx(used, abs=1e-6), key
         assert float(rows[key]["charged_gpu_hours"]) == pytest.approx(charged, abs=1e-6), key
     assert {r["source"] for r in rows.values()} == {"archive"}
+    # the audit records carry no allocation: "not known" (empty), never a copy of used
+    assert {r["allocated_gpu_hours"] for r in rows.values()} == {""}
     # the archive is a real, hash-chained trail of simulated records only
     archive = out / "sim-archive"
     records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit_*.jsonl*"))
