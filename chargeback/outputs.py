@@ -204,16 +204,19 @@ _HOURS = SECONDS_PER_HOUR
 _KWH = JOULES_PER_KWH
 
 
-def _amounts_json(amounts: Usage | Fleet) -> dict[str, float]:
+def _amounts_json(amounts: Usage | Fleet, allocation_known: bool = True
+                  ) -> dict[str, float | None]:
     """A Usage or Fleet in the bill's units: every `*_seconds` field as `*_hours`, every
-    `*_joules` field as `*_kwh`."""
-    out: dict[str, float] = {}
+    `*_joules` field as `*_kwh`; allocated GPU-hours null when not known."""
+    out: dict[str, float | None] = {}
     for f in fields(amounts):
         value = getattr(amounts, f.name)
         if f.name.endswith("_seconds"):
             out[f.name.removesuffix("_seconds") + "_hours"] = rounded(value / _HOURS)
         elif f.name.endswith("_joules"):
             out[f.name.removesuffix("_joules") + "_kwh"] = rounded(value / _KWH)
+    if not allocation_known and "allocated_gpu_hours" in out:
+        out["allocated_gpu_hours"] = None
     return out
 
 
@@ -244,7 +247,8 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         days[day] = {
             "fleet": _amounts_json(fleet),
             "owners": [
-                {"user": owner[0], "project": owner[1], **_amounts_json(owners[owner])}
+                {"user": owner[0], "project": owner[1],
+                 **_amounts_json(owners[owner], bill.allocation_known)}
                 for owner in sorted(owners, key=owner_sort_key)
             ],
         }
@@ -327,7 +331,7 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
         owners: dict[Owner, Usage] = {}
         for entry in value["owners"]:
             owners[(entry["user"], entry["project"])] = Usage(
-                allocated_gpu_seconds=entry["allocated_gpu_hours"] * _HOURS,
+                allocated_gpu_seconds=(entry["allocated_gpu_hours"] or 0.0) * _HOURS,
                 used_gpu_seconds=entry["used_gpu_hours"] * _HOURS,
                 charged_gpu_seconds=entry["charged_gpu_hours"] * _HOURS,
                 busy_gpu_seconds=entry["busy_gpu_hours"] * _HOURS,

@@ -254,3 +254,29 @@ def test_counter_and_integrated_power_apart_is_a_warning(
     monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     assert "ENERGY" not in capsys.readouterr().out
+
+
+def test_allocation_not_known_is_null_in_the_json_and_reads_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source that cannot see reservations: the CSV's allocated cells are empty, the
+    JSON's rows and days say null (not 0, not a copy of used), and the JSON reads back
+    into the same bill."""
+    from chargeback.outputs import bill_from_json
+
+    def unknown(req: Request, progress: bool) -> SourceData:
+        data = _data(req, progress)
+        data.allocation_known = False
+        data.days["2026-11-01"] = ({("alice", "vision"): Usage(used_gpu_seconds=3600.0)},
+                                   Fleet(gpu_seconds=7200.0))
+        return data
+
+    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", unknown)
+    assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
+    assert {r["allocated_gpu_hours"] for r in _csv(tmp_path / "o" / CSV_NAME)} == {""}
+    doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())
+    assert doc["allocation_known"] is False
+    assert {r["allocated_gpu_hours"] for r in doc["rows"]} == {None}
+    assert doc["days"]["2026-11-01"]["owners"][0]["allocated_gpu_hours"] is None
+    back = bill_from_json(doc)
+    assert back.allocation_known is False
+    assert {r.user: r.used_gpu_hours for r in back.rows}["alice"] == 14.0
