@@ -20,7 +20,7 @@ replay renders it byte for byte.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from html import escape
 
@@ -170,8 +170,17 @@ def _label(row: Row) -> str:
     return row.department
 
 
+def _measure(bill: Bill, money: Money) -> tuple[str, Callable[[Row], float],
+                                               Callable[[float], str]]:
+    """What the charts rank by: total cost, or charged GPU-hours in a showback."""
+    if bill.priced:
+        return "cost", lambda r: r.total_cost, money
+    return "charged GPU-hours", lambda r: r.charged_gpu_hours, lambda v: f"{_h(v)} h"
+
+
 def _group(rows: Iterable[Row], key: str) -> list[tuple[str, Row]]:
-    """Owner rows summed by department, user or project; largest total cost first."""
+    """Owner rows summed by department, user or project; largest total cost (then
+    charged GPU-hours) first."""
     sums: dict[str, Row] = {}
     for row in rows:
         if row.kind != "owner":
@@ -183,7 +192,8 @@ def _group(rows: Iterable[Row], key: str) -> list[tuple[str, Row]]:
                       "power_energy_kwh", "gpu_cost", "energy_cost", "idle_share_cost",
                       "total_cost"):
             setattr(acc, field, getattr(acc, field) + getattr(row, field))
-    return sorted(sums.items(), key=lambda kv: (-kv[1].total_cost, kv[0]))
+    return sorted(sums.items(), key=lambda kv: (-kv[1].total_cost,
+                                                -kv[1].charged_gpu_hours, kv[0]))
 
 
 def _departments_of(rows: Iterable[Row], key: str) -> dict[str, list[str]]:
@@ -282,9 +292,10 @@ def _tiles(bill: Bill, money: Money) -> str:
 
 def _departments(bill: Bill, money: Money) -> str:
     groups = _group(bill.rows, "department")
-    items = [(name, row.total_cost, money(row.total_cost)) for name, row in groups]
-    items += [(_label(r), r.total_cost, money(r.total_cost)) for r in bill.rows
-              if r.kind != "owner" and r.total_cost > 0]
+    what, value, shown = _measure(bill, money)
+    items = [(name, value(row), shown(value(row))) for name, row in groups]
+    items += [(_label(r), value(r), shown(value(r))) for r in bill.rows
+              if r.kind != "owner" and value(r) > 0]
     items.sort(key=lambda item: (-item[1], item[0]))
     table = _table(
         [("Department", False), ("GPU-hours charged", True), ("Used", True),
@@ -297,15 +308,18 @@ def _departments(bill: Bill, money: Money) -> str:
     )
     policy = f"Idle fleet cost policy: <b>{_e(bill.idle_policy)}</b>"
     policy += f" ({_e(bill.idle_policy_note)})." if bill.idle_policy_note else "."
-    return ('<section id="departments"><h2>Cost by department</h2>'
-            f"{hbars('Cost by department', items, color=BLUE)}{table}"
+    title = f"{what.capitalize()} by department"
+    return (f'<section id="departments"><h2>{_e(title)}</h2>'
+            f"{hbars(title, items, color=BLUE)}{table}"
             f'<p class="note">{policy}</p></section>')
 
 
-def _top(bill: Bill, money: Money, key: str, title: str, color: str) -> str:
+def _top(bill: Bill, money: Money, key: str, color: str) -> str:
     groups = _group(bill.rows, key)[:TOP]
     depts = _departments_of(bill.rows, key)
-    items = [(name, r.total_cost, money(r.total_cost)) for name, r in groups]
+    what, value, shown = _measure(bill, money)
+    title = f"Top {key}s by {what}"
+    items = [(name, value(r), shown(value(r))) for name, r in groups]
     table = _table(
         [(key.capitalize(), False), ("Charged GPU-h", True), ("Used GPU-h", True),
          ("Busy % of used", True), ("Total cost", True)],
@@ -563,8 +577,8 @@ def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
         _summary(bill, money),
         _departments(bill, money),
         '<div class="cols">',
-        _top(bill, money, "user", "Top users by cost", BLUE),
-        _top(bill, money, "project", "Top projects by cost", GREEN),
+        _top(bill, money, "user", BLUE),
+        _top(bill, money, "project", GREEN),
         "</div>",
         _waste(bill),
         _by_day(bill),

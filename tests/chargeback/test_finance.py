@@ -158,6 +158,8 @@ def test_showback_without_rates_has_hours_and_no_costs(
     assert doc["priced"] is False and doc["rows"][0]["total_cost"] is None
     html = (tmp_path / "o" / "report.html").read_text()
     assert "Showback" in html and "EUR" not in html
+    # the charts rank by hours, not by a cost that is not there
+    assert "Top users by charged GPU-hours" in html and "14.0 h" in html
 
 
 @pytest.mark.parametrize("price", ["1e308", "1" + "0" * 300, "1000000.01"])
