@@ -7,7 +7,7 @@ reproduce each file byte for byte. Numbers are rounded once (chargeback.values) 
 (CSV and JSON alike), so two runs whose floats differ in the last bit still agree.
 
 Each file is replaced atomically (gpu_audit.atomicfile): a reader never sees half a
-bill. The manifest is written last, with the sha256 of the three outputs; a crash
+bill. The manifest is written last, with the sha256 of the four outputs; a crash
 before it leaves no manifest, and an export without a manifest is not a finished one.
 
 This module never computes a bill (chargeback.compute does) and never reads a source.
