@@ -28,6 +28,20 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
     # an identity's SM use on a GPU it holds (several processes of one identity summed)
     sm_held = (f"(sum by ({GPU_IDENTITY}) ({proc_sm})"
                f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
+    # and its memory there: the split's second step (no per-process SM, as under MIG)
+    mem_held = (f"(sum by ({GPU_IDENTITY}) ({proc_mem})"
+                f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
+    # The one energy rule (docs/CHARGEBACK.md; gpu_audit.audit.accounting.energy_weights
+    # for the audit records): each GPU's power split over its holders by SM use, else by
+    # memory (no per-process SM, or all at 0), else evenly.
+    split = (f"    {sm_held}\n"
+             f"      / on (instance, uuid) group_left ()\n"
+             f"    (sum by (instance, uuid) {sm_held} > 0)\n"
+             f"    or on (instance, uuid)\n"
+             f"    {mem_held}\n"
+             f"      / on (instance, uuid) group_left ()\n"
+             f"    (sum by (instance, uuid) {mem_held} > 0)\n"
+             f"    or on (instance, uuid)\n")
     return [
         _rule("gpu:gpu_held:bool",
               f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
@@ -41,15 +55,12 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         _rule("user_project_job:gpu_memory_used_bytes:sum",
               f"sum by ({IDENTITY}) ({proc_mem})"),
         # each GPU's power split over the identities holding it: in proportion to their
-        # SM utilisation, evenly where the GPU's holders all read 0 (or it has no
-        # per-process utilisation, as under MIG)
+        # SM utilisation, else to their memory (no per-process utilisation, as under
+        # MIG, or all at 0), else evenly
         _rule("user_project_job:gpu_power_watts:sum",
               f"sum by ({IDENTITY}) (\n"
               f"  (\n"
-              f"    {sm_held}\n"
-              f"      / on (instance, uuid) group_left ()\n"
-              f"    (sum by (instance, uuid) {sm_held} > 0)\n"
-              f"    or on (instance, uuid)\n"
+              f"{split}"
               f"    (gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
               f"      count by (instance, uuid) (gpu:gpu_held:bool))\n"
               f"  )\n"
@@ -69,11 +80,8 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
               f"sum by ({GPU_IDENTITY}) ({proc_sm})"),
         _rule("gpu:gpu_power_watts:share",
               f"(\n"
-              f"  {sm_held}\n"
-              f"    / on (instance, uuid) group_left ()\n"
-              f"  (sum by (instance, uuid) {sm_held} > 0)\n"
-              f"  or on (instance, uuid)\n"
-              f"  gpu:gpu_held:share\n"
+              f"{split}"
+              f"    gpu:gpu_held:share\n"
               f")\n"
               f"* on (instance, uuid) group_left () max by (instance, uuid) ({power})"),
         # per GPU, for chargeback: up (1/0; its samples also count the time down),

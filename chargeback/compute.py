@@ -12,6 +12,10 @@
   rows. When every proportional weight is 0 it is shared evenly; with no owner rows it
   stays on the idle row (`Bill.idle_policy_note` says which). The idle row's
   `idle_share_cost` is minus what was shared, so total_cost sums to the fleet's cost.
+- Without rates (None) the bill is a showback: every price 0, `Bill.priced` False, and
+  the outputs leave the cost columns empty (never a cost of 0 that looks like one).
+- `Bill.lines`: each row's GPU cost per GPU model (hours x price), the line items that
+  let a reader recompute `gpu_cost`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from chargeback.directory import UNMAPPED, Directory
 from chargeback.model import (
     UNATTRIBUTED,
     Bill,
+    Line,
     Owner,
     Reconciliation,
     Row,
@@ -34,6 +39,25 @@ IDLE_POLICIES = ("none", "proportional", "even")
 MAX_ROWS = 10  # rows listed per compared source
 _H = 3600.0
 _KWH = 3.6e6
+SHOWBACK = Rates("", {"default": 0.0}, 0.0)  # no rates file: hours and energy only
+# The energy counter and integrated power draw measure the same energy two ways; beyond
+# this share of the larger (and ENERGY_FLOOR_KWH) the bill warns (docs/CHARGEBACK.md):
+# one of them is wrong (a counter that does not count, a simulator's compressed time,
+# samples too sparse for the power integral).
+ENERGY_TOLERANCE = 0.05
+ENERGY_FLOOR_KWH = 0.01
+
+
+def energy_warning(counter_kwh: float, power_kwh: float) -> str | None:
+    """The warning for a bill whose two energy measures disagree, or None."""
+    big = max(abs(counter_kwh), abs(power_kwh))
+    diff = abs(counter_kwh - power_kwh)
+    if diff <= ENERGY_FLOOR_KWH or diff <= ENERGY_TOLERANCE * big:
+        return None
+    return (f"ENERGY: the energy counter says {counter_kwh:,.3f} kWh and integrated power "
+            f"draw {power_kwh:,.3f} kWh, {100 * diff / big:.1f} % apart (tolerance "
+            f"{100 * ENERGY_TOLERANCE:g} %): energy is billed from the counter; check "
+            "the counters and the sampling before invoicing energy")
 
 
 def _row(kind: str, department: str, project: str, user: str, u: Usage) -> Row:
@@ -47,27 +71,32 @@ def _row(kind: str, department: str, project: str, user: str, u: Usage) -> Row:
                power_energy_kwh=u.power_energy_joules / _KWH)
 
 
-def build_bill(data: SourceData, rates: Rates, directory: Directory,
+def build_bill(data: SourceData, rates: Rates | None, directory: Directory,
                idle_policy: str) -> Bill:
     if idle_policy not in IDLE_POLICIES:
         raise ValueError(f"idle policy {idle_policy!r}: one of {', '.join(IDLE_POLICIES)}")
+    priced = rates is not None
+    rates = rates if rates is not None else SHOWBACK
     models = sorted({m for _, m in data.usage} | set(data.fleet))
     rates.check_models(models, "rates")
 
     per_owner: dict[Owner, Usage] = {}
     gpu_cost: dict[Owner, float] = {}
-    charged_by_model: dict[str, float] = {}
+    by_model: dict[Owner, dict[str, float]] = {}  # owner -> model -> charged seconds
     for (owner, model), u in sorted(data.usage.items(), key=lambda kv: (
             str(kv[0][0]), kv[0][1])):
         per_owner.setdefault(owner, Usage()).add(u)
         gpu_cost[owner] = gpu_cost.get(owner, 0.0) + (
             u.charged_gpu_seconds / _H * rates.gpu_hour_price(model))
-        charged_by_model[model] = charged_by_model.get(model, 0.0) + u.charged_gpu_seconds
+        models_of = by_model.setdefault(owner, {})
+        models_of[model] = models_of.get(model, 0.0) + u.charged_gpu_seconds
 
     rows: list[Row] = []
+    row_models: dict[tuple[str, str, str, str], dict[str, float]] = {}
     unmapped: set[str] = set()
     unattributed = _row("unattributed", "", "", "", per_owner.get(UNATTRIBUTED, Usage()))
     unattributed.gpu_cost = gpu_cost.get(UNATTRIBUTED, 0.0)
+    row_models[("unattributed", "", "", "")] = by_model.get(UNATTRIBUTED, {})
     for owner, u in per_owner.items():
         if owner == UNATTRIBUTED:
             continue
@@ -78,6 +107,7 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
         row = _row("owner", dept, project or "", user or "", u)
         row.gpu_cost = gpu_cost[owner]
         rows.append(row)
+        row_models[("owner", dept, project or "", user or "")] = by_model[owner]
     rows.sort(key=lambda r: (r.department, r.project, r.user))
 
     # idle: per model, up time minus time held (by anyone); energy nobody carries
@@ -85,11 +115,15 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
     idle_cost = 0.0
     fleet_seconds = down_seconds = 0.0
     fleet_energy = fleet_power_energy = 0.0
+    idle_models: dict[str, float] = {}
+    row_models[("idle", "", "", "")] = idle_models
     for model in models:
         f = data.fleet.get(model)
         if f is None:
             continue
         idle = max(0.0, f.gpu_seconds - f.held_gpu_seconds)
+        if idle > 0:
+            idle_models[model] = idle
         idle_seconds += idle
         idle_cost += idle / _H * rates.gpu_hour_price(model)
         fleet_seconds += f.gpu_seconds
@@ -104,6 +138,9 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
     for r in (*rows, unattributed, idle_row):
         r.energy_cost = r.energy_kwh * rates.energy_kwh
     note = _share_idle(rows, idle_row, idle_policy)
+    if not priced:
+        note = ("showback: no rates file, so no cost; the idle GPU-hours are on the idle "
+                "row")
     for r in (*rows, unattributed, idle_row):
         r.total_cost = r.gpu_cost + r.energy_cost + r.idle_share_cost
 
@@ -121,15 +158,36 @@ def build_bill(data: SourceData, rates: Rates, directory: Directory,
         power_energy_kwh=fleet_power_energy / _KWH,
         energy_difference_kwh=(fleet_energy - fleet_power_energy) / _KWH,
     )
+    notes = list(data.notes)
+    warning = energy_warning(recon.fleet_energy_kwh, recon.power_energy_kwh)
+    if warning is not None:
+        notes.append(warning)
     return Bill(
         start=data.start, end=data.end, source=data.source, currency=rates.currency,
         idle_policy=idle_policy, idle_policy_note=note,
         rows=[*rows, unattributed, idle_row], reconciliation=recon, days=data.days,
         unmapped=sorted(unmapped), simulated_excluded=data.simulated_excluded,
         simulated_included=data.simulated_included, verified=data.verified,
-        verification_problems=list(data.verification_problems), notes=list(data.notes),
-        completeness=data.completeness,
+        verification_problems=list(data.verification_problems), notes=notes,
+        completeness=data.completeness, priced=priced,
+        allocation_known=data.allocation_known, energy_kwh_price=rates.energy_kwh,
+        lines=_lines([*rows, unattributed, idle_row], row_models, rates),
     )
+
+
+def _lines(rows: list[Row], row_models: dict[tuple[str, str, str, str], dict[str, float]],
+           rates: Rates) -> list[Line]:
+    """Each row's GPU cost per model, in the rows' order, models sorted."""
+    out = []
+    for r in rows:
+        for model, seconds in sorted(row_models.get(
+                (r.kind, r.department, r.project, r.user), {}).items()):
+            if seconds <= 0:
+                continue
+            price = rates.gpu_hour_price(model)
+            out.append(Line(r.kind, r.department, r.project, r.user, model, seconds / _H,
+                            price, seconds / _H * price))
+    return out
 
 
 def _share_idle(rows: list[Row], idle_row: Row, policy: str) -> str:

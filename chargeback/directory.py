@@ -13,28 +13,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from gpu_audit.yamlload import load_file
 
 UNMAPPED = "unmapped"
 
 
+def _not_empty(v: str) -> str:
+    if not v.strip():
+        raise ValueError("names and departments must not be empty")
+    return v
+
+
+# each entry checked on its own, so every bad one is reported with its own line
+Name = Annotated[str, AfterValidator(_not_empty)]
+
+
 class _DirectoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    users: dict[str, str] = {}
-    projects: dict[str, str] = {}
-
-    @field_validator("users", "projects")
-    @classmethod
-    def _names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k, d in v.items() if not k.strip() or not d.strip()]
-        if bad:
-            raise ValueError("names and departments must not be empty: " + ", ".join(
-                repr(k) for k in bad))
-        return v
+    users: dict[Name, Name] = {}
+    projects: dict[Name, Name] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,9 @@ class SourceData:
     compared: dict[str, SourceData] = field(default_factory=dict)
     # the archive and search sources: proof that no record is missing (None: no proof)
     completeness: Completeness | None = None
+    # False where the source cannot see reservations (the audit records carry none):
+    # allocated GPU-hours are then "not known", written empty, never another column's copy
+    allocation_known: bool = True
 
 
 @dataclass(slots=True)
@@ -228,6 +231,22 @@ class SourceComparison:
     largest_differences: list[RowDifference] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line item of a row's GPU cost: its charged GPU-hours on one GPU model at that
+    model's price, so `gpu_cost` can be recomputed from the bill alone (the line-items
+    CSV). A row's lines sum to its `gpu_cost`."""
+
+    kind: str
+    department: str
+    project: str
+    user: str
+    gpu_model: str
+    charged_gpu_hours: float
+    gpu_hour_price: float
+    gpu_cost: float
+
+
 @dataclass(slots=True)
 class Bill:
     start: datetime
@@ -246,6 +265,11 @@ class Bill:
     verification_problems: list[str]
     notes: list[str]
     completeness: Completeness | None = None
+    # False: a showback (no rates file): hours and energy only, every cost column empty
+    priced: bool = True
+    allocation_known: bool = True  # False: allocated GPU-hours are not known (empty)
+    energy_kwh_price: float = 0.0  # the rates file's price per kWh
+    lines: list[Line] = field(default_factory=list)  # GPU cost per row and GPU model
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +286,9 @@ class Request:
     source: str  # "prometheus" | "archive" | "elasticsearch" | "opensearch"
     config: str | None  # --config FILE: where the archive and sinks are
     prometheus_url: str | None
-    rates: str | None  # rates file (YAML): price per GPU-hour by model, energy price, currency
+    # rates file (YAML): price per GPU-hour by model, energy price, currency; None: a
+    # showback (hours and energy, no cost)
+    rates: str | None
     directory: str | None  # directory file (YAML): user -> department, project -> department
     idle_policy: str  # "none" | "proportional" | "even"
     out: str  # output directory
@@ -274,3 +300,5 @@ class Request:
     # --compare-with: other sources read for the same period, whose bills are compared
     # with this one (reconciliation.comparisons); none of them may be `source`
     compare_with: tuple[str, ...] = ()
+    csv_totals: bool = False  # a `total` line at the end of the CSV
+    excel: bool = False  # the CSVs with a UTF-8 byte-order mark (spreadsheet tools)

@@ -1,4 +1,5 @@
-"""Write a bill to disk: `chargeback.csv`, `chargeback.json`, `report.html`, `manifest.json`.
+"""Write a bill to disk: `chargeback.csv`, `chargeback-lines.csv`, `chargeback.json`,
+`report.html`, `manifest.json`.
 
 Every byte is a function of the bill, the request and what the source read: no wall
 clock, no host name, no output path, so `gpu-audit chargeback --replay MANIFEST` can
@@ -6,7 +7,7 @@ reproduce each file byte for byte. Numbers are rounded once (chargeback.values) 
 (CSV and JSON alike), so two runs whose floats differ in the last bit still agree.
 
 Each file is replaced atomically (gpu_audit.atomicfile): a reader never sees half a
-bill. The manifest is written last, with the sha256 of the three outputs; a crash
+bill. The manifest is written last, with the sha256 of the four outputs; a crash
 before it leaves no manifest, and an export without a manifest is not a finished one.
 
 This module never computes a bill (chargeback.compute does) and never reads a source.
@@ -14,8 +15,7 @@ This module never computes a bill (chargeback.compute does) and never reads a so
 
 from __future__ import annotations
 
-import csv
-import io
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from chargeback.model import (
     Bill,
     Completeness,
     Fleet,
+    Line,
     Owner,
     Reconciliation,
     Request,
@@ -42,6 +43,7 @@ from chargeback.values import (
     HTML_NAME,
     JOULES_PER_KWH,
     JSON_NAME,
+    LINES_CSV_NAME,
     MANIFEST_NAME,
     SECONDS_PER_HOUR,
     fmt_number,
@@ -83,15 +85,71 @@ CSV_COLUMNS = (
     "idle_policy",
     "source",
     "completeness",
+    "energy_kwh_price",
+    "simulated",
+)
+COST_COLUMNS = ("gpu_cost", "energy_cost", "idle_share_cost", "total_cost")
+# The line-items CSV: each row's charged GPU-hours per GPU model at that model's price
+LINE_COLUMNS = (
+    "period_start",
+    "period_end",
+    "kind",
+    "department",
+    "project",
+    "user",
+    "gpu_model",
+    "charged_gpu_hours",
+    "gpu_hour_price",
+    "gpu_cost",
+    "currency",
+    "source",
+    "simulated",
 )
 
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
 # injection"); user and project names are whatever a job said, so they are defused.
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+# Where a spreadsheet may start a new cell, whatever separator its locale reads a CSV
+# with: `x;=1+2` is two cells, the second a formula, in a semicolon locale (quoting does
+# not help there: a comma CSV's quotes are not at a semicolon cell's start).
+_AFTER_SEPARATOR = re.compile(r"([,;\t|] *)(?=[=+\-@\t\r\n])")
+# A cell holding any of these is quoted (RFC 4180 allows quoting any cell), so every
+# locale's CSV reader keeps it one cell.
+_QUOTE_IF = (",", ";", "\t", "|", '"', "\r", "\n")
 
 
 def _csv_text(value: str) -> str:
+    """A text cell (a name a job gave), defused: a leading `'` when it starts like a
+    formula, and a `'` after every separator that a formula start follows (a reader
+    whose locale splits on `;` sees `x;'=1+2` as `x` and the text `'=1+2`)."""
+    value = _AFTER_SEPARATOR.sub(r"\1'", value)
     return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+def _cell(value: str) -> str:
+    if any(c in value for c in _QUOTE_IF) or value != value.strip(" "):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+def _csv_bytes(lines: list[list[str]], excel: bool) -> bytes:
+    """RFC 4180 (comma, CRLF), every cell that holds a separator of any locale quoted;
+    with `excel` a UTF-8 byte-order mark first."""
+    text = "".join(",".join(_cell(c) for c in line) + "\r\n" for line in lines)
+    return ("\ufeff" if excel else "").encode("utf-8") + text.encode("utf-8")
+
+
+def _number(bill: Bill, name: str, value: float) -> str:
+    """A number cell; cost cells are empty in a showback (no rates: no cost)."""
+    if not bill.priced and (name in COST_COLUMNS or name == "gpu_hour_price"):
+        return ""
+    if not bill.allocation_known and name == "allocated_gpu_hours":
+        return ""
+    return fmt_number(value)
+
+
+def _simulated(bill: Bill) -> str:
+    return "true" if bill.simulated_included else "false"
 
 
 def completeness_status(bill: Bill) -> str:
@@ -100,19 +158,44 @@ def completeness_status(bill: Bill) -> str:
     return "not proven (no hash chain)" if c is None else c.status
 
 
-def render_csv(bill: Bill) -> bytes:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\r\n")  # RFC 4180
-    writer.writerow(CSV_COLUMNS)
+def render_csv(bill: Bill, *, totals: bool = False, excel: bool = False) -> bytes:
+    """The bill, one line per row; `totals`: a last line of kind `total` whose numbers
+    are the sums of the rows' written (rounded) numbers."""
     start, end = rfc3339(bill.start), rfc3339(bill.end)
+    currency = bill.currency if bill.priced else ""
+    price = fmt_number(bill.energy_kwh_price) if bill.priced else ""
+    tail = [currency, bill.idle_policy, bill.source, completeness_status(bill), price,
+            _simulated(bill)]
+    lines = [list(CSV_COLUMNS)]
     for row in bill.rows:
-        writer.writerow([
+        lines.append([
             start, end, row.kind,
             _csv_text(row.department), _csv_text(row.project), _csv_text(row.user),
-            *(fmt_number(getattr(row, name)) for name in ROW_NUMBER_COLUMNS),
-            bill.currency, bill.idle_policy, bill.source, completeness_status(bill),
+            *(_number(bill, name, getattr(row, name)) for name in ROW_NUMBER_COLUMNS),
+            *tail,
         ])
-    return buf.getvalue().encode("utf-8")
+    if totals:
+        sums = {name: sum(rounded(getattr(r, name)) for r in bill.rows)
+                for name in ROW_NUMBER_COLUMNS}
+        lines.append([start, end, "total", "", "", "",
+                      *(_number(bill, name, sums[name]) for name in ROW_NUMBER_COLUMNS),
+                      *tail])
+    return _csv_bytes(lines, excel)
+
+
+def render_lines_csv(bill: Bill, *, excel: bool = False) -> bytes:
+    """The line items: per row and GPU model, charged GPU-hours x price = GPU cost (a
+    row's lines add up to its `gpu_cost`)."""
+    start, end = rfc3339(bill.start), rfc3339(bill.end)
+    lines = [list(LINE_COLUMNS)]
+    for li in bill.lines:
+        lines.append([
+            start, end, li.kind, _csv_text(li.department), _csv_text(li.project),
+            _csv_text(li.user), _csv_text(li.gpu_model), fmt_number(li.charged_gpu_hours),
+            _number(bill, "gpu_hour_price", li.gpu_hour_price),
+            _number(bill, "gpu_cost", li.gpu_cost),
+            bill.currency if bill.priced else "", bill.source, _simulated(bill)])
+    return _csv_bytes(lines, excel)
 
 
 # -- JSON -------------------------------------------------------------------------------
@@ -121,24 +204,38 @@ _HOURS = SECONDS_PER_HOUR
 _KWH = JOULES_PER_KWH
 
 
-def _amounts_json(amounts: Usage | Fleet) -> dict[str, float]:
+def _amounts_json(amounts: Usage | Fleet, allocation_known: bool = True
+                  ) -> dict[str, float | None]:
     """A Usage or Fleet in the bill's units: every `*_seconds` field as `*_hours`, every
-    `*_joules` field as `*_kwh`."""
-    out: dict[str, float] = {}
+    `*_joules` field as `*_kwh`; allocated GPU-hours null when not known."""
+    out: dict[str, float | None] = {}
     for f in fields(amounts):
         value = getattr(amounts, f.name)
         if f.name.endswith("_seconds"):
             out[f.name.removesuffix("_seconds") + "_hours"] = rounded(value / _HOURS)
         elif f.name.endswith("_joules"):
             out[f.name.removesuffix("_joules") + "_kwh"] = rounded(value / _KWH)
+    if not allocation_known and "allocated_gpu_hours" in out:
+        out["allocated_gpu_hours"] = None
     return out
 
 
-def _row_json(row: Row) -> dict[str, Any]:
+def _row_json(row: Row, priced: bool, allocation_known: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": row.kind, "department": row.department,
                            "project": row.project, "user": row.user}
-    out.update({name: rounded(getattr(row, name)) for name in ROW_NUMBER_COLUMNS})
+    out.update({name: rounded(getattr(row, name)) if priced or name not in COST_COLUMNS
+                else None for name in ROW_NUMBER_COLUMNS})
+    if not allocation_known:
+        out["allocated_gpu_hours"] = None
     return out
+
+
+def _line_json(li: Line, priced: bool) -> dict[str, Any]:
+    return {"kind": li.kind, "department": li.department, "project": li.project,
+            "user": li.user, "gpu_model": li.gpu_model,
+            "charged_gpu_hours": rounded(li.charged_gpu_hours),
+            "gpu_hour_price": rounded(li.gpu_hour_price) if priced else None,
+            "gpu_cost": rounded(li.gpu_cost) if priced else None}
 
 
 def bill_to_json(bill: Bill) -> dict[str, Any]:
@@ -150,7 +247,8 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         days[day] = {
             "fleet": _amounts_json(fleet),
             "owners": [
-                {"user": owner[0], "project": owner[1], **_amounts_json(owners[owner])}
+                {"user": owner[0], "project": owner[1],
+                 **_amounts_json(owners[owner], bill.allocation_known)}
                 for owner in sorted(owners, key=owner_sort_key)
             ],
         }
@@ -159,10 +257,14 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
         "software": software_version(),
         "period": {"start": rfc3339(bill.start), "end": rfc3339(bill.end)},
         "source": bill.source,
-        "currency": bill.currency,
+        "currency": bill.currency if bill.priced else None,
+        "priced": bill.priced,
+        "energy_kwh_price": rounded(bill.energy_kwh_price) if bill.priced else None,
         "idle_policy": bill.idle_policy,
         "idle_policy_note": bill.idle_policy_note,
-        "rows": [_row_json(row) for row in bill.rows],
+        "rows": [_row_json(row, bill.priced, bill.allocation_known) for row in bill.rows],
+        "allocation_known": bill.allocation_known,
+        "lines": [_line_json(li, bill.priced) for li in bill.lines],
         "reconciliation": {
             **{f.name: rounded(getattr(rec, f.name)) for f in fields(rec)
                if f.name not in ("other_sources", "comparisons")},
@@ -207,11 +309,17 @@ def _comparison_json(c: SourceComparison) -> dict[str, Any]:
     return out
 
 
+def _no_nulls(obj: dict[str, Any]) -> dict[str, Any]:
+    """A showback's empty costs (null) as 0.0, what the Bill holds when not priced."""
+    return {k: 0.0 if v is None else v for k, v in obj.items()}
+
+
 def bill_from_json(obj: dict[str, Any]) -> Bill:
     """The inverse of `bill_to_json` (to the rounding it applied)."""
     if obj.get("format") != JSON_FORMAT:
         raise ValueError(f"not a {JSON_FORMAT} document: format={obj.get('format')!r}")
-    rows = [Row(**row) for row in obj["rows"]]
+    rows = [Row(**_no_nulls(row)) for row in obj["rows"]]
+    lines = [Line(**_no_nulls(li)) for li in obj.get("lines", [])]
     recj = dict(obj["reconciliation"])
     comparisons = {
         name: SourceComparison(**{**c, "largest_differences": [
@@ -223,7 +331,7 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
         owners: dict[Owner, Usage] = {}
         for entry in value["owners"]:
             owners[(entry["user"], entry["project"])] = Usage(
-                allocated_gpu_seconds=entry["allocated_gpu_hours"] * _HOURS,
+                allocated_gpu_seconds=(entry["allocated_gpu_hours"] or 0.0) * _HOURS,
                 used_gpu_seconds=entry["used_gpu_hours"] * _HOURS,
                 charged_gpu_seconds=entry["charged_gpu_hours"] * _HOURS,
                 busy_gpu_seconds=entry["busy_gpu_hours"] * _HOURS,
@@ -243,12 +351,16 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
         ))
     return Bill(
         start=parse_rfc3339(obj["period"]["start"]), end=parse_rfc3339(obj["period"]["end"]),
-        source=obj["source"], currency=obj["currency"], idle_policy=obj["idle_policy"],
+        source=obj["source"], currency=obj["currency"] or "",
+        idle_policy=obj["idle_policy"],
         idle_policy_note=obj["idle_policy_note"], rows=rows, reconciliation=rec, days=days,
         unmapped=list(obj["unmapped"]), simulated_excluded=obj["simulated_excluded"],
         simulated_included=obj["simulated_included"], verified=obj["verified"],
         verification_problems=list(obj["verification_problems"]), notes=list(obj["notes"]),
         completeness=completeness_from_json(obj.get("completeness")),
+        priced=obj.get("priced", True), allocation_known=obj.get("allocation_known", True),
+        energy_kwh_price=obj.get("energy_kwh_price") or 0.0,
+        lines=lines,
     )
 
 
@@ -257,16 +369,17 @@ def bill_from_json(obj: dict[str, Any]) -> Bill:
 def render_outputs(bill: Bill, req: Request, data: SourceData) -> dict[str, bytes]:
     """Every output file's bytes, by name (the manifest excluded: it hashes these)."""
     return {
-        CSV_NAME: render_csv(bill),
+        CSV_NAME: render_csv(bill, totals=req.csv_totals, excel=req.excel),
+        LINES_CSV_NAME: render_lines_csv(bill, excel=req.excel),
         JSON_NAME: render_json(bill),
         HTML_NAME: render_html(bill, req, data),
     }
 
 
 def write_outputs(bill: Bill, req: Request, data: SourceData, out_dir: Path) -> dict[str, str]:
-    """Write the CSV, JSON and HTML report, then the audit manifest beside them.
+    """Write the CSVs, JSON and HTML report, then the audit manifest beside them.
 
-    Returns file name -> sha256 of the three outputs (what the manifest records and
+    Returns file name -> sha256 of the four outputs (what the manifest records and
     `--replay` compares). `out_dir` is created if missing.
     """
     rendered = render_outputs(bill, req, data)  # every byte first: a bad value writes nothing

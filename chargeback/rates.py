@@ -7,7 +7,12 @@
     energy_kwh: 0.25              # price per kWh (counter energy)
 
 A GPU model with no price and no `default` is refused when the bill is built, naming
-every such model.
+every such model. Every price is a finite number from 0 to `MAX_PRICE` (a bound far
+above any real price, well below where a month of a large fleet would overflow a
+float): a typo of a few zeros or a 300-digit number is refused with its line, never
+carried into a bill (an infinite cost would fail at the writing, after the source was
+read). Without a rates file the bill is a showback (`SHOWBACK`): hours and energy,
+no cost.
 """
 
 from __future__ import annotations
@@ -16,21 +21,35 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.yamlload import load_file
 
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
+# The largest price per GPU-hour or per kWh a rates file may give (docs/CHARGEBACK.md).
+# 10^6 x a 10,000-GPU fleet x a year's hours is ~10^14: no float trouble anywhere.
+MAX_PRICE = 1_000_000.0
+
+
+def _price(v: float) -> float:
+    if not math.isfinite(v) or v < 0 or v > MAX_PRICE:
+        raise ValueError(f"a price must be a finite number from 0 to {MAX_PRICE:,.0f}, "
+                         f"not {v!r}")
+    return v
+
+
+Price = Annotated[float, AfterValidator(_price)]
 
 
 class _RatesFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
     currency: str = Field(description="ISO 4217 code, e.g. EUR")
-    gpu_hour: dict[str, float]
-    energy_kwh: float = 0.0
+    gpu_hour: dict[str, Price]
+    energy_kwh: Price = 0.0
 
     @field_validator("currency")
     @classmethod
@@ -42,18 +61,8 @@ class _RatesFile(BaseModel):
     @field_validator("gpu_hour")
     @classmethod
     def _prices(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = [f"{k}: {p!r}" for k, p in v.items() if not math.isfinite(p) or p < 0]
-        if bad:
-            raise ValueError("prices must be finite and >= 0: " + ", ".join(bad))
         if not v:
             raise ValueError("needs at least one price (a `default` or a GPU model)")
-        return v
-
-    @field_validator("energy_kwh")
-    @classmethod
-    def _energy(cls, v: float) -> float:
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"must be finite and >= 0, not {v!r}")
         return v
 
 

@@ -1,10 +1,14 @@
 """The HTML report a lab head reads in a minute: one self-contained page per bill.
 
-Top of the page: the trail warning when the bill comes from an unverified audit trail,
-then the key figures (cost, fleet GPU-hours, waste, idle, energy). Then cost by
+Top of the page: the period exactly as given (date and time, UTC said), the trail
+warning when the bill comes from an unverified audit trail, then a one-screen summary
+(key figures, the bill by kind with a totals line, what charged, used and busy hours
+mean). Then cost by
 department, top users and projects, fleet time and energy by day, the reconciliation
 (and how other sources disagree), unmapped users and projects, simulated records left
-out, and the full bill. Charts are inline SVG (chargeback.charts); there is no script,
+out, and the full bill (unit price, GPU cost, energy cost, idle share and total per row,
+and a totals line). A showback (no rates) shows hours and energy and no money. Charts
+are inline SVG (chargeback.charts); there is no script,
 no external asset and no fetched font, and a print stylesheet keeps it readable on A4.
 
 Every value that came from outside (user, project, department, source names, notes) is
@@ -16,7 +20,8 @@ replay renders it byte for byte.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from html import escape
 
 from chargeback.charts import (
@@ -63,12 +68,16 @@ h2 { font-size: 16px; margin: 22px 0 6px; border-bottom: 1px solid var(--rule);
 table { border-collapse: collapse; width: 100%; font-size: 12.5px; margin: 4px 0 8px; }
 th, td { padding: 3px 6px; border-bottom: 1px solid var(--rule); text-align: left; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+th.n { white-space: normal; }
 tr.flag td { color: var(--warn); font-weight: 600; }
 .cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
 svg.chart { max-width: 100%; height: auto; display: block; }
 .dept { color: var(--muted); font-size: 11px; }
-.full table { font-size: 11.5px; }
+.full table { font-size: 11px; }
+.full td { overflow-wrap: anywhere; }
 .full th, .full td { padding: 3px 4px; }
+tr.total td { border-top: 2px solid var(--ink); font-weight: 650; }
+.meanings { color: var(--muted); font-size: 12px; margin: 4px 0; padding-left: 18px; }
 footer { margin-top: 24px; color: var(--muted); font-size: 12px; }
 @page { size: A4; margin: 12mm; }
 @media print {
@@ -93,12 +102,46 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole > 0 else "n/a"
 
 
-class _Money:
-    def __init__(self, currency: str) -> None:
+class Money:
+    """Money as the reader sees it: two decimals and the currency, never "-0.00" (a
+    rounding residue is zero), and a dash in a showback (no rates: no cost)."""
+
+    def __init__(self, currency: str, priced: bool = True) -> None:
         self.currency = currency
+        self.priced = priced
 
     def __call__(self, value: float) -> str:
-        return f"{value:,.2f} {self.currency}".strip()
+        if not self.priced:
+            return "\u2013"
+        return f"{self.plain(value)} {self.currency}".strip()
+
+    def plain(self, value: float) -> str:
+        """The amount without the currency (tables that say it in the header)."""
+        if not self.priced:
+            return "\u2013"
+        cents = round(value, 2)
+        return f"{0.0 if cents == 0 else cents:,.2f}"
+
+
+def when(moment: datetime) -> str:
+    """A period bound as given: date and time (seconds when not whole minutes), UTC."""
+    moment = moment.astimezone(UTC)
+    fmt = "%Y-%m-%d %H:%M:%S" if moment.second else "%Y-%m-%d %H:%M"
+    return moment.strftime(fmt) + " UTC"
+
+
+# What each kind of GPU-hours means, said wherever they are shown side by side.
+MEANINGS = (
+    ("Charged", "GPU-hours billed: the time a GPU was held, a GPU shared by several "
+     "owners split among them. Charged hours of all rows add up to the fleet's hours."),
+    ("Used", "GPU-hours a process of the owner held a GPU; a shared GPU counts fully for "
+     "each owner, so used can exceed charged."),
+    ("Busy", "used GPU-hours weighted by the GPU's utilisation (1 h at 50 % is 0.5 h). "
+     "Busy % = busy / used."),
+    ("Allocated", "GPU-hours reserved for the owner (launcher, Kubernetes, Slurm), used "
+     "or not; \u2013 where the source cannot see reservations."),
+    ("Waste", "used GPU-hours while the GPU was under 5 % busy."),
+)
 
 
 def _table(head: Iterable[tuple[str, bool]], rows: Iterable[Iterable[str]],
@@ -127,8 +170,17 @@ def _label(row: Row) -> str:
     return row.department
 
 
+def _measure(bill: Bill, money: Money) -> tuple[str, Callable[[Row], float],
+                                               Callable[[float], str]]:
+    """What the charts rank by: total cost, or charged GPU-hours in a showback."""
+    if bill.priced:
+        return "cost", lambda r: r.total_cost, money
+    return "charged GPU-hours", lambda r: r.charged_gpu_hours, lambda v: f"{_h(v)} h"
+
+
 def _group(rows: Iterable[Row], key: str) -> list[tuple[str, Row]]:
-    """Owner rows summed by department, user or project; largest total cost first."""
+    """Owner rows summed by department, user or project; largest total cost (then
+    charged GPU-hours) first."""
     sums: dict[str, Row] = {}
     for row in rows:
         if row.kind != "owner":
@@ -140,7 +192,8 @@ def _group(rows: Iterable[Row], key: str) -> list[tuple[str, Row]]:
                       "power_energy_kwh", "gpu_cost", "energy_cost", "idle_share_cost",
                       "total_cost"):
             setattr(acc, field, getattr(acc, field) + getattr(row, field))
-    return sorted(sums.items(), key=lambda kv: (-kv[1].total_cost, kv[0]))
+    return sorted(sums.items(), key=lambda kv: (-kv[1].total_cost,
+                                                -kv[1].charged_gpu_hours, kv[0]))
 
 
 def _departments_of(rows: Iterable[Row], key: str) -> dict[str, list[str]]:
@@ -158,7 +211,12 @@ def _dept_hint(departments: list[str], key: str) -> str:
 
 
 def _trail(bill: Bill) -> str:
-    return _simulated(bill) + _gaps(bill) + _chain(bill)
+    return _simulated(bill) + _gaps(bill) + _energy(bill) + _chain(bill)
+
+
+def _energy(bill: Bill) -> str:
+    said = [n for n in bill.notes if n.startswith("ENERGY:")]
+    return "".join(f'<div class="banner" id="energy-warning">{_e(n)}</div>' for n in said)
 
 
 def _gaps(bill: Bill) -> str:
@@ -211,7 +269,7 @@ def _chain(bill: Bill) -> str:
             "as the source reports them.</p>")
 
 
-def _tiles(bill: Bill, money: _Money) -> str:
+def _tiles(bill: Bill, money: Money) -> str:
     rec = bill.reconciliation
     rows = bill.rows
     total = sum(r.total_cost for r in rows)
@@ -232,11 +290,12 @@ def _tiles(bill: Bill, money: _Money) -> str:
     return f'<div class="tiles">{cells}</div>'
 
 
-def _departments(bill: Bill, money: _Money) -> str:
+def _departments(bill: Bill, money: Money) -> str:
     groups = _group(bill.rows, "department")
-    items = [(name, row.total_cost, money(row.total_cost)) for name, row in groups]
-    items += [(_label(r), r.total_cost, money(r.total_cost)) for r in bill.rows
-              if r.kind != "owner" and r.total_cost > 0]
+    what, value, shown = _measure(bill, money)
+    items = [(name, value(row), shown(value(row))) for name, row in groups]
+    items += [(_label(r), value(r), shown(value(r))) for r in bill.rows
+              if r.kind != "owner" and value(r) > 0]
     items.sort(key=lambda item: (-item[1], item[0]))
     table = _table(
         [("Department", False), ("GPU-hours charged", True), ("Used", True),
@@ -249,19 +308,24 @@ def _departments(bill: Bill, money: _Money) -> str:
     )
     policy = f"Idle fleet cost policy: <b>{_e(bill.idle_policy)}</b>"
     policy += f" ({_e(bill.idle_policy_note)})." if bill.idle_policy_note else "."
-    return ('<section id="departments"><h2>Cost by department</h2>'
-            f"{hbars('Cost by department', items, color=BLUE)}{table}"
+    title = f"{what.capitalize()} by department"
+    return (f'<section id="departments"><h2>{_e(title)}</h2>'
+            f"{hbars(title, items, color=BLUE)}{table}"
             f'<p class="note">{policy}</p></section>')
 
 
-def _top(bill: Bill, money: _Money, key: str, title: str, color: str) -> str:
+def _top(bill: Bill, money: Money, key: str, color: str) -> str:
     groups = _group(bill.rows, key)[:TOP]
     depts = _departments_of(bill.rows, key)
-    items = [(name, r.total_cost, money(r.total_cost)) for name, r in groups]
+    what, value, shown = _measure(bill, money)
+    title = f"Top {key}s by {what}"
+    items = [(name, value(r), shown(value(r))) for name, r in groups]
     table = _table(
-        [(key.capitalize(), False), ("GPU-h", True), ("Busy", True), ("Cost", True)],
+        [(key.capitalize(), False), ("Charged GPU-h", True), ("Used GPU-h", True),
+         ("Busy % of used", True), ("Total cost", True)],
         ([_e(name) + _dept_hint(depts.get(name, []), key), _h(r.charged_gpu_hours),
-          _pct(r.busy_gpu_hours, r.used_gpu_hours), _e(money(r.total_cost))]
+          _h(r.used_gpu_hours), _pct(r.busy_gpu_hours, r.used_gpu_hours),
+          _e(money(r.total_cost))]
          for name, r in groups),
     )
     return (f'<section id="top-{key}s"><h2>{_e(title)}</h2>'
@@ -402,26 +466,94 @@ def _coverage(bill: Bill) -> str:
     return "".join(parts)
 
 
-def _full(bill: Bill, money: _Money) -> str:
-    table = _table(
-        [("Department", False), ("Project", False), ("User", False),
-         ("Allocated h", True), ("Used h", True), ("Charged h", True), ("Busy h", True),
-         ("Waste h", True), ("kWh", True), ("Idle share", True), ("Total", True)],
-        ([_e(_label(r)), _e(r.project), _e(r.user), _h(r.allocated_gpu_hours),
-          _h(r.used_gpu_hours), _h(r.charged_gpu_hours), _h(r.busy_gpu_hours),
-          _h(r.idle_held_gpu_hours), _h(r.energy_kwh), _e(money(r.idle_share_cost)),
-          _e(money(r.total_cost))] for r in bill.rows),
-    )
+def _prices(bill: Bill, money: Money) -> dict[tuple[str, str, str, str], str]:
+    """Each row's price per GPU-hour: one price, or each model's (the line items)."""
+    out: dict[tuple[str, str, str, str], list[str]] = {}
+    for li in bill.lines:
+        key = (li.kind, li.department, li.project, li.user)
+        text = money.plain(li.gpu_hour_price)
+        if len({m.gpu_model for m in bill.lines}) > 1:
+            text += f" ({li.gpu_model})"
+        out.setdefault(key, []).append(text)
+    return {k: "<br>".join(_e(t) for t in v) for k, v in out.items()}
+
+
+def _full(bill: Bill, money: Money) -> str:
+    prices = _prices(bill, money)
+    cur = f" ({_e(bill.currency)})" if bill.priced else ""
+    head = [("Department", False), ("Project", False), ("User", False),
+            ("Allocated h", True), ("Used h", True), ("Charged h", True), ("Busy h", True),
+            ("kWh", True), (f"Price / GPU-h{cur}", True), (f"GPU cost{cur}", True),
+            (f"Energy cost{cur}", True), (f"Idle share{cur}", True), (f"Total{cur}", True)]
+
+    def cells(r: Row, label: str, price: str, allocated: str) -> list[str]:
+        return [label, _e(r.project), _e(r.user), allocated, _h(r.used_gpu_hours),
+                _h(r.charged_gpu_hours), _h(r.busy_gpu_hours), _h(r.energy_kwh), price,
+                _e(money.plain(r.gpu_cost)), _e(money.plain(r.energy_cost)),
+                _e(money.plain(r.idle_share_cost)), _e(money.plain(r.total_cost))]
+
+    def allocated(r: Row) -> str:
+        return _h(r.allocated_gpu_hours) if bill.allocation_known else "\u2013"
+
+    body = [cells(r, _e(_label(r)), prices.get((r.kind, r.department, r.project, r.user),
+                                               "\u2013") if bill.priced else "\u2013",
+                  allocated(r)) for r in bill.rows]
+    total = _sum_rows(bill.rows)
+    body.append(cells(total, "<b>Total</b>", "", allocated(total)))
+    table = _table(head, body).replace(
+        "<tr><td><b>Total</b>", '<tr id="bill-total" class="total"><td><b>Total</b>')
+    price = (f"Energy: {_e(money(bill.energy_kwh_price))} per kWh. " if bill.priced
+             else "")
     return ('<section class="full" id="bill"><h2>The bill, every row</h2>'
-            f"{table}<p class=\"note\">Exact figures: chargeback.csv and "
-            "chargeback.json beside this report.</p></section>")
+            f"{table}<p class=\"note\">{price}Total = GPU cost + energy cost + idle "
+            "share; the idle row's negative idle share is what the owners' rows carry. "
+            "Exact figures: chargeback.csv (and chargeback-lines.csv: each row's GPU "
+            "cost per GPU model) beside this report.</p></section>")
+
+
+def _sum_rows(rows: Iterable[Row]) -> Row:
+    acc = Row(kind="total", department="", project="", user="")
+    for row in rows:
+        for field in _NUMBERS:
+            setattr(acc, field, getattr(acc, field) + getattr(row, field))
+    return acc
+
+
+_NUMBERS = ("allocated_gpu_hours", "used_gpu_hours", "charged_gpu_hours", "busy_gpu_hours",
+            "idle_held_gpu_hours", "energy_kwh", "power_energy_kwh", "gpu_cost",
+            "energy_cost", "idle_share_cost", "total_cost")
+
+
+def _summary(bill: Bill, money: Money) -> str:
+    """The one screen: the bill by kind (owners, unattributed, idle) with its total,
+    and what the kinds of hours mean."""
+    owners = _sum_rows(r for r in bill.rows if r.kind == "owner")
+    kinds = [(f"Owners ({sum(1 for r in bill.rows if r.kind == 'owner')} rows)", owners)]
+    kinds += [(_label(r), r) for r in bill.rows if r.kind != "owner"]
+    total = _sum_rows(bill.rows)
+    cur = f" ({_e(bill.currency)})" if bill.priced else ""
+    table = _table(
+        [("", False), ("Charged GPU-h", True), ("Used GPU-h", True), ("Busy GPU-h", True),
+         ("kWh", True), (f"GPU cost{cur}", True), (f"Energy cost{cur}", True),
+         (f"Idle share{cur}", True), (f"Total{cur}", True)],
+        [[_e(name), _h(r.charged_gpu_hours), _h(r.used_gpu_hours), _h(r.busy_gpu_hours),
+          _h(r.energy_kwh), _e(money.plain(r.gpu_cost)), _e(money.plain(r.energy_cost)),
+          _e(money.plain(r.idle_share_cost)), _e(money.plain(r.total_cost))]
+         for name, r in [*kinds, ("Total", total)]])
+    meanings = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in MEANINGS)
+    showback = ("" if bill.priced else
+                '<p class="banner" id="showback">Showback: no rates file was given, so '
+                "this bill has GPU-hours and energy and no cost.</p>")
+    return (f'<section id="summary"><h2>Summary</h2>{showback}{table}'
+            f'<ul class="meanings">{meanings}</ul></section>')
 
 
 def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
     """The report's bytes (UTF-8). `req` and `data` add provenance only."""
-    money = _Money(bill.currency)
+    money = Money(bill.currency, bill.priced)
     start, end = rfc3339(bill.start), rfc3339(bill.end)
-    title = f"GPU chargeback {start[:10]} to {end[:10]}"
+    kind = "GPU chargeback" if bill.priced else "GPU showback"
+    title = f"{kind} {when(bill.start)} to {when(bill.end)}"
     flags = []
     if req.include_simulated:
         flags.append("--include-simulated")
@@ -439,13 +571,14 @@ def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(start)} to {_e(end)} (UTC, end exclusive) \u00b7 source '
         f"{_e(bill.source)} \u00b7 idle policy {_e(bill.idle_policy)} \u00b7 "
-        f"{_e(bill.currency or 'no currency')}</p>",
+        f"{_e(bill.currency if bill.priced else 'showback, no rates')}</p>",
         _trail(bill),
         _tiles(bill, money),
+        _summary(bill, money),
         _departments(bill, money),
         '<div class="cols">',
-        _top(bill, money, "user", "Top users by cost", BLUE),
-        _top(bill, money, "project", "Top projects by cost", GREEN),
+        _top(bill, money, "user", BLUE),
+        _top(bill, money, "project", GREEN),
         "</div>",
         _waste(bill),
         _by_day(bill),

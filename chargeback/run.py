@@ -50,8 +50,6 @@ def check_request(req: Request) -> None:
         problems.append(f"--source {req.source!r}: one of {', '.join(SOURCES)}")
     if req.idle_policy not in IDLE_POLICIES:
         problems.append(f"--idle-policy {req.idle_policy!r}: one of {', '.join(IDLE_POLICIES)}")
-    if req.rates is None:
-        problems.append("--rates FILE is needed (an example: chargeback/examples/rates.yaml)")
     if "prometheus" in (req.source, *req.compare_with) and not req.prometheus_url:
         problems.append("--prometheus-url URL is needed with --source prometheus "
                         "(or --compare-with prometheus)")
@@ -89,14 +87,15 @@ def has_data(data: SourceData) -> bool:
         u.used_gpu_seconds > 0 for u in data.usage.values())
 
 
-def load_tables(rates_path: str, directory_path: str | None) -> tuple[Rates, Directory]:
+def load_tables(rates_path: str | None, directory_path: str | None
+                ) -> tuple[Rates | None, Directory]:
     """The rates and directory files, validated together: one ConfigError naming every
-    problem of both."""
+    problem of both. No rates file: None (a showback)."""
     errors: list[ConfigError] = []
     rates: Rates | None = None
     directory: Directory | None = None
     try:
-        rates = load_rates(rates_path)
+        rates = None if rates_path is None else load_rates(rates_path)
     except ConfigError as exc:
         errors.append(exc)
     try:
@@ -108,7 +107,7 @@ def load_tables(rates_path: str, directory_path: str | None) -> tuple[Rates, Dir
     if errors:
         raise ConfigError("the rates and directory files",
                           [p for e in errors for p in e.located()])
-    assert rates is not None and directory is not None
+    assert directory is not None
     return rates, directory
 
 
@@ -117,7 +116,6 @@ def run_chargeback(req: Request, *, readers: Mapping[str, Reader],
     """The bill of `req` read with `readers` (source name -> reader), written to
     `req.out`."""
     check_request(req)
-    assert req.rates is not None
     rates, directory = load_tables(req.rates, req.directory)
     data = read_source(req, readers, progress)
     if not has_data(data):

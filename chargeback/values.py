@@ -16,10 +16,11 @@ from chargeback.model import Owner
 from gpu_audit import __version__
 
 CSV_NAME = "chargeback.csv"
+LINES_CSV_NAME = "chargeback-lines.csv"  # GPU cost per row and GPU model
 JSON_NAME = "chargeback.json"
 HTML_NAME = "report.html"
 MANIFEST_NAME = "manifest.json"
-OUTPUT_NAMES = (CSV_NAME, JSON_NAME, HTML_NAME)
+OUTPUT_NAMES = (CSV_NAME, LINES_CSV_NAME, JSON_NAME, HTML_NAME)
 
 DECIMALS = 6
 SECONDS_PER_HOUR = 3600.0

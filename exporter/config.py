@@ -58,7 +58,8 @@ class ExporterConfig(Section):
         None, description="Simulator scenario: a shipped name (busy, idle, ...) or a file."
     )
     time_scale: float = Field(
-        1.0, gt=0, description="Simulator only: scenario seconds per wall second."
+        1.0, gt=0, description="Simulator only: scenario seconds per wall second (the "
+        "story runs faster; records, GPU time and energy stay on the wall clock)."
     )
     interval_seconds: float = Field(5.0, gt=0, le=3600, description="Fast sampling tier.")
     slow_interval_seconds: float = Field(

@@ -45,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
                    "archive and the sinks are.")
     p.add_argument("--rates", metavar="FILE", help="Rates file (YAML; see "
-                   "chargeback/examples/rates.yaml).")
+                   "chargeback/examples/rates.yaml). Without it: a showback (GPU-hours and "
+                   "energy, no cost).")
+    p.add_argument("--csv-totals", action="store_true",
+                   help="End the CSV with a `total` line (the sums of its number columns).")
+    p.add_argument("--excel", action="store_true",
+                   help="Write the CSVs with a UTF-8 byte-order mark, for spreadsheet tools "
+                   "that need one to read UTF-8.")
     p.add_argument("--directory", metavar="FILE", help="Directory file: user/project -> "
                    "department (YAML; see chargeback/examples/directory.yaml).")
     p.add_argument("--idle-policy", default="proportional",
@@ -100,6 +106,7 @@ def request(args: argparse.Namespace) -> Request:
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
                    allow_gaps=args.allow_gaps, verify_records=args.verify_records,
+                   csv_totals=args.csv_totals, excel=args.excel,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))
 
@@ -226,9 +233,6 @@ def chargeback_command(args: argparse.Namespace) -> int:
         from gpu_audit_app.chargeback_sim import SimulationError
 
         # every problem of the rates and directory files before a month is simulated
-        if args.rates is None:
-            raise ConfigError("arguments", ["--rates FILE is needed (an example: "
-                                            "chargeback/examples/rates.yaml)"])
         load_tables(args.rates, args.directory)
         try:
             args = _simulate(args)
@@ -253,6 +257,12 @@ def chargeback_command(args: argparse.Namespace) -> int:
         print(f"compared with {name}: fleet {c.fleet_gpu_hours:.2f} GPU-h "
               f"({c.fleet_gpu_hours - r.fleet_gpu_hours:+.3f}), energy "
               f"{c.fleet_energy_kwh:.2f} kWh ({c.fleet_energy_kwh - r.fleet_energy_kwh:+.3f})")
+    for note in result.bill.notes:
+        if note.startswith("ENERGY:"):
+            print(f"WARNING {note}")
+    if not result.bill.priced:
+        print("SHOWBACK: no --rates, so the bill has GPU-hours and energy and no cost "
+              "(the cost columns are empty)")
     comp = result.bill.completeness
     if comp is not None:
         print(f"completeness: {comp.status}; {comp.inventory_gpus} GPU(s) on "

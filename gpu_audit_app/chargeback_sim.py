@@ -12,13 +12,18 @@ through a gpu-audit configuration written beside it (`gpu-audit-sim.yaml`, namin
 archive sink), so the manifest records it and `--replay` re-reads the kept archive.
 The bill says it is simulated: the report's banner, the archive source's note on the
 simulated records billed, `include_simulated` in the manifest. Never silent fake data.
+
+Owners are named as `gpu-audit run --simulate` names them (exporter.sim.fakeproc): the
+user database is an empty passwd file, so a simulated uid never borrows this host's
+user name (uid 1000 is `uid:1000` here, on every machine, in both paths) unless the
+scenario's environment names the user.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -101,7 +106,8 @@ class _Node:
 
 def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Path,
                      config: Path, *, step: float = 300.0, nodes: int = 1,
-                     audit_interval: float | None = None) -> Simulated:
+                     audit_interval: float | None = None,
+                     observe: Callable[[Snapshot], None] | None = None) -> Simulated:
     """Play `scenario` over [start, end] in `step`-second cycles into `archive` (which
     must be empty or absent: a simulated trail is never appended to another), and write
     `config`, a gpu-audit configuration naming it as the archive sink.
@@ -110,6 +116,8 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
     each its own hash-chained stream, the scenario's seed + i for its noise), their
     records delivered cycle by cycle in time order. `audit_interval` is
     audit.interval_seconds (a multiple of `step`; default `step`: the per-cycle trail).
+    `observe` sees every cycle's snapshot after the producer (tests render it into a
+    Prometheus to bill the same run from both sources).
     """
     if not step > 0:
         raise SimulationError(f"--sim-step {step}: must be > 0")
@@ -140,13 +148,17 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
             backend = SimBackend(spec, start_time=t0, clock=lambda: clock[0])
             host = HOST if nodes == 1 else f"{HOST}-{i + 1:02d}"
             proc = Path(tempfile.mkdtemp(prefix="gpu-audit-sim-proc-"))
+            # an empty user database, as the exporter's simulator uses (SimProcfs)
+            passwd = proc / "passwd"
+            passwd.write_text("")
             fleet.append(_Node(
                 host=host, backend=backend, info=backend.open(),
                 producer=AuditProducer(AuditConfig(stream="sim", interval_seconds=interval),
                                        spool, host=host,
                                        exporter_version=__version__, simulated=True,
                                        clock=lambda: clock[0]),
-                proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc))))
+                proc=proc, resolver=Resolver(AttributionConfig(procfs_root=proc,
+                                                        passwd_file=passwd))))
         for node in fleet:
             node.producer.start()
         prev: float | None = None
@@ -155,10 +167,13 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
             for node in fleet:
                 gpus = tuple(node.backend.sample(now, slow=cycles % 4 == 0))
                 write_fake_proc(node.proc, (p for g in gpus for p in g.processes), prune=True)
-                node.producer.on_snapshot(Snapshot(
+                snap = Snapshot(
                     timestamp=now, host=node.host, backend=node.info, gpus=gpus,
                     processes=node.resolver.attribute(gpus), interval_seconds=step,
-                    elapsed_seconds=now - prev if prev is not None else 0.0, cycle=cycles))
+                    elapsed_seconds=now - prev if prev is not None else 0.0, cycle=cycles)
+                node.producer.on_snapshot(snap)
+                if observe is not None:
+                    observe(snap)
             prev = now
             cycles += 1
             clock[0] = t0 + cycles * step

@@ -35,7 +35,7 @@ every output says so). Both are raised as ArchiveRefused naming every problem.
 The sums are core's (gpu_audit.archive.rollup, with the rules of gpu_audit.audit.holders):
 fleet (up, down, held, idle-held, busy, energy, power cross-check) per GPU model and day;
 per owner (user, project) used, charged, busy, idle-held, energy and power cross-check;
-the unattributed holder; allocated = used (records carry no allocation). Simulated
+the unattributed holder; allocated is not known (records carry no allocation). Simulated
 records are left out unless `include_simulated`.
 """
 
@@ -470,7 +470,8 @@ def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
         if sim and not include_sim:
             continue
         owner: Owner = (user, project)
-        u = Usage(allocated_gpu_seconds=h[0], used_gpu_seconds=h[0],
+        # allocation: not known (records carry none), so left 0 and written empty
+        u = Usage(used_gpu_seconds=h[0],
                   charged_gpu_seconds=h[1], busy_gpu_seconds=h[2],
                   idle_held_gpu_seconds=h[3], energy_joules=h[4], power_energy_joules=h[5])
         data.usage.setdefault((owner, model), Usage()).add(u)
@@ -492,9 +493,10 @@ def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
             f"SIMULATED: {rollup.simulated} of the {rollup.records} usage record(s) in the "
             "period are simulated (simulated: true, from the GPU simulator) and are billed "
             "(--include-simulated): not a bill for real hardware")
+    data.allocation_known = False
     data.notes.append(
-        "archive: allocated GPU-hours = used GPU-hours (audit records carry no "
-        "allocation, only the owners of running processes)")
+        "archive: allocated GPU-hours not known (audit records carry no allocation, only "
+        "the owners of running processes): the column is empty")
     sealed = sum(1 for q in data.queries if q.endswith("(sealed: its rollup)"))
     read = sum(1 for q in data.queries if q.endswith("(records)"))
     data.notes.append(

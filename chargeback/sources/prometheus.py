@@ -61,6 +61,11 @@ _SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
         "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
         " gpu:gpu_held:bool)")
 
+# ... and its memory there (the energy rule's second step: no per-process SM)
+_MEMH = ("(sum by (instance, gpu, uuid, user, project, job) "
+         "(gpu_process_memory_used_bytes{S}) and on (instance, gpu, uuid, user, project, job)"
+         " gpu:gpu_held:bool)")
+
 # The recording rules this source reads, as alerts/rules/recording.yaml renders them
 # with the production parameters (tests/chargeback check the two agree). `{S}` is the
 # simulated filter. Used verbatim in raw mode.
@@ -82,11 +87,15 @@ RULES: dict[str, str] = {
         "sum by (instance, gpu, uuid, user, project, job) (gpu_process_sm_utilization_ratio{S})",
     "gpu:gpu_power_watts:share":
         "(\n"
-        "  {SMH}\n"
-        "    / on (instance, uuid) group_left ()\n"
-        "  (sum by (instance, uuid) {SMH} > 0)\n"
-        "  or on (instance, uuid)\n"
-        "  gpu:gpu_held:share\n"
+        "    {SMH}\n"
+        "      / on (instance, uuid) group_left ()\n"
+        "    (sum by (instance, uuid) {SMH} > 0)\n"
+        "    or on (instance, uuid)\n"
+        "    {MEMH}\n"
+        "      / on (instance, uuid) group_left ()\n"
+        "    (sum by (instance, uuid) {MEMH} > 0)\n"
+        "    or on (instance, uuid)\n"
+        "    gpu:gpu_held:share\n"
         ")\n"
         "* on (instance, uuid) group_left () max by (instance, uuid) "
         "(gpu_power_usage_watts{S})",
@@ -94,7 +103,7 @@ RULES: dict[str, str] = {
     "gpu:gpu_utilization_ratio:max": "max by (instance, gpu, uuid) (gpu_utilization_ratio{S})",
     "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
 }
-RULES = {k: v.replace("{SMH}", _SMH) for k, v in RULES.items()}
+RULES = {k: v.replace("{SMH}", _SMH).replace("{MEMH}", _MEMH) for k, v in RULES.items()}
 
 _OWNER = "instance, uuid, user, project"
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval

@@ -48,7 +48,7 @@ instead (in `notes`):
   to their used time over that day, not per interval as the archive does;
 - idle-held: by the process's own utilisation, not the GPU's;
 - the owners' power cross-check: their energy share of the fleet's integrated power;
-- allocated = used (records carry no allocation).
+- allocated: not known (records carry no allocation); the column is empty.
 There is no hash check here (the records' hashes are not recomputed: `audit verify --sink`
 does that on a read-back); `verified` is None. Seq contiguity is checked (above).
 """
@@ -100,7 +100,7 @@ def read_search(
     own = client is None
     client = client if client is not None else connect(settings)
     data = SourceData(source=settings.kind, start=req.start, end=req.end,
-                      simulated_included=req.include_simulated)
+                      simulated_included=req.include_simulated, allocation_known=False)
     data.inputs[settings.kind] = settings.describe()
     pager = _Pager(client, settings, data, progress)
     try:
@@ -113,8 +113,7 @@ def read_search(
             model = k.get("model") or UNKNOWN_MODEL
             day = _day(k.get("day"))
             used = _value(b, "used")
-            u = Usage(allocated_gpu_seconds=used, used_gpu_seconds=used,
-                      busy_gpu_seconds=_value(b, "busy"),
+            u = Usage(used_gpu_seconds=used, busy_gpu_seconds=_value(b, "busy"),
                       idle_held_gpu_seconds=_value(b, "idle", "seconds"),
                       energy_joules=_value(b, "energy"))
             owner_rows.append((owner, model, day, u))
@@ -129,7 +128,7 @@ def read_search(
             beside_md[model, day] = _value(b, "beside", "energy")
             secs = _value(b, "unknown", "seconds")
             unknown.append((model, day, Usage(
-                allocated_gpu_seconds=secs, used_gpu_seconds=secs, charged_gpu_seconds=secs,
+                used_gpu_seconds=secs, charged_gpu_seconds=secs,
                 energy_joules=_value(b, "unknown", "energy"))))
         fleet_md: dict[tuple[str, str], Fleet] = {}
         for b in pager.buckets(fleet_body, req):
@@ -147,8 +146,8 @@ def read_search(
             owner3: Owner = (k.get("user"), k.get("project"))
             model, day = k.get("model") or UNKNOWN_MODEL, _day(k.get("day"))
             used = _value(b, "s")
-            u = Usage(allocated_gpu_seconds=used, used_gpu_seconds=used,
-                      charged_gpu_seconds=_value(b, "c"), busy_gpu_seconds=_value(b, "b"),
+            u = Usage(used_gpu_seconds=used, charged_gpu_seconds=_value(b, "c"),
+                      busy_gpu_seconds=_value(b, "b"),
                       idle_held_gpu_seconds=_value(b, "i"),
                       energy_joules=_value(b, "e") / 1000.0,
                       power_energy_joules=_value(b, "pe") / 1000.0)
@@ -233,7 +232,8 @@ def read_search(
     data.notes.extend([
         f"{settings.kind}: used = sum of process records (an owner's processes on one GPU "
         "each count); charged = used scaled per GPU model and day to the time held by "
-        "owners; idle-held by the process's own utilisation; allocated = used",
+        "owners; idle-held by the process's own utilisation; allocated not known (records "
+        "carry no allocation): the column is empty",
         f"{settings.kind}: no hash-chain verification (an index keeps no order); verify "
         "the archive or `gpu-audit audit verify` the sink's read-back",
     ])

@@ -7,7 +7,11 @@ everywhere: BackendInfo.simulated is True (the renderer turns that into a
 Scenario time runs from `start_time` (default: the wall time at open, so timestamps look
 current) at `time_scale` scenario seconds per second of `clock`. The `now` the sampler
 passes in is ignored: the backend reads its own injectable clock, so tests can drive it
-deterministically and demos can run hours of story in minutes.
+deterministically and demos can run hours of story in minutes. `time_scale` speeds up
+the story (processes, ramps, events), not the physics: counters accrue per second of
+`clock` (exporter.sim.device), and `gpu-audit run` dates its snapshots and records on
+the wall clock (exporter.sim.harness), so a bill of the run's wall-clock period holds
+the GPU time and energy that period had.
 
 This module must never be chosen as a fallback for a failed real backend.
 """
@@ -77,6 +81,7 @@ class SimBackend:
                 dcgm=spec.dcgm,
                 boot_seconds=spec.boot_seconds,
                 origin=self._origin,
+                time_scale=self.time_scale,
             )
             for plan in self.scenario.gpus
         ]
@@ -106,6 +111,10 @@ class SimBackend:
         if self._opened_at is None:
             return 0.0
         return max((self._clock() - self._opened_at) * self.time_scale, 0.0)
+
+    def wall_time(self) -> float:
+        """The clock the scenario runs against (the wall clock unless a test gives one)."""
+        return self._clock()
 
     def scenario_time(self) -> float:
         """The current scenario time as unix seconds (start_time + elapsed)."""

@@ -123,8 +123,14 @@ class SimDevice:
         dcgm: DcgmSpec | None,
         boot_seconds: float,
         origin: float,
+        time_scale: float = 1.0,
     ) -> None:
         self.plan = plan
+        # Scenario seconds per wall second: the story runs faster, the physics do not.
+        # Counters (energy, NVLink bytes, violation time) accrue per wall second, so a
+        # demo at time_scale 60 reports the energy its power draw integrates to over the
+        # wall time the run took, not 60 times that.
+        self.time_scale = time_scale
         self.info = plan.info
         spec = plan.spec
         self.spec = spec
@@ -213,7 +219,8 @@ class SimDevice:
                 info=self.info, up=False, error="gpu_lost", xid_totals=dict(self.xid_totals),
                 xid_last_timestamp=self.xid_last, new_xids=new_xids,
             )
-        dt = 0.0 if self.last_t is None else max(t - self.last_t, 0.0)
+        # wall seconds since the last sample: what the counters accrue over
+        dt = 0.0 if self.last_t is None else max(t - self.last_t, 0.0) / self.time_scale
         procs: list[ProcessSample] = []
         sm = memutil = enc = dec = 0.0
         mem_used = 0

@@ -5,7 +5,10 @@ samples, as the exporter's `BackendHooks` (exporter/backends/base.py).
   real resolver attributes them, when the configured procfs root is the default /proc;
 - a simulated kubelet (its pod-resources API) when the scenario declares pods and no
   kubelet is configured, so the real kubelet source reads them;
-- the scenario's clock for the sampling cycles;
+- the clock of the sampling cycles: the wall clock the run uses, also with a
+  `time_scale` (the story runs faster, the records are dated when they were sampled:
+  each covers the wall time since the last, the audit's `exporter_stop` comes after
+  them, and a bill of the run's wall-clock period finds them);
 - the SIMULATED DATA warning once the backend is open.
 
 `sim_backend(config)` is the simulator's entry point for the app layer
@@ -67,7 +70,7 @@ class SimHarness:
         return attribution
 
     def clock(self) -> float:
-        return self._backend.scenario_time()
+        return self._backend.wall_time()
 
     def before_attribution(self, gpus: Sequence[GpuSample]) -> None:
         if self._procfs is not None:

@@ -99,13 +99,16 @@ def energy_weights(
     gpu_util: float | None,
     gpu_mem_used: float | None,
 ) -> list[float]:
-    """Weights for [attributed process..., unattributed remainder] on one GPU.
+    """Weights for [attributed process..., unattributed remainder] on one GPU: the one
+    energy rule of every source (docs/CHARGEBACK.md, "Energy: the rule"; the recording
+    rule `gpu:gpu_power_watts:share` applies the same steps to the holders' series).
 
-    1. SM utilisation share, when any process has an SM sample and the sum is > 0: each
+    1. SM utilisation share, when the GPU's processes' SM ratios sum to > 0: each
        attributed process weighs its SM ratio; the remainder weighs the GPU utilisation
        no attributed process explains (or, without a GPU figure, the SM ratio of the
        processes nobody owns). Idle energy is so shared in proportion to use.
-    2. Else memory share, the same way with used memory.
+    2. Else (no per-process SM, as under MIG, or every process at 0) memory share, the
+       same way with used memory.
     3. Else an equal split among attributed processes; with none, all to the remainder.
     """
     n = len(attributed_sm)
@@ -121,6 +124,8 @@ def energy_weights(
             continue
         w = known(own)
         explained = math.fsum(w)
+        if explained + math.fsum(known(other)) <= 0:
+            continue  # the processes say nothing of this quantity: the next step
         rest = (
             max(0.0, gpu_total - explained)
             if gpu_total is not None

@@ -11,10 +11,12 @@ The month is a scenario of whole-hour holds, so a test can check the bill by han
   nobody owns 300-372 h at 30 %; dave/misc (no department anywhere) 500-600 h at 100 %;
   alice/vision and erin/vision share it 600-648 h at 30 % each.
 - node-b GPU 0 (H100): erin/vision the whole month at 90 %.
-- node-b GPU 1 (A100, MIG mode, two instances): alice/vision on instance 1 100-300 h,
-  bob/nlp on instance 2 200-400 h; no per-process SM utilisation (as under MIG), 20 %
-  of the GPU each; its energy counter appears once per MIG instance (the duplicate a
-  dcgm-style scrape gives, NVIDIA/dcgm-exporter#317), which a bill must count once.
+- node-b GPU 1 (A100, MIG mode, two instances): alice/vision on instance 1 100-300 h
+  (10 GiB), bob/nlp on instance 2 200-400 h (30 GiB); no per-process SM utilisation
+  (as under MIG), 20 % of the GPU each, so while both hold it its energy splits 1:3 by
+  memory in every source (the energy rule's second step); its energy counter appears
+  once per MIG instance (the duplicate a dcgm-style scrape gives,
+  NVIDIA/dcgm-exporter#317), which a bill must count once.
 - sim-0 GPU 0 (A100): a simulated GPU (`simulated="true"`), simsam/sim the whole month.
 
 Power is idle_watts + watts_per_util x utilisation while up (nothing while down); the
@@ -128,7 +130,7 @@ def scenario(step: int = 300) -> Month:
     ), idle_watts=80, watts_per_util=500)
     b1 = Gpu("node-b:9400", 1, "GPU-b1000000-0000-0000-0000-000000000000", A100, (
         Hold("alice", "vision", 100, 300, 0.2, has_sm=False, mig_instance=1),
-        Hold("bob", "nlp", 200, 400, 0.2, has_sm=False, mig_instance=2),
+        Hold("bob", "nlp", 200, 400, 0.2, has_sm=False, mig_instance=2, memory=30 * GIB),
     ), mig_instances=2)
     s0 = Gpu("sim-0:9400", 0, "GPU-50000000-0000-0000-0000-000000000000", A100, (
         Hold("simsam", "sim", 0, 720, 1.0),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,14 +84,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = None,
-                          records: set[str] | None = None) -> Iterator[Backfilled]:
+                          records: set[str] | None = None,
+                          writer: Callable[[Path], int] | None = None
+                          ) -> Iterator[Backfilled]:
     """Prometheus on loopback with the month and its recording rules backfilled.
 
     rule_interval: the rules' evaluation interval (default the month's step, which
     must divide it). records: backfill only these rules (and the rules they read);
     default all of alerts/rules/recording.yaml. The query lookback is one interval less
     a second: backfilled series carry no staleness markers, so a series that stopped
-    must drop out at once.
+    must drop out at once. writer: writes the raw series as OpenMetrics to the path it
+    is given and returns the sample count (default: the month's); `month` then needs
+    only `start`, `end` and `step`.
     """
     from tests.promstack import need
     prometheus, promtool = need("prometheus"), need("promtool")
@@ -101,7 +105,7 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     om = tmp / "month.om"
-    samples = write_openmetrics_file(month, om)
+    samples = writer(om) if writer is not None else write_openmetrics_file(month, om)
     timings["write_openmetrics"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q",

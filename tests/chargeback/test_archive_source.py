@@ -116,7 +116,8 @@ def test_archive_sums_match_the_hand_computed_bill(archive: Path) -> None:
     assert alice.idle_held_gpu_seconds == N * E  # GPU 3 at 2 %
     assert alice.energy_joules == N * (500 + 200)  # SM-weighted half of GPU 0 + all of GPU 3
     assert alice.power_energy_joules == pytest.approx(N * (550 + 200))
-    assert alice.allocated_gpu_seconds == alice.used_gpu_seconds  # no allocation records
+    # no allocation in the records: not known (0, written empty), never a copy of used
+    assert alice.allocated_gpu_seconds == 0 and d.allocation_known is False
     assert (bob.used_gpu_seconds, bob.charged_gpu_seconds) == (N * E, N * E / 2)
     assert bob.busy_gpu_seconds == pytest.approx(0.25 * N * E)
     assert bob.energy_joules == N * 250

@@ -22,7 +22,7 @@ from chargeback.model import Bill, Request, SourceData
 from chargeback.outputs import write_outputs
 from chargeback.replay import replay
 from chargeback.run import Reader
-from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
+from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME, OUTPUT_NAMES
 from gpu_audit import __version__
 from gpu_audit.errors import ConfigError
 from tests.chargeback.fixtures import sample_bill, sample_request, sample_source_data
@@ -69,7 +69,7 @@ def test_manifest_records_what_the_bill_was_made_from(tmp_path: Path) -> None:
     assert doc["request"]["end"] == "2026-11-04T00:00:00Z"
     assert doc["request"]["idle_policy"] == "proportional"
     assert doc["request"]["include_simulated"] is False
-    assert doc["outputs"] == hashes and set(hashes) == {CSV_NAME, JSON_NAME, HTML_NAME}
+    assert doc["outputs"] == hashes and set(hashes) == set(OUTPUT_NAMES)
     assert doc["source"]["queries"] == [f"archive part 2026-11-0{d}.jsonl.gz"
                                         for d in (1, 2, 3)]
     assert len(doc["source"]["inputs"]) == 3
@@ -104,7 +104,7 @@ def test_replay_reproduces_every_output(tmp_path: Path,
     out = io.StringIO()
     again = tmp_path / "again"
     assert replay(path, again, readers=NO_READERS, say=out) == 0, out.getvalue()
-    assert "3 outputs byte-identical" in out.getvalue()
+    assert "4 outputs byte-identical" in out.getvalue()
     assert (again / CSV_NAME).read_bytes() == (path.parent / CSV_NAME).read_bytes()
     replayed = pipeline.requests[0]
     assert replayed.out == str(again)

@@ -33,7 +33,7 @@ PINNED_HEADER = (
     "period_start,period_end,kind,department,project,user,allocated_gpu_hours,"
     "used_gpu_hours,charged_gpu_hours,busy_gpu_hours,idle_held_gpu_hours,energy_kwh,"
     "power_energy_kwh,gpu_cost,energy_cost,idle_share_cost,total_cost,currency,"
-    "idle_policy,source,completeness"
+    "idle_policy,source,completeness,energy_kwh_price,simulated"
 )
 
 

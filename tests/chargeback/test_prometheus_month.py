@@ -38,17 +38,19 @@ A100_PRICE, H100_PRICE, KWH_PRICE = 1.50, 3.00, 0.25
 # (dept, project, user): used, charged, busy, idle_held GPU-h, kWh, GPU cost
 EXPECTED = {
     # bob: GPU a0 120 h at 2 % (66 W: idle while held), MIG b1 200 h, shared with alice
-    # 200-300 h (half each) -> charged 120 + 50 + 100; energy 66 W x 120 h + half of
-    # 180 W x 100 h + 120 W x 100 h = 7.92 + 9 + 12 kWh
-    ("lang-lab", "nlp", "bob"): (320, 270, 0.02 * 120, 120, 7.92 + 9 + 12, 270 * A100_PRICE),
+    # 200-300 h (half each) -> charged 120 + 50 + 100; energy 66 W x 120 h + 3/4 of
+    # 180 W x 100 h (no SM under MIG: by memory, his 30 GiB to her 10) + 120 W x 100 h
+    # = 7.92 + 13.5 + 12 kWh
+    ("lang-lab", "nlp", "bob"): (320, 270, 0.02 * 120, 120, 7.92 + 13.5 + 12,
+                                 270 * A100_PRICE),
     # carol (no user mapping: by project nlp): a1 200 h at 50 % = 210 W
     ("lang-lab", "nlp", "carol"): (200, 200, 100, 0, 210 * 200 / 1000, 200 * A100_PRICE),
     # dave/misc is in no directory entry: unmapped; a1 100 h at 100 % = 360 W
     ("unmapped", "misc", "dave"): (100, 100, 100, 0, 36, 100 * A100_PRICE),
     # alice: a0 240 h at 80 % (300 W), a1 48 h shared with erin (240 W, half by SM),
-    # b1 100 h alone (120 W) + 100 h shared with bob (180 W, half: no SM under MIG)
+    # b1 100 h alone (120 W) + 100 h shared with bob (180 W: a quarter, by memory)
     ("vision-lab", "vision", "alice"): (240 + 48 + 200, 240 + 24 + 150, 0.8 * 240 + 0.3 * 48,
-                                        0, 72 + 5.76 + 12 + 9, 414 * A100_PRICE),
+                                        0, 72 + 5.76 + 12 + 4.5, 414 * A100_PRICE),
     # erin: the H100 all month at 90 % (530 W) + half of a1's 48 shared hours
     ("vision-lab", "vision", "erin"): (720 + 48, 720 + 24, 0.9 * 720 + 0.3 * 48, 0,
                                        530 * 720 / 1000 + 5.76,
@@ -382,7 +384,8 @@ def test_compare_with_archive_reports_the_differences_and_replays(
     queried = manifest["compared_sources"]["archive"]["queries"]
     assert {q.split()[2] for q in queried} == {
         p.name for p in month_archive.glob("gpu-audit_*.jsonl*")}
-    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(",source,completeness")
+    assert (out / CSV_NAME).read_text().splitlines()[0].endswith(
+        ",source,completeness,energy_kwh_price,simulated")
     say = io.StringIO()
     again = replay(out / MANIFEST_NAME, tmp_path / "again", readers=readers, say=say)
     assert again == 0, say.getvalue()

@@ -60,7 +60,7 @@ def test_archive_bill_replays_byte_identical_and_refuses_a_tampered_trail(
     assert _bill(archived, bill) == 0
     capsys.readouterr()
     assert main(["chargeback", "--replay", str(bill / MANIFEST_NAME)]) == 0
-    assert "3 outputs byte-identical" in capsys.readouterr().out
+    assert "4 outputs byte-identical" in capsys.readouterr().out
 
     _tamper(tmp_path / "archive")
     assert main(["chargeback", "--replay", str(bill / MANIFEST_NAME)]) == 1

@@ -109,7 +109,7 @@ def test_report_renders_in_chromium_with_non_empty_charts(tmp_path: Path) -> Non
     assert len([b for b in bars["by-day"] if b["height"] > 1]) >= 90
     assert "onerror" not in re.sub(r"&[a-z]+;", "", result["dom"].split("<body>")[0])
 
-    png = chromium.screenshot(page, tmp_path / "report.png", width=1000, height=1500)
+    png = chromium.screenshot(page, tmp_path / "report.png", width=1000, height=2200)
     if KEEP_DIR:
         Path(KEEP_DIR).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(png, Path(KEEP_DIR) / "chargeback-report.png")

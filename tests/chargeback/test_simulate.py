@@ -5,7 +5,8 @@ the output, the report, the notes and the manifest, and the manifest replayed.
 Two days of the shipped `busy` scenario (4x H100, 300 s cycles). By hand, from the
 story (exporter/sim/scenarios/busy.yaml): alice's DDP job holds all 4 GPUs throughout
 (4 x 48 = 192 GPU-h used); bob's notebook shares GPU 3 and the inference pod
-(cloudsdk, search-ranking) GPU 2 all the time (48 h used, half charged each); carol's
+(uid 1000, search-ranking: named `uid:1000` on every host, as `gpu-audit run
+--simulate` names it) GPU 2 all the time (48 h used, half charged each); carol's
 eval script runs from 600 s to 4,200 s on GPU 1 (1 h, half charged). So alice is
 charged 192 - 24 - 24 - 0.5 = 143.5 GPU-h, and nothing is idle.
 """
@@ -47,13 +48,15 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
     rows = {(r["kind"], r["user"]): r for r in csv.DictReader(io.StringIO(
         (out / CSV_NAME).read_text()))}
     want = {("owner", "alice"): (192, 143.5), ("owner", "bob"): (48, 24),
-            ("owner", "cloudsdk"): (48, 24), ("owner", "carol"): (1, 0.5),
+            ("owner", "uid:1000"): (48, 24), ("owner", "carol"): (1, 0.5),
             ("unattributed", ""): (0, 0), ("idle", ""): (0, 0)}
     assert set(rows) == set(want)
     for key, (used, charged) in want.items():
         assert float(rows[key]["used_gpu_hours"]) == pytest.approx(used, abs=1e-6), key
         assert float(rows[key]["charged_gpu_hours"]) == pytest.approx(charged, abs=1e-6), key
     assert {r["source"] for r in rows.values()} == {"archive"}
+    # the audit records carry no allocation: "not known" (empty), never a copy of used
+    assert {r["allocated_gpu_hours"] for r in rows.values()} == {""}
     # the archive is a real, hash-chained trail of simulated records only
     archive = out / "sim-archive"
     records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit_*.jsonl*"))
@@ -97,7 +100,7 @@ def test_sim_nodes_bills_copies_of_the_node(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Two copies of busy's node for one day: twice the GPUs (2 x 4 x 24 = 192 GPU-h),
     each its own host and chain; carol's hour on each node; alice charged 192 - 2 x 12
-    (bob) - 2 x 12 (cloudsdk) - 2 x 0.5 (carol) = 143."""
+    (bob) - 2 x 12 (uid:1000) - 2 x 0.5 (carol) = 143."""
     out = tmp_path / "bill"
     args = _args(out, "--sim-nodes", "2")
     args[args.index("2026-11-03T00:00:00Z")] = "2026-11-02T00:00:00Z"

@@ -23,6 +23,9 @@ def make_config(tmp: Path, **spool: int) -> Config:
         "exporter": {"backend": "sim", "scenario": "xid", "time_scale": 60,
                      "interval_seconds": 0.05, "listen": "127.0.0.1:0",
                      "log_summary_interval_seconds": 0.2},
+        # records every cycle: the simulator dates them on the wall clock, so the
+        # default 60 s audit interval would write none within the test's seconds
+        "audit": {"interval_seconds": 0.05},
         "spool": {"directory": str(tmp / "spool"), "min_free_bytes": 0, **spool},
         "shipper": {"batch_max_wait_s": 0.05, "poll_interval_s": 0.05,
                     "sinks": [{"type": "archive", "directory": str(tmp / "archive")}]},

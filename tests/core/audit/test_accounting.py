@@ -106,6 +106,21 @@ def test_split_by_memory_share_without_utilisation() -> None:
     assert parts["un"]["values"]["memory_used_bytes"] == 4e9
 
 
+def test_processes_all_at_sm_zero_split_by_memory_as_the_recording_rule_does() -> None:
+    """Every process reports SM 0 while the GPU is 3 % busy (a notebook and a loader
+    holding memory): the split goes on to memory, the rule's second step, as
+    `gpu:gpu_power_watts:share` does (it used to give the whole energy to the
+    unattributed record, which the bill then spread equally over the owners)."""
+    procs = [proc(1, sm=0.0, mem=3 * 10**9), proc(2, sm=0.0, mem=1 * 10**9)]
+    g_a = gpu(0, util=0.03, mem_used=4e9, energy=0.0, processes=procs)
+    g_b = gpu(0, util=0.03, mem_used=4e9, energy=800.0, processes=procs)
+    s1 = snapshot(T0, [g_a], {1: ALICE, 2: BOB})
+    s2 = snapshot(T0 + 5, [g_b], {1: ALICE, 2: BOB})
+    parts = next(iter(_by_gpu(_build(s1, s2)).values()))
+    assert [p["energy_joules"] for p in parts["procs"]] == [600.0, 200.0]
+    assert parts["un"]["energy_joules"] == 0.0
+
+
 def test_idle_gpu_without_processes_is_all_unattributed() -> None:
     """With no process on a GPU, all its energy and its GPU-seconds are unattributed."""
     s1 = snapshot(T0, [gpu(0, util=0.0, energy=100.0)])
