@@ -73,13 +73,10 @@ ROW_NUMBER_COLUMNS = (
     "idle_share_cost",
     "total_cost",
 )
+# what names a row in both CSVs
+ROW_KEY_COLUMNS = ("period_start", "period_end", "kind", "department", "project", "user")
 CSV_COLUMNS = (
-    "period_start",
-    "period_end",
-    "kind",
-    "department",
-    "project",
-    "user",
+    *ROW_KEY_COLUMNS,
     *ROW_NUMBER_COLUMNS,
     "currency",
     "idle_policy",
@@ -91,12 +88,7 @@ CSV_COLUMNS = (
 COST_COLUMNS = ("gpu_cost", "energy_cost", "idle_share_cost", "total_cost")
 # The line-items CSV: each row's charged GPU-hours per GPU model at that model's price
 LINE_COLUMNS = (
-    "period_start",
-    "period_end",
-    "kind",
-    "department",
-    "project",
-    "user",
+    *ROW_KEY_COLUMNS,
     "gpu_model",
     "charged_gpu_hours",
     "gpu_hour_price",
