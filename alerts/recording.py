@@ -48,6 +48,7 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
     mig_held = (f"(max by ({GPU_IDENTITY}, gpu_instance_id)"
                 f" (gpu_process_mig_weight_ratio{sel(p)})"
                 f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
+    alloc = f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})"
     equal = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
              "  count by (instance, uuid) (gpu:gpu_held:bool)")
     return [
@@ -85,6 +86,12 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         # holders), its SM use, its power share
         _rule("gpu:gpu_held:weight",
               f"sum by ({GPU_IDENTITY}) {mig_held}\nor\ngpu:gpu_held:bool"),
+        # what was reserved for the identity (gpu_allocation_info), weighted as held time
+        # is; not through the utilisation, which a MIG parent does not report
+        _rule("gpu:gpu_allocated:weight",
+              f"sum by ({GPU_IDENTITY}) (max by ({GPU_IDENTITY}, gpu_instance_id)"
+              f" (gpu_process_mig_weight_ratio{sel(p)})"
+              f" and on ({GPU_IDENTITY}) {alloc})\nor\n{alloc}"),
         _rule("gpu:gpu_held:share",
               f"sum by ({GPU_IDENTITY}) (\n"
               f"  {mig_held}\n"

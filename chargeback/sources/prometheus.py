@@ -8,7 +8,9 @@ per partial day at either end):
 - used: `sum_over_time(gpu:gpu_held:weight[d])` x rule interval (recording rule: 1
   while held, on a MIG GPU the weights of the instances held);
 - idle while held: `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (rule);
-- allocated: `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule);
+- allocated: `sum_over_time(gpu:gpu_allocated:weight[d])` x interval (rule: 1 while
+  `gpu_allocation_info` says so, the instances' weights on a MIG GPU; not through the
+  utilisation, which a MIG parent does not report);
 - charged: `sum_over_time(gpu:gpu_held:share[d])` x interval (rule: 1 / holders; on
   a MIG GPU each instance's weight / its holders);
 - busy: `sum_over_time(gpu:gpu_busy:sum[d])` x interval (rule: SM utilisation);
@@ -72,6 +74,8 @@ _MEMH = ("(sum by (instance, gpu, uuid, user, project, job) "
 _MIGH = ("(max by (instance, gpu, uuid, user, project, job, gpu_instance_id)"
          " (gpu_process_mig_weight_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
          " gpu:gpu_held:bool)")
+# ... what was reserved for it
+_ALLOC = "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})"
 # ... and the equal split of a GPU over its holders
 _EQUAL = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
           "  count by (instance, uuid) (gpu:gpu_held:bool)")
@@ -86,12 +90,12 @@ RULES: dict[str, str] = {
     "gpu:gpu_idle_held:bool":
         "gpu:gpu_held:bool and on (instance, uuid)\n"
         "  (max by (instance, uuid) (gpu_utilization_ratio{S}) < 0.05)",
-    "gpu:allocation_utilization_ratio":
-        "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})\n"
-        "  * on (instance, uuid) group_left () max by (instance, uuid) "
-        "(gpu_utilization_ratio{S})",
     "gpu:gpu_held:weight":
         "sum by (instance, gpu, uuid, user, project, job) {MIGH}\nor\ngpu:gpu_held:bool",
+    "gpu:gpu_allocated:weight":
+        "sum by (instance, gpu, uuid, user, project, job) (max by (instance, gpu, uuid, user,"
+        " project, job, gpu_instance_id) (gpu_process_mig_weight_ratio{S}) and on (instance,"
+        " gpu, uuid, user, project, job) {ALLOC})\nor\n{ALLOC}",
     "gpu:gpu_held:share":
         "sum by (instance, gpu, uuid, user, project, job) (\n"
         "  {MIGH}\n"
@@ -121,15 +125,15 @@ RULES: dict[str, str] = {
     "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
 }
 RULES = {k: v.replace("{SMH}", _SMH).replace("{MEMH}", _MEMH).replace("{MIGH}", _MIGH)
-         .replace("{EQUAL}", _EQUAL)for k, v in RULES.items()}
+         .replace("{EQUAL}", _EQUAL).replace("{ALLOC}", _ALLOC) for k, v in RULES.items()}
 
 _OWNER = "instance, uuid, user, project"
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval
 QUERIES: dict[str, tuple[str, bool]] = {
     "used": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:weight[{{R}}]))", True),
     "idle_held": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_idle_held:bool[{{R}}]))", True),
-    "allocated": (f"sum by ({_OWNER}) "
-                  f"(count_over_time(gpu:allocation_utilization_ratio[{{R}}]))", True),
+    "allocated": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_allocated:weight[{{R}}]))",
+                  True),
     "charged": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:share[{{R}}]))", True),
     "busy": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_busy:sum[{{R}}]))", True),
     "power_share": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_power_watts:share[{{R}}]))",

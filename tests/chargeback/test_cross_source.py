@@ -150,6 +150,21 @@ def test_mig_tenants_are_billed_by_the_slice(tmp_path_factory: pytest.TempPathFa
         assert rec.idle_gpu_hours > 0
 
 
+def test_mig_allocations_are_seen_from_prometheus(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 23, defect 2: MIG tenants' allocations reach the Prometheus bill (a MIG
+    parent reports no GPU utilisation, which the allocation used to be read through, so
+    they counted 0), weighted by the slice like their time; the archive, which sees no
+    reservation, says "not known"."""
+    archive, prom = _bills_once("mig", tmp_path_factory)
+    rows = {r.project: r for r in prom.rows if r.kind == "owner"}
+    for project, slices in (("fraud-detection", 3), ("recsys", 2), ("nlp", 7)):
+        assert rows[project].allocated_gpu_hours == pytest.approx(
+            HOURS * slices / 7, rel=0.002), rows[project]
+    assert prom.allocation_known
+    assert not archive.allocation_known
+
+
 def test_mig_slices_are_the_same_in_the_interval_trail(tmp_path: Path) -> None:
     """The 300 s interval records (schema 3) bill the mig scenario's slices exactly as
     the per-cycle records (schema 2) do: the weight is applied in close_cycle, which
