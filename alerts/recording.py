@@ -42,6 +42,15 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
              f"      / on (instance, uuid) group_left ()\n"
              f"    (sum by (instance, uuid) {mem_held} > 0)\n"
              f"    or on (instance, uuid)\n")
+    # MIG: the instances an identity holds, each with its weight (its profile's compute
+    # slices / the GPU's; gpu_audit.model.mig, docs/CHARGEBACK.md "MIG: billed by the
+    # slice"); no series on a GPU counted whole
+    mig_held = (f"(max by ({GPU_IDENTITY}, gpu_instance_id)"
+                f" (gpu_process_mig_weight_ratio{sel(p)})"
+                f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
+    alloc = f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})"
+    equal = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+             "  count by (instance, uuid) (gpu:gpu_held:bool)")
     return [
         _rule("gpu:gpu_held:bool",
               f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
@@ -72,16 +81,31 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
               f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})\n"
               f"  * on (instance, uuid) group_left () max by (instance, uuid) ({util})"),
         # per GPU and identity, for chargeback (a bill needs the GPU, for its model):
-        # the holder's share of a shared GPU (1 / holders), its SM use, its power share
+        # the part of the GPU it holds (1, or on a MIG GPU its instances' weights), the
+        # holder's share (1 / holders; on a MIG GPU each instance's weight / its
+        # holders), its SM use, its power share
+        _rule("gpu:gpu_held:weight",
+              f"sum by ({GPU_IDENTITY}) {mig_held}\nor\ngpu:gpu_held:bool"),
+        # what was reserved for the identity (gpu_allocation_info), weighted as held time
+        # is; not through the utilisation, which a MIG parent does not report
+        _rule("gpu:gpu_allocated:weight",
+              f"sum by ({GPU_IDENTITY}) (max by ({GPU_IDENTITY}, gpu_instance_id)"
+              f" (gpu_process_mig_weight_ratio{sel(p)})"
+              f" and on ({GPU_IDENTITY}) {alloc})\nor\n{alloc}"),
         _rule("gpu:gpu_held:share",
-              "gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-              "  count by (instance, uuid) (gpu:gpu_held:bool)"),
+              f"sum by ({GPU_IDENTITY}) (\n"
+              f"  {mig_held}\n"
+              f"    / on (instance, uuid, gpu_instance_id) group_left ()\n"
+              f"  count by (instance, uuid, gpu_instance_id) {mig_held}\n"
+              f")\n"
+              f"or\n"
+              f"{equal}"),
         _rule("gpu:gpu_busy:sum",
               f"sum by ({GPU_IDENTITY}) ({proc_sm})"),
         _rule("gpu:gpu_power_watts:share",
               f"(\n"
               f"{split}"
-              f"    gpu:gpu_held:share\n"
+              f"    ({equal})\n"
               f")\n"
               f"* on (instance, uuid) group_left () max by (instance, uuid) ({power})"),
         # per GPU, for chargeback: up (1/0; its samples also count the time down),

@@ -5,10 +5,14 @@ What is read, per GPU (instance, uuid) and owner (user, project), for each UTC d
 the period (one `query_range` with a one-day step for the whole days, one instant query
 per partial day at either end):
 
-- used: `sum_over_time(gpu:gpu_held:bool[d])` x rule interval (recording rule);
+- used: `sum_over_time(gpu:gpu_held:weight[d])` x rule interval (recording rule: 1
+  while held, on a MIG GPU the weights of the instances held);
 - idle while held: `sum_over_time(gpu:gpu_idle_held:bool[d])` x interval (rule);
-- allocated: `count_over_time(gpu:allocation_utilization_ratio[d])` x interval (rule);
-- charged: `sum_over_time(gpu:gpu_held:share[d])` x interval (rule: 1 / holders);
+- allocated: `sum_over_time(gpu:gpu_allocated:weight[d])` x interval (rule: 1 while
+  `gpu_allocation_info` says so, the instances' weights on a MIG GPU; not through the
+  utilisation, which a MIG parent does not report);
+- charged: `sum_over_time(gpu:gpu_held:share[d])` x interval (rule: 1 / holders; on
+  a MIG GPU each instance's weight / its holders);
 - busy: `sum_over_time(gpu:gpu_busy:sum[d])` x interval (rule: SM utilisation);
 - power share: `sum_over_time(gpu:gpu_power_watts:share[d])` x interval (rule: the
   split of `user_project_job:gpu_power_watts:sum`, kept per GPU for its model);
@@ -66,6 +70,16 @@ _MEMH = ("(sum by (instance, gpu, uuid, user, project, job) "
          "(gpu_process_memory_used_bytes{S}) and on (instance, gpu, uuid, user, project, job)"
          " gpu:gpu_held:bool)")
 
+# ... the MIG instances it holds, each with its weight (gpu_audit.model.mig)
+_MIGH = ("(max by (instance, gpu, uuid, user, project, job, gpu_instance_id)"
+         " (gpu_process_mig_weight_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
+         " gpu:gpu_held:bool)")
+# ... what was reserved for it
+_ALLOC = "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})"
+# ... and the equal split of a GPU over its holders
+_EQUAL = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
+          "  count by (instance, uuid) (gpu:gpu_held:bool)")
+
 # The recording rules this source reads, as alerts/rules/recording.yaml renders them
 # with the production parameters (tests/chargeback check the two agree). `{S}` is the
 # simulated filter. Used verbatim in raw mode.
@@ -76,13 +90,20 @@ RULES: dict[str, str] = {
     "gpu:gpu_idle_held:bool":
         "gpu:gpu_held:bool and on (instance, uuid)\n"
         "  (max by (instance, uuid) (gpu_utilization_ratio{S}) < 0.05)",
-    "gpu:allocation_utilization_ratio":
-        "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})\n"
-        "  * on (instance, uuid) group_left () max by (instance, uuid) "
-        "(gpu_utilization_ratio{S})",
+    "gpu:gpu_held:weight":
+        "sum by (instance, gpu, uuid, user, project, job) {MIGH}\nor\ngpu:gpu_held:bool",
+    "gpu:gpu_allocated:weight":
+        "sum by (instance, gpu, uuid, user, project, job) (max by (instance, gpu, uuid, user,"
+        " project, job, gpu_instance_id) (gpu_process_mig_weight_ratio{S}) and on (instance,"
+        " gpu, uuid, user, project, job) {ALLOC})\nor\n{ALLOC}",
     "gpu:gpu_held:share":
-        "gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-        "  count by (instance, uuid) (gpu:gpu_held:bool)",
+        "sum by (instance, gpu, uuid, user, project, job) (\n"
+        "  {MIGH}\n"
+        "    / on (instance, uuid, gpu_instance_id) group_left ()\n"
+        "  count by (instance, uuid, gpu_instance_id) {MIGH}\n"
+        ")\n"
+        "or\n"
+        "{EQUAL}",
     "gpu:gpu_busy:sum":
         "sum by (instance, gpu, uuid, user, project, job) (gpu_process_sm_utilization_ratio{S})",
     "gpu:gpu_power_watts:share":
@@ -95,7 +116,7 @@ RULES: dict[str, str] = {
         "      / on (instance, uuid) group_left ()\n"
         "    (sum by (instance, uuid) {MEMH} > 0)\n"
         "    or on (instance, uuid)\n"
-        "    gpu:gpu_held:share\n"
+        "    ({EQUAL})\n"
         ")\n"
         "* on (instance, uuid) group_left () max by (instance, uuid) "
         "(gpu_power_usage_watts{S})",
@@ -103,15 +124,16 @@ RULES: dict[str, str] = {
     "gpu:gpu_utilization_ratio:max": "max by (instance, gpu, uuid) (gpu_utilization_ratio{S})",
     "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
 }
-RULES = {k: v.replace("{SMH}", _SMH).replace("{MEMH}", _MEMH) for k, v in RULES.items()}
+RULES = {k: v.replace("{SMH}", _SMH).replace("{MEMH}", _MEMH).replace("{MIGH}", _MIGH)
+         .replace("{EQUAL}", _EQUAL).replace("{ALLOC}", _ALLOC) for k, v in RULES.items()}
 
 _OWNER = "instance, uuid, user, project"
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval
 QUERIES: dict[str, tuple[str, bool]] = {
-    "used": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:bool[{{R}}]))", True),
+    "used": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:weight[{{R}}]))", True),
     "idle_held": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_idle_held:bool[{{R}}]))", True),
-    "allocated": (f"sum by ({_OWNER}) "
-                  f"(count_over_time(gpu:allocation_utilization_ratio[{{R}}]))", True),
+    "allocated": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_allocated:weight[{{R}}]))",
+                  True),
     "charged": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_held:share[{{R}}]))", True),
     "busy": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_busy:sum[{{R}}]))", True),
     "power_share": (f"sum by ({_OWNER}) (sum_over_time(gpu:gpu_power_watts:share[{{R}}]))",

@@ -139,6 +139,14 @@ PROCESS_COUNT = _family("gpu_processes", "gauge",
                         "Number of processes of this identity on the GPU." + _PROC_NOTE,
                         "NVML nvmlDeviceGetComputeRunningProcesses + attribution",
                         _PROC, "process")
+PROCESS_MIG_WEIGHT = _family("gpu_process_mig_weight_ratio", "gauge",
+                             "The share of the GPU the MIG instance these processes run in "
+                             "counts for in a bill: its profile's compute slices / the "
+                             "GPU's (docs/CHARGEBACK.md, \"MIG: billed by the slice\"). One "
+                             "series per identity and instance, only on a GPU in MIG mode "
+                             "whose instances all have a known weight.",
+                             "NVML nvmlDeviceGetGpuInstanceProfileInfo + attribution",
+                             (*_PROC, "gpu_instance_id"), "process", "ratio")
 UNATTRIBUTED_MEMORY = _family("gpu_unattributed_memory_bytes", "gauge",
                               "GPU memory used that no attributed process explains (GPU memory used"
                               " minus the memory of attributed processes, floored at 0).",
@@ -188,7 +196,7 @@ FAMILIES: tuple[FamilyDef, ...] = (
     GPU_UP, GPU_INFO, GPU_FIELD_SUPPORTED, GPU_XID_ERRORS, GPU_XID_LAST,
     GPU_MIG_INFO, GPU_MIG_MEMORY_TOTAL, GPU_MIG_MEMORY_USED,
     PROCESS_MEMORY, PROCESS_SM, PROCESS_MEM_UTIL, PROCESS_ENC, PROCESS_DEC, PROCESS_COUNT,
-    UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO, GPU_OWNER_INFO,
+    PROCESS_MIG_WEIGHT, UNATTRIBUTED_MEMORY, UNATTRIBUTED_UTIL, ALLOCATION_INFO, GPU_OWNER_INFO,
     SAMPLE_DURATION, SNAPSHOT_TIMESTAMP, SAMPLE_ERRORS, SERIES,
     SNAPSHOT_AGE, SCRAPES, PROCESS_SERIES_DROPPED,
 )

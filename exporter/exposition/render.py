@@ -25,6 +25,7 @@ from gpu_audit import selfmetrics as sm
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.mig import process_weights
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
 
@@ -399,6 +400,7 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
     memu, enc = _fixed(fam.PROCESS_MEM_UTIL), _fixed(fam.PROCESS_ENC)
     dec, count = _fixed(fam.PROCESS_DEC), _fixed(fam.PROCESS_COUNT)
     fams = (mem, sm, memu, enc, dec, count)
+    weight_f = _fixed(fam.PROCESS_MIG_WEIGHT)
     names = (*_PROC_LABELS, "pid") if opts.pid_label else _PROC_LABELS
     dropped: dict[str, int] = {}
     cap = max(0, opts.max_process_series_per_gpu)
@@ -407,6 +409,7 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
         if not procs:
             continue
         groups = _process_rows(procs, opts.pid_label)
+        _mig_weights(weight_f, g, procs, prefixes[g.info.uuid])
         items = list(groups.items())
         if len(items) > cap:
             # Keep the biggest by memory; ties broken by label set so the choice is stable.
@@ -435,7 +438,26 @@ def _render_processes(snap: Snapshot, up_gpus: list[GpuSample], prefixes: Mappin
             if v is not None:
                 dec.lines.append(pdec + ("1" if v >= 1.0 else _num(v)) + "\n")
             count.lines.append(f"{pcount}{agg.count}\n")
-    return list(fams), dropped
+    return [*fams, weight_f], dropped
+
+
+def _mig_weights(out: _Family, g: GpuSample, procs: Iterable[AttributedProcess],
+                 prefix: str) -> None:
+    """gpu_process_mig_weight_ratio: per identity and MIG instance it runs in, the
+    instance's weight, on a GPU counted by the slice (gpu_audit.model.mig)."""
+    weights = process_weights(g)
+    if weights is None:
+        return
+    seen: set[tuple[str, ...]] = set()
+    for ap in procs:
+        gi = ap.process.gpu_instance_id
+        if gi is None:
+            continue
+        key = (*_identity(ap, False), str(gi))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.add(_join(prefix, (*_PROC_LABELS, "gpu_instance_id"), key), weights[gi])
 
 
 def _render_unattributed(snap: Snapshot, up_gpus: list[GpuSample],

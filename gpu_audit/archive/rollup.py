@@ -212,6 +212,15 @@ class Rollup:
             acc = c.owners.get(owner)
             if acc is None:
                 acc = c.owners[owner] = [0.0, 0.0, 0.0]
+            proc = rec.get("process")
+            w = _num(proc.get("slice_weight")) if isinstance(proc, Mapping) else None
+            gi = proc.get("gpu_instance_id") if isinstance(proc, Mapping) else None
+            if w is not None and type(gi) is int:  # counted by the slice (MIG)
+                if c.slices is None:
+                    c.slices = {}
+                c.slices.setdefault(owner, {})[gi] = w
+            else:
+                c.whole = True
             acc[0] = max(acc[0], _num(rec.get("gpu_seconds")) or 0.0)
             acc[1] += _num(rec.get("busy_gpu_seconds")) or 0.0
             acc[2] += _num(rec.get("energy_joules")) or 0.0

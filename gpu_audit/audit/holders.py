@@ -23,7 +23,12 @@ has always applied to version 2 records):
   the split left unattributed (in proportion to their energy, equally when all 0), and
   the power cross-check in the same proportion as the GPU's;
 - the unattributed holder, when processes nobody owns hold the GPU: the unattributed
-  record's seconds, busy, energy (counted only when one of them is not 0).
+  record's seconds, busy, energy (counted only when one of them is not 0);
+- a GPU counted by the slice (MIG, `GpuCycle.slices`; docs/CHARGEBACK.md "MIG: billed
+  by the slice"): an owner's used is the weights of the MIG instances its processes run
+  in x the interval, charged each instance's weight x the interval divided equally among
+  the owners running in it; the GPU's held (and idle-held) time is the weights of the
+  held instances x the interval, so what no instance holds stays idle.
 
 Pure arithmetic: no I/O, nothing but the numbers given.
 """
@@ -64,6 +69,12 @@ class GpuCycle:
     un_seconds: float = 0.0
     un_energy: float = 0.0
     un_busy: float = 0.0
+    # A GPU counted slice by slice (MIG, gpu_audit.model.mig): owner -> {gpu_instance_id:
+    # weight} of the instances its processes run in; None: the whole GPU. `un_seconds`
+    # is then the unowned processes' slices x elapsed. `whole` set: some process had no
+    # weight, so the whole GPU after all.
+    slices: dict[Owner, dict[int, float]] | None = None
+    whole: bool = False
 
 
 def close_cycle(c: GpuCycle) -> tuple[dict[Owner, list[float]], list[float]]:
@@ -85,10 +96,21 @@ def close_cycle(c: GpuCycle) -> tuple[dict[Owner, list[float]], list[float]]:
         fleet[F_POWER] = c.power_energy or 0.0
     elif c.up is False:
         fleet[F_DOWN] = e
+    sliced = c.slices if c.slices is not None and not c.whole else None
+    holders_of: dict[int, list[float]] = {}  # gpu_instance_id -> [weight, owners]
+    if sliced is not None:
+        for gis in sliced.values():
+            for gi, w in gis.items():
+                slot = holders_of.setdefault(gi, [w, 0.0])
+                slot[1] += 1
     if c.owners or c.unowned_processes > 0:
-        fleet[F_HELD] = e
+        held = e
+        if sliced is not None:
+            held = min(e, e * sum(w for w, _ in holders_of.values())
+                       + (c.un_seconds if c.unowned_processes > 0 else 0.0))
+        fleet[F_HELD] = held
         if idle:
-            fleet[F_IDLE_HELD] = e
+            fleet[F_IDLE_HELD] = held
     out: dict[Owner, list[float]] = {}
     n = len(c.owners)
     un_energy = c.un_energy
@@ -99,8 +121,14 @@ def close_cycle(c: GpuCycle) -> tuple[dict[Owner, list[float]], list[float]]:
         for acc in c.owners.values():
             acc[2] += un_energy * (acc[2] / total if total > 0 else 1.0 / n)
         un_energy = 0.0
-    for owner, (used, busy, energy) in c.owners.items():
-        out[owner] = [used, (e or used) / n, busy, used if idle else 0.0, energy,
+    for owner, (seconds, busy, energy) in c.owners.items():
+        used, charged = seconds, (e or seconds) / n
+        if sliced is not None:
+            # by the slice: the instances it runs in, each shared by its owners
+            gis = sliced.get(owner, {})
+            used = e * sum(gis.values())
+            charged = e * sum(w / holders_of[gi][1] for gi, w in gis.items())
+        out[owner] = [used, charged, busy, used if idle else 0.0, energy,
                       energy * ratio if ratio is not None else 0.0]
         fleet[F_BUSY] += busy
     if c.un_seen and c.unowned_processes > 0:

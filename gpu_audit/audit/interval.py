@@ -43,6 +43,7 @@ from gpu_audit.audit.holders import (
 )
 from gpu_audit.audit.parts import processes_of
 from gpu_audit.audit.usage import as_float, energy_of, finite
+from gpu_audit.model.mig import process_weights, unowned_slices
 from gpu_audit.model.samples import GpuSample, ProcessSample
 from gpu_audit.model.snapshot import Snapshot
 
@@ -202,6 +203,9 @@ class IntervalUsage:
                 unattributed_mem=[as_float(ap.process.used_memory_bytes) for ap in unowned],
                 gpu_util=util, gpu_mem_used=mem))
         share = iter(shares)
+        weights = process_weights(gpu)
+        if weights is not None:
+            c.slices = {}
         tasks: list[tuple[Owner, ProcessSample, str, str]] = []
         for ap, owner in zip(procs, owners, strict=True):
             p = ap.process
@@ -213,6 +217,8 @@ class IntervalUsage:
                               ap.attribution.slurm_job_id or ""))
                 continue
             energy_j = joules(next(share)) if shares else 0.0
+            if c.slices is not None and weights is not None and p.gpu_instance_id is not None:
+                c.slices.setdefault(owner, {})[p.gpu_instance_id] = weights[p.gpu_instance_id]
             o = c.owners.get(owner)
             if o is None:
                 c.owners[owner] = [e, busy, energy_j]
@@ -223,6 +229,10 @@ class IntervalUsage:
             tasks.append((owner, p, ap.attribution.job or "", ap.attribution.slurm_job_id or ""))
         c.un_seen = True
         c.un_seconds = 0.0 if owned else e
+        if weights is not None:
+            c.un_seconds = e * unowned_slices(
+                weights, (ap.process.gpu_instance_id for ap in owned),
+                (ap.process.gpu_instance_id for ap in unowned))
         if shares:
             c.un_energy = joules(shares[-1])
         if util is not None:

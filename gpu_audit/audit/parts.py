@@ -65,7 +65,9 @@ def gpu_part_of(gpu: GpuSample) -> dict[str, Any]:
     return part
 
 
-def process_part_of(p: ProcessSample) -> dict[str, Any]:
+def process_part_of(p: ProcessSample, slice_weight: float | None = None) -> dict[str, Any]:
+    # slice_weight: the share of the GPU its MIG instance counts for in a bill
+    # (gpu_audit.model.mig); absent when the GPU is counted whole
     part: dict[str, Any] = {"pid": p.pid, "type": p.type}
     if p.name:  # unknown is absent, never ""
         part["name"] = p.name
@@ -78,6 +80,8 @@ def process_part_of(p: ProcessSample) -> dict[str, Any]:
         part["compute_instance_id"] = p.compute_instance_id
     if p.identity is not None and p.identity.start_time_ticks is not None:
         part["start_time_ticks"] = p.identity.start_time_ticks
+    if slice_weight is not None:
+        part["slice_weight"] = slice_weight
     return part
 
 
@@ -221,18 +225,19 @@ class PartsCache:
             self._used[key] = hit
         return hit[1], hit[2]
 
-    def process(self, gpu_uuid: str, p: ProcessSample) -> tuple[Any, bytes]:
+    def process(self, gpu_uuid: str, p: ProcessSample,
+                slice_weight: float | None = None) -> tuple[Any, bytes]:
         """(record part, id_tail) of a `process` record of `p` on the GPU."""
         ident = p.identity
         uid = p.uid if p.uid is not None else (ident.uid if ident is not None else None)
         start = ident.start_time_ticks if ident is not None else None
         key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
-               p.compute_instance_id, start)
+               p.compute_instance_id, start, slice_weight)
         hit = self._procs_used.get(key)
         if hit is None:
             hit = self._procs.get(key)
             if hit is None:
-                hit = (self.shared(process_part_of(p)),
+                hit = (self.shared(process_part_of(p, slice_weight)),
                        id_tail("process", "", gpu_uuid, process_key_str(p), ""))
             self._procs_used[key] = hit
         return hit

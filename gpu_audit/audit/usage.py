@@ -27,6 +27,7 @@ from gpu_audit.audit.parts import (
     process_values_sorted,
     processes_of,
 )
+from gpu_audit.model.mig import process_weights, unowned_slices
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
 
@@ -92,12 +93,15 @@ def usage_records(
         shares = split_units(energy[0], weights)
     owned_share = iter(shares)
 
+    slices = process_weights(gpu)  # MIG: gpu_instance_id -> weight (None: whole GPU)
     parts = cyc.parts
     templates = presorted_templates(cyc, gpu_part, elapsed) if parts.fragments else None
     prefix = cyc.id_prefix
     for ap, (is_owned, owner_part) in zip(procs, owners, strict=True):
         p = ap.process
-        proc_part, tail = parts.process(uuid, p)
+        proc_part, tail = parts.process(
+            uuid, p, slices.get(p.gpu_instance_id) if slices is not None
+            and p.gpu_instance_id is not None else None)
         h = prefix.copy()
         h.update(tail)
         rid: str = h.hexdigest()
@@ -147,6 +151,10 @@ def usage_records(
         uvals[UTILIZATION] = max(0.0, util - explained_sm)
     un["values"] = uvals
     un["gpu_seconds"] = 0.0 if owned else elapsed
+    if slices is not None:  # by the slice: the instances only unowned processes run in
+        un["gpu_seconds"] = elapsed * unowned_slices(
+            slices, (ap.process.gpu_instance_id for ap in owned),
+            (ap.process.gpu_instance_id for ap in unowned))
     if shares:
         un["energy_joules"] = joules(shares[-1])
     out.append(un)

@@ -152,7 +152,7 @@ def test_days_queries_and_the_outage_day(prom: Backfilled, tmp_path: Path) -> No
     assert close(sum(f.gpu_seconds for _, f in data.days.values()),
                  sum(f.gpu_seconds for f in data.fleet.values()), 1.0)
     assert data.queries and all(q.startswith(("query ", "query_range ")) for q in data.queries)
-    assert any("gpu:gpu_held:bool[" in q for q in data.queries)  # the rule, not its expansion
+    assert any("gpu:gpu_held:weight[" in q for q in data.queries)  # the rule, not its expansion
     assert data.inputs["rule_interval_seconds"] == "300"
     assert set(data.fleet) == {A100, H100}
 

@@ -1,0 +1,102 @@
+"""MIG billed by the slice (issue 23, defect 3): the profile-weight table and what
+close_cycle makes of a GPU counted instance by instance."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_audit.audit.holders import (
+    CHARGED,
+    F_HELD,
+    F_IDLE_HELD,
+    UNATTRIBUTED,
+    USED,
+    GpuCycle,
+    close_cycle,
+)
+from gpu_audit.model.mig import (
+    instance_weights,
+    mig_weight,
+    process_weights,
+    profile_slices,
+    unowned_slices,
+)
+from gpu_audit.model.samples import GpuInfo, GpuSample, MigInstance, ProcessSample
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.mark.parametrize(("model", "profile", "weight"), [
+    (A100, "1g.10gb", 1 / 7), (A100, "3g.40gb", 3 / 7), (A100, "7g.80gb", 1.0),
+    ("NVIDIA A100-PCIE-40GB", "2g.10gb", 2 / 7), ("NVIDIA H100 80GB HBM3", "4g.40gb", 4 / 7),
+    ("NVIDIA H200", "1g.18gb", 1 / 7), ("NVIDIA A30", "2g.12gb", 2 / 4),
+    ("NVIDIA A30", "4g.24gb", 1.0), (A100, "1g.10gb+me", 1 / 7), (A100, "1c.3g.40gb", 3 / 7),
+])
+def test_weight_is_the_profiles_compute_slices_over_the_gpus(model: str, profile: str,
+                                                              weight: float) -> None:
+    """weight = the profile's compute slices / the GPU model's (documented table)."""
+    assert mig_weight(model, profile) == pytest.approx(weight)
+
+
+@pytest.mark.parametrize(("model", "profile"), [
+    ("NVIDIA GeForce RTX 4090", "1g.10gb"),  # a model not in the table
+    (A100, "mystery"), (A100, "8g.90gb"),  # a profile that does not parse, or too big
+    ("NVIDIA A30", "7g.80gb"),
+])
+def test_unknown_weight_is_none_never_a_guess(model: str, profile: str) -> None:
+    """No weight where the table does not know the model or the profile."""
+    assert mig_weight(model, profile) is None
+    assert profile_slices("x") is None
+
+
+def _gpu(model: str, profiles: dict[int, str], procs: list[int | None]) -> GpuSample:
+    return GpuSample(
+        info=GpuInfo(uuid="GPU-1", index=0, name=model, mig_mode=True),
+        mig=tuple(MigInstance(f"MIG-{gi}", gi, 0, p) for gi, p in profiles.items()),
+        processes=tuple(ProcessSample(pid=100 + i, gpu_instance_id=gi)
+                        for i, gi in enumerate(procs)))
+
+
+def test_a_gpu_is_weighed_only_when_every_instance_and_process_is() -> None:
+    """Weights for every instance, or None: a process outside the instances, an
+    unknown profile or a GPU without MIG leave the whole GPU to the shared rule."""
+    layout = {2: "3g.40gb", 3: "2g.20gb", 4: "2g.20gb"}
+    assert process_weights(_gpu(A100, layout, [2, 3])) == pytest.approx(
+        {2: 3 / 7, 3: 2 / 7, 4: 2 / 7})
+    assert process_weights(_gpu(A100, layout, [2, None])) is None
+    assert instance_weights(_gpu(A100, {2: "3g.40gb", 3: "weird"}, [2])) is None
+    assert instance_weights(_gpu(A100, {}, [])) is None
+    assert unowned_slices({2: 3 / 7, 3: 2 / 7}, [2], [2, 3, None]) == pytest.approx(2 / 7)
+
+
+ALICE, BOB = ("alice", "p"), ("bob", "q")
+
+
+def test_close_cycle_bills_each_owner_its_slices() -> None:
+    """On a sliced GPU: used = the instances' weights x the interval; charged = each
+    instance's weighted time split among the owners in it; unowned slices go to the
+    unattributed holder; held = the held slices, the rest stays idle."""
+    c = GpuCycle(elapsed=60.0, up=True, gpu_seconds=60.0, utilization=0.01,
+                 owners={ALICE: [60.0, 0.0, 0.0], BOB: [60.0, 0.0, 0.0]},
+                 slices={ALICE: {2: 3 / 7, 3: 1 / 7}, BOB: {3: 1 / 7}},
+                 unowned_processes=1, un_seen=True, un_seconds=60.0 * 2 / 7)
+    holders, fleet = close_cycle(c)
+    assert holders[ALICE][USED] == pytest.approx(60 * 4 / 7)
+    assert holders[ALICE][CHARGED] == pytest.approx(60 * (3 / 7 + 1 / 14))
+    assert holders[BOB][USED] == pytest.approx(60 / 7)
+    assert holders[BOB][CHARGED] == pytest.approx(60 / 14)
+    assert holders[UNATTRIBUTED][CHARGED] == pytest.approx(60 * 2 / 7)
+    assert fleet[F_HELD] == pytest.approx(60 * 6 / 7)
+    assert fleet[F_IDLE_HELD] == pytest.approx(60 * 6 / 7)
+    assert sum(h[CHARGED] for h in holders.values()) == pytest.approx(fleet[F_HELD])
+
+
+def test_close_cycle_whole_gpu_when_a_process_had_no_weight() -> None:
+    """`whole` (a process record without a slice weight) falls back to 1 / holders."""
+    c = GpuCycle(elapsed=60.0, up=True, gpu_seconds=60.0,
+                 owners={ALICE: [60.0, 0.0, 0.0], BOB: [60.0, 0.0, 0.0]},
+                 slices={ALICE: {2: 3 / 7}}, whole=True)
+    holders, fleet = close_cycle(c)
+    assert holders[ALICE][CHARGED] == holders[BOB][CHARGED] == 30.0
+    assert holders[ALICE][USED] == 60.0
+    assert fleet[F_HELD] == 60.0
