@@ -244,6 +244,7 @@ class ExporterApp:
             scenario_clock=hooks.clock if hooks is not None else None,
             before_attribution=hooks.before_attribution if hooks is not None else None,
             before_render=self._inventory.annotate,
+            mig_weights=ex.mig_weights,
         )
         registry.register(SamplerCollector(self.sampler, resolver))
         self.server.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,7 @@ from pydantic import Field, field_validator
 
 from gpu_audit.config_section import Section
 from gpu_audit.http.config import HttpLimitsConfig, parse_listen
+from gpu_audit.model.mig import check_site_key
 
 DEFAULT_LISTEN = "0.0.0.0:9945"
 # dcgm-exporter's released host label name (main renames it to "hostname").
@@ -96,8 +98,32 @@ class ExporterConfig(Section):
         "spool directory.",
     )
 
+    mig_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="The site's weights of MIG instances, over the built-in table "
+        "(docs/CHARGEBACK.md, \"MIG: billed by the slice\": compute slices, 3g.40gb = 3/7 "
+        "of an A100): `PROFILE: weight` (e.g. `3g.40gb: 0.5`) or `MODEL/PROFILE: weight` "
+        "for one GPU model (MODEL a part of the GPU's name, e.g. `H100/1g.10gb: 0.125`); "
+        "a weight is in (0, 1]. The exporter's series and the audit records carry the "
+        "weight, so every bill source uses it.",
+    )
+
     @field_validator("listen")
     @classmethod
     def _listen_ok(cls, v: str) -> str:
         parse_listen(v)
         return v
+
+    @field_validator("mig_weights")
+    @classmethod
+    def _mig_weights_ok(cls, v: dict[str, float]) -> dict[str, float]:
+        problems = []
+        for key, w in v.items():
+            wrong = check_site_key(key)
+            if wrong is not None:
+                problems.append(f"{key}: {wrong}")
+            elif not (math.isfinite(w) and 0 < w <= 1):
+                problems.append(f"{key}: weight {w} must be > 0 and <= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return {k.strip().lower() if "/" not in k else k: w for k, w in v.items()}

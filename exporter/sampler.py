@@ -23,6 +23,7 @@ from exporter.backends.base import GpuBackend
 from exporter.exposition.render import Renderer, RenderOptions
 from gpu_audit.http.state import RenderedSnapshot
 from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.mig import with_site_weights
 from gpu_audit.model.samples import BackendInfo, GpuSample
 from gpu_audit.model.snapshot import Snapshot
 
@@ -75,6 +76,7 @@ class Sampler:
         scenario_clock: Callable[[], float] | None = None,
         before_attribution: Callable[[Sequence[GpuSample]], None] | None = None,
         before_render: Callable[[Snapshot], Snapshot] | None = None,
+        mig_weights: Mapping[str, float] | None = None,
     ) -> None:
         self._backend = backend
         self._info = backend_info
@@ -93,6 +95,7 @@ class Sampler:
         # Completes the cycle's snapshot before anyone sees it (the GPU inventory adds
         # GPUs no longer enumerated and what it recorded about them).
         self._before_render = before_render
+        self._mig_weights = dict(mig_weights or {})  # exporter.mig_weights
         self._latest: Published | None = None
         self._failing_listeners: set[int] = set()  # by position: logged once until they recover
         self._prev: Snapshot | None = None
@@ -113,6 +116,8 @@ class Sampler:
         slow = cycle % self._slow_every == 0
         now = self._scenario_clock() if self._scenario_clock else self._clock()
         gpus = tuple(self._backend.sample(now, slow))
+        if self._mig_weights:
+            gpus = with_site_weights(gpus, self._mig_weights)
         if self._before_attribution is not None:
             self._before_attribution(gpus)
         processes = self._attributor.attribute(gpus)

@@ -11,13 +11,16 @@ most the whole GPU, so tenants never pay for more than one GPU.
 
 Only models listed in `GPU_SLICES` are weighed; a GPU in MIG mode of another model, or
 an instance whose profile does not parse, leaves the whole GPU's time to the rule for
-shared GPUs (1 / holders), never a guess. Pure: no I/O.
+shared GPUs (1 / holders), never a guess. A site overrides the table with
+`exporter.mig_weights` (`with_site_weights`: the weight rides on the sample, so the
+exporter's series and the audit records carry the same one). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from gpu_audit.model.samples import GpuSample
 
@@ -63,11 +66,44 @@ def instance_weights(gpu: GpuSample) -> dict[int, float] | None:
         return None
     out: dict[int, float] = {}
     for mi in gpu.mig:
-        w = mig_weight(gpu.info.name, mi.profile)
+        w = mi.weight if mi.weight is not None else mig_weight(gpu.info.name, mi.profile)
         if w is None:
             return None
         out[mi.gpu_instance_id] = w
     return out
+
+
+def site_weight(overrides: Mapping[str, float], model: str, profile: str) -> float | None:
+    """The site's weight for an instance: a `MODEL/PROFILE` key whose MODEL is part of
+    the GPU's name first, then a bare `PROFILE` key; None when neither is set."""
+    p = profile.strip().lower()
+    for key, w in overrides.items():
+        m, sep, kp = key.rpartition("/")
+        if sep and kp.strip().lower() == p and m.strip().lower() in model.lower():
+            return w
+    return overrides.get(p)
+
+
+def check_site_key(key: str) -> str | None:
+    """What is wrong with a key of exporter.mig_weights, None when nothing."""
+    model, _sep, profile = key.rpartition("/")
+    if profile_slices(profile) is None:
+        return f"{profile!r} is not a MIG profile (Ng.XXgb, e.g. 3g.40gb)"
+    if _sep and not model.strip():
+        return "MODEL/PROFILE needs a model (part of the GPU's name, e.g. A100)"
+    return None
+
+
+def with_site_weights(gpus: Sequence[GpuSample],
+                      overrides: Mapping[str, float]) -> tuple[GpuSample, ...]:
+    """The GPUs with the site's weights on the MIG instances they name (the others keep
+    the table's)."""
+    out = []
+    for g in gpus:
+        mig = tuple(replace(mi, weight=w) if (w := site_weight(
+            overrides, g.info.name, mi.profile)) is not None else mi for mi in g.mig)
+        out.append(replace(g, mig=mig) if mig != g.mig else g)
+    return tuple(out)
 
 
 def process_weights(gpu: GpuSample) -> dict[int, float] | None:

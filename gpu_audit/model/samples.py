@@ -53,6 +53,9 @@ class MigInstance:
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     values: Mapping[str, float] = field(default_factory=dict)
+    # the site's weight for this instance (exporter.mig_weights), over the table
+    # of gpu_audit.model.mig; None: the table's
+    weight: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

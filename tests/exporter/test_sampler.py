@@ -122,3 +122,25 @@ def test_the_before_render_hook_completes_the_snapshot_everyone_sees() -> None:
     assert [g.uuid for g in out.snapshot.gpus] == ["GPU-1", "GPU-2"]
     assert seen[0] is out.snapshot and published[0][0] is out.snapshot
     assert b'gpu_up{gpu="1",uuid="GPU-2"} 0' in out.rendered.body
+
+
+def test_the_sites_mig_weights_reach_the_snapshot_and_the_exposition() -> None:
+    """exporter.mig_weights is put on the MIG instances as they are sampled, so the
+    audit records (which weigh the snapshot) and gpu_process_mig_weight_ratio carry the
+    site's weight, not the table's 3/7."""
+    from gpu_audit.model.mig import process_weights
+    from gpu_audit.model.samples import MigInstance, ProcessSample
+
+    class MigBackend(FakeBackend):
+        def sample(self, now: float, slow: bool) -> Sequence[GpuSample]:
+            return (GpuSample(GpuInfo(uuid="GPU-1", index=0, name="NVIDIA A100-SXM4-80GB",
+                                      mig_mode=True),
+                              mig=(MigInstance("MIG-2", 2, 0, "3g.40gb"),),
+                              processes=(ProcessSample(pid=4242, gpu_instance_id=2),)),)
+
+    sampler = _sampler(MigBackend(), [1000.0], mig_weights={"3g.40gb": 0.5})
+    published = sampler.run_cycle()
+    assert process_weights(published.snapshot.gpus[0]) == {2: 0.5}
+    text = published.rendered.body.decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("gpu_process_mig_weight_ratio")]
+    assert lines and all(ln.endswith(" 0.5") for ln in lines), lines

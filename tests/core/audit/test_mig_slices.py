@@ -100,3 +100,41 @@ def test_close_cycle_whole_gpu_when_a_process_had_no_weight() -> None:
     assert holders[ALICE][CHARGED] == holders[BOB][CHARGED] == 30.0
     assert holders[ALICE][USED] == 60.0
     assert fleet[F_HELD] == 60.0
+
+
+def test_a_site_overrides_the_table_per_profile_or_per_model() -> None:
+    """exporter.mig_weights: a `MODEL/PROFILE` key beats a bare `PROFILE` key, both beat
+    the table, and a model the table does not know is weighed once the site says how
+    (before, the table was the only source: a site could not change a weight)."""
+    from gpu_audit.model.mig import with_site_weights
+
+    layout = {2: "3g.40gb", 3: "2g.20gb"}
+    site = {"3g.40gb": 0.5, "A100/2g.20gb": 0.25}
+    (g,) = with_site_weights([_gpu(A100, layout, [2, 3])], site)
+    assert process_weights(g) == pytest.approx({2: 0.5, 3: 0.25})
+    (h,) = with_site_weights([_gpu("NVIDIA H100 80GB HBM3", layout, [2, 3])], site)
+    assert process_weights(h) == pytest.approx({2: 0.5, 3: 2 / 7})  # H100: table for 2g
+    unknown = _gpu("NVIDIA L40S", {1: "2g.20gb"}, [1])
+    assert process_weights(unknown) is None
+    (u,) = with_site_weights([unknown], {"L40S/2g.20gb": 0.5})
+    assert process_weights(u) == pytest.approx({1: 0.5})
+    plain = _gpu(A100, {}, [])
+    assert with_site_weights([plain], site) == (plain,)
+
+
+@pytest.mark.parametrize(("weights", "wrong"), [
+    ({"weird": 0.5}, "weird"), ({"3g.40gb": 0.0}, "3g.40gb"), ({"3g.40gb": 1.5}, "3g.40gb"),
+    ({"/3g.40gb": 0.5}, "/3g.40gb"), ({"2g.20gb": float("nan")}, "2g.20gb"),
+])
+def test_bad_site_weights_are_configuration_errors_naming_the_key(
+        weights: dict[str, float], wrong: str) -> None:
+    """A key that is not a profile, or a weight outside (0, 1], refuses the
+    configuration and names the key."""
+    from gpu_audit.errors import ConfigError
+    from gpu_audit_app.config import load_settings
+
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, {("exporter", "mig_weights"): weights}, environ={})
+    assert "exporter.mig_weights" in str(exc.value) and wrong in str(exc.value)
+    ok = load_settings(None, {("exporter", "mig_weights"): {"3G.40GB": 0.5}}, environ={})
+    assert ok.exporter.mig_weights == {"3g.40gb": 0.5}
