@@ -54,6 +54,15 @@ sys.exit(cli.main(sys.argv[4:]))
 """
 
 
+def write_spec(home: Path, name: str, text: str) -> Path:
+    """A spec file in the test's home that the job's user can read (the client reads it
+    after dropping privileges)."""
+    p = home / name
+    p.write_text(text)
+    p.chmod(0o644)
+    return p
+
+
 class LauncherDaemon:
     def __init__(self, directory: Path, *, gpus: int = 2,
                  core: Mapping[str, Any] | None = None, admin_group: str | None = None,

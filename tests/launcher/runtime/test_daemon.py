@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import LauncherDaemon, wait_for, write_spec
 from tests.launcher.runtime.users import (
     ADMINS,
     ALICE,
@@ -31,13 +31,6 @@ def daemon(home: Path) -> Iterator[LauncherDaemon]:
     d.kill_jobs()
 
 
-def _write(home: Path, name: str, text: str) -> Path:
-    p = home / name
-    p.write_text(text)
-    p.chmod(0o644)
-    return p
-
-
 TRAIN = ("import os,time; time.sleep(0.5); e=os.environ; print('train', os.getuid(), "
          "os.getgid(), e['CUDA_VISIBLE_DEVICES'], e['JOB_ID'], e['PROJECT_NAME'])")
 
@@ -46,7 +39,7 @@ def test_pipeline_runs_as_submitter_with_logs_status_and_queue(
         daemon: LauncherDaemon, home: Path) -> None:
     """A two-step pipeline submitted by alice runs in order, as alice (not root), on a
     simulated GPU named by UUID; status, queue and logs answer over the socket."""
-    _write(home, "pipe.yaml", f"""
+    write_spec(home, "pipe.yaml", f"""
 project: vision
 jobs:
   - name: prep
@@ -76,7 +69,7 @@ jobs:
 
 def test_invalid_spec_lists_every_problem_exit_2(daemon: LauncherDaemon, home: Path) -> None:
     """Every problem of a bad submission is listed at once, and nothing is queued."""
-    _write(home, "bad.yaml", """
+    write_spec(home, "bad.yaml", """
 jobs:
   - name: a
     command: ["true"]
@@ -99,7 +92,7 @@ jobs:
 def test_other_user_cannot_cancel_hold_or_read_logs(daemon: LauncherDaemon, home: Path) -> None:
     """bob is refused on alice's job (the daemon knows him from the socket, whatever he
     claims); alice and a member of the admin group are not."""
-    _write(home, "long.yaml", f"""
+    write_spec(home, "long.yaml", f"""
 name: long
 command: ["{PY}", "-c", "import time; print('secret', flush=True); time.sleep(60)"]
 """)
@@ -139,7 +132,7 @@ def test_kill9_mid_queue_restart_loses_and_duplicates_nothing(home: Path) -> Non
     try:
         jobs = [{"name": f"j{i}", "command": [PY, "-c", script, secs]}
                 for i, secs in enumerate(("6", "60", "1", "0.2", "0.2", "0.2"))]
-        _write(home, "five.yaml", yaml.safe_dump({"jobs": jobs}))
+        write_spec(home, "five.yaml", yaml.safe_dump({"jobs": jobs}))
         out = d.client(ALICE, "submit", "five.yaml").stdout
         ids = [int(x.split()[0]) for x in out.split(": ", 1)[1].split(", ")]
         assert len(ids) == 6
@@ -200,7 +193,7 @@ def test_second_daemon_on_same_state_is_refused(daemon: LauncherDaemon) -> None:
 
 def test_logs_follow_streams_until_the_job_ends(daemon: LauncherDaemon, home: Path) -> None:
     """`logs --follow` prints output as it comes and returns when the job has ended."""
-    _write(home, "ticker.yaml", f"""
+    write_spec(home, "ticker.yaml", f"""
 name: ticker
 command: ["{PY}", "-u", "-c", "import time\\nfor i in range(4): print('tick', i); time.sleep(0.3)"]
 """)

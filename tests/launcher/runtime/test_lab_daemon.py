@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import LauncherDaemon, wait_for, write_spec
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
 
 PY = job_python()
@@ -34,10 +34,7 @@ def daemon(home: Path) -> Iterator[LauncherDaemon]:
 
 
 def _write(home: Path, name: str, text: str) -> str:
-    p = home / name
-    p.write_text(text)
-    p.chmod(0o644)
-    return name
+    return write_spec(home, name, text).name
 
 
 def _ids(out: str) -> list[int]:
