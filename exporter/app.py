@@ -55,6 +55,9 @@ from gpu_audit.spool import (
 from gpu_audit.spool.config import SpoolConfig
 
 log = logging.getLogger("gpu_audit.exporter")
+# a restarted exporter dates its first record at least this long after the previous
+# life's last one: a cycle's points spread over 1 s in VictoriaMetrics (docs/SHIPPER.md)
+RESTART_GAP_SECONDS = 1.0
 
 NO_GPU_HINT = (
     "To try gpu-audit on a machine without a GPU, run the simulator explicitly:\n"
@@ -198,7 +201,8 @@ class ExporterApp:
             reader = SpoolReader(cfg.spool.directory) if cfg.spool.directory.is_dir() else None
             self.producer = AuditProducer(cfg.audit, self.spool, host=cfg.host,
                                           exporter_version=__version__,
-                                          simulated=info.simulated, reader=reader)
+                                          simulated=info.simulated, reader=reader,
+                                          restart_gap_seconds=RESTART_GAP_SECONDS)
             listeners.append(self.producer.on_snapshot)
             registry.register(AuditCollector(self.producer))
             if self.spool_gc is not None and self.companion is None:

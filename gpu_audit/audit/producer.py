@@ -22,6 +22,10 @@ unreadable (damage) and no checkpoint accounts for them, some of them may have b
 stream's, already shipped: their seqs are never issued again. The stream then goes on
 after them with a `chain_restart` record (schema 3: a fresh chain, `prev_hash` zeros,
 naming the last record known, the seqs that may be lost and the spool offsets).
+With `restart_gap_seconds` (the exporter: 1 s), the new life's first record is dated at
+least that long after the newest record found: cycles of one stream stay at least 1 s
+apart across a restart too, which is what keeps one point per record in a sink with
+millisecond points (VictoriaMetrics, shipper/sinks/influxdb/encode.py).
 
 This module must never raise out of `on_snapshot` for a spool problem (sampling and
 /metrics go on), never log per cycle while the spool stays broken (one line per change
@@ -79,6 +83,8 @@ class AuditProducer:
         reader: SpoolReaderPort | None = None,
         clock: Any = time.time,
         lifecycle_events: tuple[str, str] | None = ("exporter_start", "exporter_stop"),
+        restart_gap_seconds: float = 0.0,
+        sleep: Any = time.sleep,
     ) -> None:
         self._config = config
         # what start() and stop() write: the launcher's stream says launcher_start/stop;
@@ -112,6 +118,11 @@ class AuditProducer:
         self._usage_snap: Snapshot | None = None  # the last sample added to the interval
         self._usage_start = 0  # time_ns where the current interval started
         self._restart: Record | None = None
+        # a new life's first record is dated at least this long after the previous life's
+        # last one (sinks with millisecond points spread a cycle over 1 s: docs/SHIPPER.md)
+        self._restart_gap = restart_gap_seconds
+        self._sleep = sleep
+        self._last_time_ns = 0  # the newest record of this stream found at start
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -124,6 +135,7 @@ class AuditProducer:
         with self._stats_lock:
             self._last_seq = seq
         log.info("audit stream %r resumes after seq %d", self._stream, seq)
+        self._keep_restart_gap()
         if self._config.enabled:
             first = [self._restart] if self._restart is not None else []
             if self._lifecycle is not None:
@@ -131,6 +143,15 @@ class AuditProducer:
             if first:
                 self._commit(first)
         self._restart = None
+
+    def _keep_restart_gap(self) -> None:
+        """Wait until the restart gap has passed since the previous life's last record
+        (at most the gap itself: a clock set back does not stall the start)."""
+        if self._restart_gap <= 0 or not self._last_time_ns:
+            return
+        wait = self._last_time_ns / 1e9 + self._restart_gap - float(self._clock())
+        if wait > 0:
+            self._sleep(min(wait, self._restart_gap))
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """Build, chain and commit the records of one cycle. Never raises for the spool."""
@@ -265,6 +286,7 @@ class AuditProducer:
                 )
                 self._failing_reason = None
             self._seq, self._prev_hash = seq, prev
+            self._last_time_ns = max(self._last_time_ns, _time_ns(records[-1]))
             with self._stats_lock:
                 self._writable = True
                 self._written += len(payloads)
@@ -289,7 +311,8 @@ class AuditProducer:
         if directory is None:
             return
         state = {"stream": self._stream, "host": self._host, "seq": self._seq,
-                 "hash": self._prev_hash, "offset": first_offset}
+                 "hash": self._prev_hash, "offset": first_offset,
+                 "time_ns": self._last_time_ns}
         path = self._state_path(directory)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -312,6 +335,8 @@ class AuditProducer:
     def _recover(self) -> tuple[int, str]:
         last = _parse(self._spool.last_payload())
         spool_point = _chain_point(last) if last is not None and self._mine(last) else None
+        if spool_point is not None and last is not None:
+            self._last_time_ns = _time_ns(last)
         damaged_fn = getattr(self._spool, "damaged_after_last", None)
         damaged = int(damaged_fn()) if callable(damaged_fn) else 0
         start_offset: int | None = None
@@ -321,6 +346,7 @@ class AuditProducer:
             state = _parse(_read_or_none(self._state_path(directory)))
             if state is not None and self._mine(state):
                 checkpoint = _chain_point(state)
+                self._last_time_ns = max(self._last_time_ns, _time_ns(state))
                 off = state.get("offset")
                 start_offset = off if isinstance(off, int) else None
         candidates = [p for p in (spool_point, checkpoint) if p is not None]
@@ -372,6 +398,7 @@ class AuditProducer:
             for _off, payload in result.entries:
                 rec = _parse(payload)
                 if rec is not None and self._mine(rec):
+                    self._last_time_ns = max(self._last_time_ns, _time_ns(rec))
                     point = _chain_point(rec)
                     if point is not None and (found is None or point[0] > found[0]):
                         found = point
@@ -394,6 +421,11 @@ def _parse(payload: bytes | None) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _time_ns(rec: Mapping[str, Any]) -> int:
+    t = rec.get("time_ns")
+    return t if isinstance(t, int) and t > 0 else 0
 
 
 def _chain_point(rec: Mapping[str, Any]) -> tuple[int, str] | None:

@@ -17,7 +17,8 @@ Point shape (one line per record):
   (`max-values-per-tag`). InfluxDB keeps nanoseconds: 10^6 slots of 1 ns, so the point
   is less than 1 ms after the record. VictoriaMetrics keeps milliseconds: 1000 slots of
   1 ms (less than 1 s after; distinct while a cycle has under 1000 records that share
-  their tags and cycles are at least 1 s apart). The record's exact time stays in the
+  their tags and cycles are at least 1 s apart, also across an exporter restart, whose
+  first record waits for that). The record's exact time stays in the
   `record` field, which is what read-back selects on.
 - Tags are an index for queries, not evidence: the evidence is the `record` string field,
   which carries the exact spooled JSON so `audit verify` can re-check the hash chain.

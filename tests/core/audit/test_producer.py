@@ -394,3 +394,69 @@ def test_a_one_shot_writer_adds_records_without_lifecycle_events() -> None:
     assert [(r["seq"], r["event"], r["job"]["id"]) for r in recs] == [
         (1, "job_finished", "0"), (2, "job_finished", "1")]
     assert verify_records(spool.payloads, hmac_key=None).ok
+
+
+class _StillClock:
+    """A wall clock that moves only when the producer sleeps (and when a test sets it)."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+@pytest.mark.parametrize("found_by", ["spool", "checkpoint", "scan"])
+def test_a_restart_dates_its_first_record_a_gap_after_the_previous_lifes_last(
+    tmp_path: Path, found_by: str,
+) -> None:
+    """Killed and restarted within a second, the exporter waits until 1 s has passed
+    since the newest record of its stream (wherever the restart found it) before it
+    writes exporter_start: two cycles of one series never sit less than 1 s apart,
+    which is what keeps VictoriaMetrics' millisecond points distinct (the soak lost one
+    cycle of points to a quick restart before)."""
+    spool = MemorySpool()
+    state = AuditConfig(interval_seconds=5.0, state_directory=tmp_path / "state")
+    clock = _StillClock(T0 + 10.0)
+    first = AuditProducer(state, spool, host=HOST, exporter_version="0.1.0",
+                          simulated=False, clock=clock)
+    first.start()
+    first.on_snapshot(realistic(T0 + 10.0))  # then SIGKILL: no exporter_stop
+    last_ns = max(r["time_ns"] for r in _records(spool))
+    if found_by != "spool":  # another stream wrote last: a checkpoint or a scan finds it
+        AuditProducer(AuditConfig(interval_seconds=5.0, stream="launcher"), spool,
+                      host=HOST, exporter_version="0.1.0", simulated=False,
+                      clock=clock).start()
+    clock.t = last_ns / 1e9 + 0.3
+    cfg = state if found_by == "checkpoint" else AuditConfig(interval_seconds=5.0)
+    kw: dict[str, Any] = {"reader": spool} if found_by == "scan" else {}
+    again = AuditProducer(cfg, spool, host=HOST, exporter_version="0.1.0", simulated=False,
+                          clock=clock, restart_gap_seconds=1.0, sleep=clock.sleep, **kw)
+    again.start()
+    assert clock.slept == [pytest.approx(0.7)]
+    start = _records(spool)[-1]
+    assert start["event"] == "exporter_start"
+    assert start["time_ns"] - last_ns >= 10**9 - 1000  # float seconds: to the microsecond
+
+
+def test_the_restart_gap_never_waits_longer_than_itself_and_is_off_by_default() -> None:
+    """A clock set back far behind the last record costs at most the gap; the default
+    (one-shot writers such as the Slurm epilog, the launcher) waits not at all."""
+    spool = MemorySpool()
+    clock = _StillClock(T0 + 10.0)
+    AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=HOST,
+                  exporter_version="0.1.0", simulated=False, clock=clock).start()
+    clock.t -= 3600.0
+    AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=HOST,
+                  exporter_version="0.1.0", simulated=False, clock=clock,
+                  sleep=clock.sleep).start()
+    assert clock.slept == []
+    AuditProducer(AuditConfig(interval_seconds=5.0), spool, host=HOST,
+                  exporter_version="0.1.0", simulated=False, clock=clock,
+                  restart_gap_seconds=1.0, sleep=clock.sleep).start()
+    assert clock.slept == [1.0]
