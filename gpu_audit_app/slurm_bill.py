@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from chargeback.rates import load_rates
-from chargeback.slurm.bill import build_slurm_bill, write_slurm_bill
+from chargeback.slurm.bill import build_slurm_bill, note_unstarted, write_slurm_bill
 from chargeback.slurm.trail import Trails
-from chargeback.sources.slurm import SacctData, SacctError, read_sacct
+from chargeback.sources.slurm import SacctData, SacctError, read_sacct, read_unstarted
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit_app.chargeback_period import period
 from gpu_audit_app.chargeback_sources import archive_source
@@ -70,6 +70,13 @@ def slurm_bill_command(args: argparse.Namespace) -> int:
                     end_ns=int(end.timestamp() * 1e9))
     bill = build_slurm_bill(reader, start, end, rates, sacct,
                             include_simulated=args.include_simulated)
+    if sacct is not None and bill.not_in_sacct_runs and not sacct.unstarted:
+        try:
+            unstarted, command = read_unstarted([job for job, _ in bill.not_in_sacct_runs])
+        except SacctError as exc:
+            bill.notes.append(f"sacct could not be asked about the runs it lacks: {exc}")
+        else:
+            note_unstarted(bill, unstarted, command)
     bill.problems = reader.problems
     bill.inputs["trails"] = reader.inputs
     if reader.problems:
@@ -100,6 +107,8 @@ def slurm_bill_command(args: argparse.Namespace) -> int:
             print(f"in sacct, not in the audit trail: {line}")
         for line in bill.not_in_sacct:
             print(f"in the audit trail, not in sacct: {line}")
+    for note in bill.notes:
+        print(f"note: {note}")
     for name in sorted(outputs):
         print(f"wrote {Path(args.out) / name}  sha256 {outputs[name]}")
     return EXIT_OK

@@ -105,6 +105,8 @@ class SlurmBill:
     compared: bool
     missing_from_trail: list[str] = field(default_factory=list)
     not_in_sacct: list[str] = field(default_factory=list)
+    # (job id, start) of each run in not_in_sacct, for explaining it (note_unstarted)
+    not_in_sacct_runs: list[tuple[str, float]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -204,16 +206,49 @@ def build_slurm_bill(records: Iterable[Mapping[str, Any]], start: datetime, end:
             r = row((srun.account, srun.partition, srun.user))
             r.sacct_runs += 1
             r.sacct_gpu_seconds += srun.gpu_seconds
-        bill.missing_from_trail, bill.not_in_sacct = _unmatched(runs, sacct)
+        bill.missing_from_trail, bill.not_in_sacct_runs = _unmatched(runs, sacct)
+        bill.not_in_sacct = [f"job {job} (run from {_when(t)})" for job, t in
+                             bill.not_in_sacct_runs]
         bill.inputs["sacct"] = {"command": sacct.command, "output_sha256": sacct.output_sha256,
                                 "runs": len(sacct.runs), "runs_without_gpus": sacct.skipped}
+        note_unstarted(bill, sacct.unstarted)
     bill.rows = [rows[k] for k in sorted(rows)]
     for r in bill.rows:
         bill.total.add(r)
     return bill
 
 
-def _unmatched(runs: list[_Run], sacct: SacctData) -> tuple[list[str], list[str]]:
+def _when(t: float | None) -> str:
+    """RFC 3339 of Unix seconds; "unknown" for none."""
+    return "unknown" if t is None else rfc3339(datetime.fromtimestamp(t, UTC))
+
+
+def note_unstarted(bill: SlurmBill, unstarted: list[tuple[str, float | None]],
+                   command: list[str] | None = None) -> None:
+    """Explain the trail's runs sacct lacks by sacct's runs with no start time.
+
+    Slurm 22.05 clears the start of a run requeued by preemption in slurmdbd a moment
+    after the requeue (seen on the real cluster: the REQUEUED row's Start turns "None"),
+    so sacct counts that run 0 GPU-seconds and a time-windowed sacct does not list it."""
+    if not unstarted:
+        return
+    jobs = {job for job, _end in unstarted}
+    bill.not_in_sacct = [
+        f"job {job} (run from {_when(t)}"
+        + ("; sacct has a run of it without a start time)" if job in jobs else ")")
+        for job, t in bill.not_in_sacct_runs]
+    bill.notes.append(
+        f"sacct has {len(unstarted)} run(s) with GPUs and no start time (Slurm counts "
+        "them 0 GPU-seconds; Slurm clears the start of a run requeued by preemption): "
+        + ", ".join(f"job {job} (ended {_when(end)})" for job, end in unstarted))
+    sacct_inputs = bill.inputs.setdefault("sacct", {})
+    sacct_inputs["runs_without_start"] = len(unstarted)
+    if command is not None:
+        sacct_inputs["runs_without_start_command"] = command
+
+
+def _unmatched(runs: list[_Run], sacct: SacctData
+               ) -> tuple[list[str], list[tuple[str, float]]]:
     """Runs of one side the other does not have (ours summed over the nodes of a run)."""
     ours: dict[str, list[_Run]] = {}
     for run in runs:
@@ -223,12 +258,11 @@ def _unmatched(runs: list[_Run], sacct: SacctData) -> tuple[list[str], list[str]
     for job_id, start in sorted(theirs):
         if not any(abs(r.start - start) <= START_MATCH_S for r in ours.get(job_id, [])):
             missing.append(f"job {job_id} (run from {rfc3339(datetime.fromtimestamp(start, UTC))})")
-    extra = []
+    extra = set()
     for run in runs:
         if not any(j == run.job_id and abs(s - run.start) <= START_MATCH_S for j, s in theirs):
-            extra.append(f"job {run.job_id} (run from "
-                         f"{rfc3339(datetime.fromtimestamp(run.start, UTC))})")
-    return missing, sorted(set(extra))
+            extra.add((run.job_id, run.start))
+    return missing, sorted(extra)
 
 
 def _cells(bill: SlurmBill, r: SlurmRow, label: str | None = None) -> list[str]:

@@ -23,6 +23,8 @@ from gpu_audit import slurmcmd
 
 FIELDS = ("JobIDRaw", "User", "Account", "Partition", "AllocTRES", "Start", "End", "State",
           "NodeList")
+# states of a run that never started (its missing start is no gap in Slurm's accounting)
+_NEVER_RAN = frozenset({"PENDING", "CANCELLED"})
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
 
 
@@ -53,6 +55,10 @@ class SacctData:
     command: list[str] = field(default_factory=list)
     output_sha256: str = ""
     skipped: int = 0  # runs without GPUs
+    # runs with GPUs whose start Slurm never recorded (Start "None"/"Unknown": seen for a
+    # run preempted and requeued before its start reached slurmdbd): (job id, end);
+    # sacct counts them 0 GPU-seconds, so the bill names them rather than guess a start
+    unstarted: list[tuple[str, float | None]] = field(default_factory=list)
 
 
 def gpus_of(alloc_tres: str) -> int:
@@ -79,11 +85,15 @@ def read_sacct(start: datetime, end: datetime,
                      output_sha256=hashlib.sha256(text.encode()).hexdigest())
     for r in rows:
         gpus = gpus_of(r["AllocTRES"])
-        begin = slurmcmd.parse_time(r["Start"])
-        if gpus == 0 or begin is None:
+        if gpus == 0:
             data.skipped += 1
             continue
+        begin = slurmcmd.parse_time(r["Start"])
         finish = slurmcmd.parse_time(r["End"])
+        if begin is None:
+            if _ran(r["State"]):
+                data.unstarted.append((r["JobIDRaw"], finish))
+            continue
         finish = hi if finish is None else finish
         begin, finish = max(begin, lo), min(finish, hi)
         if finish <= begin:
@@ -91,3 +101,28 @@ def read_sacct(start: datetime, end: datetime,
         data.runs.append(SacctRun(r["JobIDRaw"], r["User"], r["Account"], r["Partition"],
                                   gpus, begin, finish, r["State"].split(" ")[0], r["NodeList"]))
     return data
+
+
+def _ran(state: str) -> bool:
+    return state.split(" ", maxsplit=1)[0] not in _NEVER_RAN
+
+
+def read_unstarted(job_ids: Sequence[str],
+                   run: Callable[[str, Sequence[str]], str] | None = None,
+                   ) -> tuple[list[tuple[str, float | None]], list[str]]:
+    """The runs with GPUs of these jobs that sacct holds without a start time (job id,
+    end), and the command: a time-windowed sacct never lists them (no start, no overlap
+    with the period), so they are asked for by job id, at any time."""
+    ids = sorted({j for j in job_ids if j.isdigit()}, key=int)
+    if not ids:
+        return [], []
+    args = ["-a", "-X", "-D", "-n", "-P", "-j", ",".join(ids), "-o", ",".join(FIELDS)]
+    call = run if run is not None else slurmcmd.run
+    try:
+        rows = slurmcmd.parsable(call("sacct", args), FIELDS)
+    except slurmcmd.SlurmCommandError as exc:
+        raise SacctError(str(exc)) from None
+    found = [(r["JobIDRaw"], slurmcmd.parse_time(r["End"])) for r in rows
+             if gpus_of(r["AllocTRES"]) and slurmcmd.parse_time(r["Start"]) is None
+             and _ran(r["State"])]
+    return found, ["sacct", *args]

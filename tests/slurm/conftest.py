@@ -37,6 +37,10 @@ from tests.slurm.cluster import (
 )
 from tests.slurm.jobenv import JobEnv, make_jobenv
 
+# the exporters' audit interval (schema-3 usage records): a record dated at an interval's
+# end holds the seconds before it
+TRAIL_INTERVAL_S = 5
+
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[SlurmCluster]:
@@ -135,7 +139,7 @@ def _start_node(cluster: SlurmCluster, node: str) -> NodeExporter:
         "attribution": {"jobmap_dir": str(cluster.jobmap_dir(node))},
         # the interval trail (schema 3) as a site runs it, at a short interval so the
         # epilog's wait for the run's last interval stays short
-        "audit": {"interval_seconds": 5},
+        "audit": {"interval_seconds": TRAIL_INTERVAL_S},
         "spool": {"directory": str(base / "spool")},
     }
     (base / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

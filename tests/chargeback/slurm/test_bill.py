@@ -8,9 +8,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chargeback.rates import Rates
-from chargeback.slurm.bill import build_slurm_bill, render_csv
+from chargeback.slurm.bill import build_slurm_bill, note_unstarted, render_csv
 from chargeback.slurm.report import RunReport
-from chargeback.sources.slurm import SacctData, SacctRun, gpus_of, read_sacct
+from chargeback.sources.slurm import (
+    SacctData,
+    SacctRun,
+    gpus_of,
+    read_sacct,
+    read_unstarted,
+)
 from gpu_audit import slurmcmd
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -89,3 +95,60 @@ def test_sacct_output_is_read_as_slurm_prints_it() -> None:
         ("7", 2, 120.0), ("8", 1, END.timestamp() - (T0 + 20))]
     assert data.skipped == 1 and data.command == calls[0]
     assert {"-X", "-D", "--truncate", "-a"} <= set(calls[0])
+
+
+def test_a_run_sacct_recorded_without_a_start_is_named_not_miscounted() -> None:
+    """Slurm 22.05 records a run preempted and requeued before its start reached slurmdbd
+    with Start "None" (seen on the real cluster): that row is no "run without GPUs"; the
+    bill counts it apart, says in a note that sacct bills it 0 GPU-seconds, and the
+    trail's run of that job says why sacct does not have it."""
+    t = slurmcmd.slurm_time
+    text = "\n".join([
+        f"1|bob|vision|low|cpu=1,gres/gpu=2,node=1|None|{t(T0 + 46)}|REQUEUED|n1",
+        f"1|bob|vision|low|cpu=1,gres/gpu=2,node=1|{t(T0 + 61)}|{t(T0 + 67)}|COMPLETED|n1",
+        "2|bob|vision|low|cpu=1,gres/gpu=1,node=1|None|None|PENDING|None",
+        f"3|bob|vision|cpu|cpu=1,node=1|None|{t(T0 + 30)}|CANCELLED|n2", ""])
+    data = read_sacct(START, END, run=lambda _name, _args: text)
+    assert [(r.job_id, r.start) for r in data.runs] == [("1", T0 + 61)]
+    assert data.skipped == 1 and data.unstarted == [("1", T0 + 46)]
+    records = [run_record("1", T0 + 44, T0 + 46, ["G1", "G2"], account="vision",
+                          partition="low", user="bob"),
+               run_record("1", T0 + 61, T0 + 67, ["G1", "G2"], account="vision",
+                          partition="low", user="bob")]
+    bill = build_slurm_bill(records, START, END, RATES, data)
+    assert bill.missing_from_trail == []
+    assert bill.not_in_sacct == [
+        "job 1 (run from 2026-11-01T00:00:44Z; sacct has a run of it without a start time)"]
+    assert any("no start time" in n and "job 1 (ended 2026-11-01T00:00:46Z)" in n
+               for n in bill.notes), bill.notes
+
+
+def test_runs_sacct_lacks_are_asked_for_by_job_id_and_explained() -> None:
+    """A time-windowed sacct does not list a run whose start Slurm cleared, so the bill
+    asks sacct for the jobs of the runs it lacks by id (at any time) and explains them."""
+    t = slurmcmd.slurm_time
+    text = "\n".join([
+        f"1|bob|vision|low|cpu=1,gres/gpu=2,node=1|None|{t(T0 + 46)}|REQUEUED|n1",
+        f"1|bob|vision|low|cpu=1,gres/gpu=2,node=1|{t(T0 + 61)}|{t(T0 + 67)}|COMPLETED|n1",
+        ""])
+    calls: list[list[str]] = []
+
+    def fake(name: str, args: Any) -> str:
+        calls.append([name, *args])
+        return text
+
+    unstarted, command = read_unstarted(["1", "1", "x; rm -rf /"], run=fake)
+    assert unstarted == [("1", T0 + 46)] and command == calls[0]
+    assert calls[0][calls[0].index("-j") + 1] == "1" and "-S" not in calls[0]
+    assert read_unstarted([], run=fake) == ([], []) and len(calls) == 1
+    window = SacctData(runs=[SacctRun("1", "bob", "vision", "low", 2, T0 + 61, T0 + 67,
+                                      "COMPLETED", "n1")], command=["sacct"])
+    records = [run_record("1", T0 + 44, T0 + 46, ["G1", "G2"]),
+               run_record("1", T0 + 61, T0 + 67, ["G1", "G2"])]
+    bill = build_slurm_bill(records, START, END, RATES, window)
+    assert bill.not_in_sacct == ["job 1 (run from 2026-11-01T00:00:44Z)"]
+    note_unstarted(bill, unstarted, command)
+    assert bill.not_in_sacct == [
+        "job 1 (run from 2026-11-01T00:00:44Z; sacct has a run of it without a start time)"]
+    assert bill.inputs["sacct"]["runs_without_start"] == 1
+    assert bill.inputs["sacct"]["runs_without_start_command"] == command
