@@ -146,7 +146,10 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
     slurm_total = total["sacct_gpu_seconds"] + sum(v[1] for v in lost.values())
     assert abs(total["allocated_gpu_seconds"] - slurm_total) <= TOLERANCE * slurm_total
     busy = rows[("physics", "low", owner[a.name])]
-    assert math.isclose(busy["busy_gpu_seconds"] / busy["used_gpu_seconds"], 0.9, rel_tol=1e-6)
+    # 0.9 busy to the usage records' millisecond resolution (a few records: 18.004 busy
+    # of 20.004 used is 0.8999800)
+    assert math.isclose(busy["busy_gpu_seconds"], 0.9 * busy["used_gpu_seconds"],
+                        abs_tol=0.005), busy
     # the preempted run's times are Slurm's too (from slurmdbd: its job record already
     # describes the next run when the epilog runs)
     sources = {json.loads(p.read_text())["time_source"]
