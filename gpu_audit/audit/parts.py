@@ -35,6 +35,19 @@ VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATAL
 
 Record = dict[str, Any]
 ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
+# (the Attribution, attributed, its record part or None, its encoded head: PartsCache.owner)
+Owner = tuple[Attribution, bool, Any, bytes]
+# The members of an encoded `process` record around its `process` part (PartsCache.process)
+_MID_OPEN = b'","process":'
+_MID_CLOSE = b',"schema":' + orjson.dumps(SCHEMA_ID) + b',"seq":'
+
+
+def kept_bytes(part: dict[str, Any]) -> bytes:
+    """The canonical bytes of a part kept across cycles, right-sized: orjson's result
+    keeps its whole output buffer (~4 KB) allocated for a ~70-byte part, and these live
+    as long as their process (1,024 of them at 8 GPUs x 64 processes: ~4 MB of RSS).
+    bytes(b) would return b itself, hence the memoryview."""
+    return bytes(memoryview(canonical_bytes(part)))
 
 
 def gpu_values(gpu: GpuSample) -> dict[str, Any]:
@@ -126,26 +139,6 @@ def process_values(p: ProcessSample) -> dict[str, Any]:
     return out
 
 
-def process_values_sorted(p: ProcessSample) -> dict[str, Any]:
-    # process_values with the keys inserted in sorted order (for PENDING records).
-    out: dict[str, Any] = {}
-    v = p.decoder_util_ratio
-    if v is not None and isfinite(v):
-        out[DECODER_UTILIZATION] = v
-    v = p.encoder_util_ratio
-    if v is not None and isfinite(v):
-        out[ENCODER_UTILIZATION] = v
-    v = p.memory_util_ratio
-    if v is not None and isfinite(v):
-        out[MEMORY_CONTROLLER_UTILIZATION] = v
-    if p.used_memory_bytes is not None:
-        out[MEMORY_USED] = p.used_memory_bytes
-    v = p.sm_util_ratio
-    if v is not None and isfinite(v):
-        out[UTILIZATION] = v
-    return out
-
-
 def process_key_str(p: ProcessSample) -> str:
     # NVML may list one pid once per type and per MIG instance: all of it is identity.
     return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
@@ -185,18 +178,18 @@ class PartsCache:
     process's `process` part and the per-record text of its id, keyed by everything they
     are made of (GPU, pid, name, type, uid, MIG ids, start time).
 
-    fragments=True (the producer's setting) puts shared nested parts (owner, GPU,
-    process) into records as pre-serialised canonical JSON (orjson.Fragment) so each is
-    serialised once, not once per record, and builds `process` records with their keys
-    in sorted order and `seq` / `prev_hash` (PENDING) in place, so seal() serialises
-    them without sorting; the stored bytes are identical. Records built that way are for
-    sealing only: read them after parsing the stored bytes.
+    fragments=True (the producer's setting, with builder.build_cycle) puts shared nested
+    parts (owner, GPU) into records as pre-serialised canonical JSON (orjson.Fragment) so
+    each is serialised once, not once per record, and keeps the canonical bytes of a
+    process's `process` part and of its owner's members, from which `process` records
+    are built as canonical.Encoded bytes (usage.py); the stored bytes are identical.
+    Records built that way are for sealing only: read them after parsing the stored bytes.
     """
 
     def __init__(self, *, fragments: bool = False) -> None:
         self.fragments = fragments
-        self._parts: dict[int, tuple[Attribution, bool, Any]] = {}
-        self._used: dict[int, tuple[Attribution, bool, Any]] = {}
+        self._parts: dict[int, Owner] = {}
+        self._used: dict[int, Owner] = {}
         self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
         self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
         # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last cycle
@@ -204,30 +197,38 @@ class PartsCache:
         self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
         self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
 
-    def shared(self, part: dict[str, Any]) -> Any:
-        """`part` as it goes into records: itself, or its canonical bytes as a Fragment."""
-        if not self.fragments:
-            return part
-        # A copy: orjson's result keeps its whole output buffer (~4 KB) allocated for a
-        # ~70-byte part, and these live as long as their process (1,024 of them at
-        # 8 GPUs x 64 processes: ~4 MB of RSS). bytes(b) would return b itself.
-        return orjson.Fragment(bytes(memoryview(canonical_bytes(part))))
-
-    def get(self, a: Attribution) -> tuple[bool, Any]:
-        """(attributed, record part): the part is None for an unknown owner."""
+    def owner(self, a: Attribution) -> Owner:
+        """(a, attributed, record part, encoded head) of an owner: the part is None for
+        an unknown owner; the head (fragments only, else b"") is the start of its
+        `process` records' canonical bytes, `{"attributed":...` up to the next member."""
         key = id(a)
         hit = self._used.get(key)
         if hit is None:
             hit = self._parts.get(key)
             if hit is None or hit[0] is not a:
-                owned = a.attributed
-                hit = (a, owned, self.shared(attribution_part_of(a)) if owned else None)
+                hit = self._owner(a)
             self._used[key] = hit
+        return hit
+
+    def _owner(self, a: Attribution) -> Owner:
+        owned = a.attributed
+        if not self.fragments:
+            return a, owned, attribution_part_of(a) if owned else None, b""
+        if not owned:
+            return a, False, None, b'{"attributed":false'
+        raw = kept_bytes(attribution_part_of(a))
+        return a, True, orjson.Fragment(raw), b'{"attributed":true,"attribution":' + raw
+
+    def get(self, a: Attribution) -> tuple[bool, Any]:
+        """(attributed, record part): the part is None for an unknown owner."""
+        hit = self.owner(a)
         return hit[1], hit[2]
 
     def process(self, gpu_uuid: str, p: ProcessSample,
                 slice_weight: float | None = None) -> tuple[Any, bytes]:
-        """(record part, id_tail) of a `process` record of `p` on the GPU."""
+        """(record part, id_tail) of a `process` record of `p` on the GPU. With
+        fragments the part is its encoded members instead: `","process":{...}` through
+        `"seq":` (the `mid` of a canonical.Encoded record)."""
         ident = p.identity
         uid = p.uid if p.uid is not None else (ident.uid if ident is not None else None)
         start = ident.start_time_ticks if ident is not None else None
@@ -237,8 +238,9 @@ class PartsCache:
         if hit is None:
             hit = self._procs.get(key)
             if hit is None:
-                hit = (self.shared(process_part_of(p, slice_weight)),
-                       id_tail("process", "", gpu_uuid, process_key_str(p), ""))
+                part = process_part_of(p, slice_weight)
+                hit = (_MID_OPEN + canonical_bytes(part) + _MID_CLOSE if self.fragments
+                       else part, id_tail("process", "", gpu_uuid, process_key_str(p), ""))
             self._procs_used[key] = hit
         return hit
 
@@ -297,6 +299,7 @@ class Cycle:
             "simulated": simulated,
             "exporter_version": exporter_version,
         }
+        self._encoded: tuple[bytes, bytes, bytes, bytes] | None = None
 
     def record(
         self,
@@ -313,6 +316,30 @@ class Cycle:
             r["event"] = event
         r["id"] = id_from_prefix(self.id_prefix, kind, event, gpu_uuid, process_key, xid_key)
         return r
+
+    def encoded_members(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The members every encoded `process` record of this cycle shares, as canonical
+        bytes in sorted key order: (`,"elapsed_seconds":..`; `,"host":..,"id":"`;
+        `","interval_seconds":..,"kind":"process","prev_hash":"`;
+        `,"simulated":..,"time_ns":..,"values":`), made on first use."""
+        if self._encoded is None:
+            c, dumps = self.common, orjson.dumps
+            self._encoded = (
+                b',"elapsed_seconds":' + dumps(c["elapsed_seconds"]),
+                b',"host":' + dumps(self.host) + b',"id":"',
+                b'","interval_seconds":' + dumps(self.interval_seconds)
+                + b',"kind":"process","prev_hash":"',
+                b',"simulated":' + dumps(self.simulated) + b',"stream":' + dumps(self.stream)
+                + b',"time":' + dumps(self.time) + b',"time_ns":' + dumps(self.time_ns)
+                + b',"values":',
+            )
+        return self._encoded
+
+    def gpu_members(self, gpu_part: bytes, gpu_seconds: float) -> bytes:
+        """`,"exporter_version":..,"gpu":{..},"gpu_seconds":..`: the members of a GPU's
+        encoded `process` records from after `energy_joules` to before `hash`."""
+        return (b',"exporter_version":' + orjson.dumps(self.exporter_version)
+                + b',"gpu":' + gpu_part + b',"gpu_seconds":' + orjson.dumps(gpu_seconds))
 
     def attribution(self, ap: AttributedProcess) -> tuple[bool, Any]:
         """(attributed, record part or None) of a process's owner."""
