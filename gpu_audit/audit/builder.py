@@ -94,13 +94,14 @@ def _event_records(
         out.append(rec)
     now = cyc.parts.visible(snap, gpu)
     before = cyc.parts.visible(prev, prev_gpu)
-    prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
-    for key, ap in before.items():
-        if key not in now:
-            out.append(_process_event(cyc, "process_end", prev_part, ap))
-    for key, ap in now.items():
-        if key not in before:
-            out.append(_process_event(cyc, "process_start", gpu_part, ap))
+    if now.keys() != before.keys():  # (one set comparison in C: most cycles change none)
+        prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
+        for key, ap in before.items():
+            if key not in now:
+                out.append(_process_event(cyc, "process_end", prev_part, ap))
+        for key, ap in now.items():
+            if key not in before:
+                out.append(_process_event(cyc, "process_start", gpu_part, ap))
     for x in gpu.new_xids:
         xid_ns = to_time_ns(x.timestamp)
         rec = cyc.record("event", event="xid", gpu_uuid=uuid, xid_key=f"{x.xid}@{xid_ns}")

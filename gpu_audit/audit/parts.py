@@ -162,8 +162,10 @@ def visible_processes(
     """(GPU uuid, pid, start time) -> process, for the processes an up GPU lists."""
     if snap is None or gpu is None or not gpu.up:
         return {}
-    return {
-        (gpu.info.uuid, ap.process.pid, start_ticks(ap.process)): ap
+    uuid = gpu.info.uuid
+    return {  # start_ticks(), written out: once per process and cycle
+        (uuid, (p := ap.process).pid,
+         p.identity.start_time_ticks if p.identity is not None else None): ap
         for ap in processes_of(snap, gpu)
     }
 

@@ -88,15 +88,30 @@ def usage_records(
     procs = processes_of(snap, gpu)
     owner_of = cyc.parts.owner
     owners = [owner_of(ap.attribution) for ap in procs]
-    owned = [ap for ap, o in zip(procs, owners, strict=True) if o[1]]
-    unowned = [ap for ap, o in zip(procs, owners, strict=True) if not o[1]]
+    # One pass (this runs for every GPU and cycle): each process's SM ratio (finite, else
+    # None) and used memory, apart for owned and unowned processes.
+    own_sm: list[float | None] = []
+    own_mem: list[int | None] = []
+    un_sm: list[float | None] = []
+    un_mem: list[int | None] = []
+    for ap, o in zip(procs, owners, strict=True):
+        p = ap.process
+        sm = p.sm_util_ratio
+        if sm is not None and not isfinite(sm):
+            sm = None
+        if o[1]:
+            own_sm.append(sm)
+            own_mem.append(p.used_memory_bytes)
+        else:
+            un_sm.append(sm)
+            un_mem.append(p.used_memory_bytes)
     shares: list[int] = []
     if energy is not None:
         weights = energy_weights(
-            attributed_sm=[finite(ap.process.sm_util_ratio) for ap in owned],
-            attributed_mem=[as_float(ap.process.used_memory_bytes) for ap in owned],
-            unattributed_sm=[finite(ap.process.sm_util_ratio) for ap in unowned],
-            unattributed_mem=[as_float(ap.process.used_memory_bytes) for ap in unowned],
+            attributed_sm=own_sm,
+            attributed_mem=[float(m) if m is not None else None for m in own_mem],
+            unattributed_sm=un_sm,
+            unattributed_mem=[float(m) if m is not None else None for m in un_mem],
             gpu_util=finite(gpu.scalar("utilization_gpu")),
             gpu_mem_used=finite(gpu.scalar("memory_used")),
         )
@@ -111,21 +126,23 @@ def usage_records(
 
     un = cyc.record("unattributed", gpu_uuid=uuid)
     un["gpu"] = gpu_part
-    uvals: dict[str, Any] = {"processes": len(unowned)}
+    uvals: dict[str, Any] = {"processes": len(un_sm)}
     mem_used = finite(gpu.scalar("memory_used"))
     if mem_used is not None:
-        explained = sum(ap.process.used_memory_bytes or 0 for ap in owned)
+        explained = sum(filter(None, own_mem))  # (None and 0 add nothing)
         uvals[MEMORY_USED] = max(0.0, mem_used - explained)
     util = finite(gpu.scalar("utilization_gpu"))
     if util is not None:
-        explained_sm = math.fsum(finite(ap.process.sm_util_ratio) or 0.0 for ap in owned)
+        # fsum is exact, so leaving out the None and zero ratios changes nothing
+        explained_sm = math.fsum(filter(None, own_sm))
         uvals[UTILIZATION] = max(0.0, util - explained_sm)
     un["values"] = uvals
-    un["gpu_seconds"] = 0.0 if owned else elapsed
+    un["gpu_seconds"] = 0.0 if own_sm else elapsed
     if slices is not None:  # by the slice: the instances only unowned processes run in
+        gis = [(ap.process.gpu_instance_id, o[1])
+               for ap, o in zip(procs, owners, strict=True)]
         un["gpu_seconds"] = elapsed * unowned_slices(
-            slices, (ap.process.gpu_instance_id for ap in owned),
-            (ap.process.gpu_instance_id for ap in unowned))
+            slices, (gi for gi, owned in gis if owned), (gi for gi, owned in gis if not owned))
     if shares:
         un["energy_joules"] = joules(shares[-1])
     out.append(un)
