@@ -37,6 +37,7 @@ Record = dict[str, Any]
 ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
 # (the Attribution, attributed, its record part or None, its encoded head: PartsCache.owner)
 Owner = tuple[Attribution, bool, Any, bytes]
+_Visible = tuple[Snapshot, GpuSample, dict[ProcessKey, AttributedProcess]]
 # The members of an encoded `process` record around its `process` part (PartsCache.process)
 _MID_OPEN = b'","process":'
 _MID_CLOSE = b',"schema":' + orjson.dumps(SCHEMA_ID) + b',"seq":'
@@ -194,10 +195,10 @@ class PartsCache:
         self._used: dict[int, Owner] = {}
         self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
         self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
-        # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last cycle
-        # (where it was "now") for this cycle (where it is "before").
-        self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
-        self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
+        # (GPU uuid, id(snapshot)) -> (snapshot, its GpuSample, visible_processes of them),
+        # from the last cycle (where it was "now") for this cycle (where it is "before").
+        self._visible: dict[tuple[str, int], _Visible] = {}
+        self._visible_new: dict[tuple[str, int], _Visible] = {}
 
     def owner(self, a: Attribution) -> Owner:
         """(a, attributed, record part, encoded head) of an owner: the part is None for
@@ -252,14 +253,15 @@ class PartsCache:
         """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as read-only)."""
         if snap is None or gpu is None:
             return {}
-        uuid = gpu.info.uuid
-        for cache in (self._visible_new, self._visible):
-            hit = cache.get(uuid)
-            if hit is not None and hit[0] is snap and hit[1] is gpu:
-                return hit[2]
-        found = visible_processes(snap, gpu)
-        self._visible_new[uuid] = (snap, gpu, found)
-        return found
+        # Keyed by snapshot too: a cycle asks for its own view ("now") and for the last
+        # cycle's ("before"), which that cycle made; the entries hold the snapshot, so an
+        # id() is never reused while cached.
+        key = (gpu.info.uuid, id(snap))
+        hit = self._visible_new.get(key) or self._visible.get(key)
+        if hit is None or hit[0] is not snap or hit[1] is not gpu:
+            hit = (snap, gpu, visible_processes(snap, gpu))
+        self._visible_new[key] = hit
+        return hit[2]
 
     def end_cycle(self) -> None:
         self._parts, self._used = self._used, {}

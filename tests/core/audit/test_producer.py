@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -476,3 +477,31 @@ def test_the_restart_gap_never_waits_longer_than_itself_and_is_off_by_default() 
                   exporter_version="0.1.0", simulated=False, clock=clock,
                   restart_gap_seconds=1.0, sleep=clock.sleep).start()
     assert clock.slept == [1.0]
+
+
+def test_each_cycles_process_view_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The visible-process view of a snapshot's GPU is built once, in the cycle that
+    sampled it, and reused as the next cycle's "before", also after a cycle that had to
+    build both (a cache that starts mid-stream): the two views no longer share one slot,
+    where the older one overwrote the newer and every later cycle built both."""
+    from gpu_audit.audit import parts as parts_module
+
+    calls: list[float] = []
+    real = parts_module.visible_processes
+
+    def counting(snap: Any, gpu: Any) -> Any:
+        calls.append(snap.timestamp)
+        return real(snap, gpu)
+
+    monkeypatch.setattr(parts_module, "visible_processes", counting)
+    snaps = [realistic()]
+    for _ in range(4):
+        snaps.append(advance(snaps[-1]))
+    cache = PartsCache(fragments=True)
+    n = len(snaps[0].gpus)
+    build_cycle(snaps[1], snaps[0], stream="e", exporter_version="v", parts=cache)
+    assert sorted(calls) == sorted([snaps[1].timestamp, snaps[0].timestamp] * n)
+    for prev, s in itertools.pairwise(snaps[1:]):
+        calls.clear()
+        build_cycle(s, prev, stream="e", exporter_version="v", parts=cache)
+        assert calls == [s.timestamp] * n, calls
