@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     for any record where that is not certain (a nested object or a brace before it, a
     key such as "hint") the record is simply serialised again. tests/core/audit/test_golden.py
     holds this to seal_reference() on arbitrary records. (The builder's `process`
-    records, most of a cycle, are not dicts: seal_encoded().)
+    records, most of a cycle, are not dicts: seal_chain().)
     """
     record["seq"] = seq
     record["prev_hash"] = prev_hash
@@ -108,36 +108,43 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
 Encoded = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]
 
 
-def seal_encoded(record: Encoded, seq: int, prev_hash: str,
-                 hmac_key: bytes | None) -> tuple[bytes, str]:
-    """(stored bytes, hash) of an Encoded record chained at (`seq`, `prev_hash`): the
-    bytes seal() gives for the same record as a dict (tests/core/audit/test_golden.py
-    and test_node_cycle_bytes.py hold them equal), nothing serialised again."""
-    head, pre, ident, pre_end, mid, end, values, _time_ns = record
-    raw = prev_hash.encode("ascii")  # what is hashed (chain_hash), as for a dict record
-    # In the record, the JSON string: the same bytes for a hex hash; anything else (only
-    # a damaged checkpoint could hand one over) is escaped as orjson escapes it.
-    text = raw if raw.isalnum() else orjson.dumps(prev_hash)[1:-1]
-    rest = b"".join((pre, ident, pre_end, text, mid, b"%d" % seq, end, values, b"}"))
-    if hmac_key is None:
-        h: Any = hashlib.sha256(raw)
-    else:
-        h = hmac.new(hmac_key, raw, hashlib.sha256)
-    h.update(head)
-    h.update(rest)
-    digest: str = h.hexdigest()
-    return b"".join((head, b',"hash":"', digest.encode("ascii"), b'"', rest)), digest
+def seal_chain(records: Iterable[dict[str, Any] | Encoded], seq: int, prev_hash: str,
+               hmac_key: bytes | None) -> tuple[list[bytes], int, str]:
+    """Chain `records` after (`seq`, `prev_hash`): (their stored bytes, the last seq, the
+    last hash). A dict record is sealed by seal() (which sets its members); an Encoded
+    one gets exactly the bytes seal() would give it as a dict (tests/core/audit/
+    test_golden.py and test_node_cycle_bytes.py hold them equal), nothing serialised
+    again: one join to hash, one to store. One loop for a whole commit, as most of a
+    cycle's records pass here."""
+    out: list[bytes] = []
+    append = out.append
+    sha256 = hashlib.sha256
+    for rec in records:
+        seq += 1
+        if not isinstance(rec, tuple):
+            append(seal(rec, seq, prev_hash, hmac_key))
+            prev_hash = rec["hash"]
+            continue
+        head, pre, ident, pre_end, mid, end, values, _time_ns = rec
+        raw = prev_hash.encode("ascii")  # what is hashed (chain_hash), as for a dict
+        # In the record, the JSON string: the same bytes for a hex hash; anything else
+        # (only a damaged checkpoint could hand one over) is escaped as orjson does.
+        text = raw if raw.isalnum() else orjson.dumps(prev_hash)[1:-1]
+        rest = b"".join((pre, ident, pre_end, text, mid, b"%d" % seq, end, values, b"}"))
+        h: Any = sha256(raw) if hmac_key is None else hmac.new(hmac_key, raw, sha256)
+        h.update(head)
+        h.update(rest)
+        prev_hash = h.hexdigest()
+        append(b"".join((head, b',"hash":"', prev_hash.encode("ascii"), b'"', rest)))
+    return out, seq, prev_hash
 
 
 def seal_any(record: dict[str, Any] | Encoded, seq: int, prev_hash: str,
              hmac_key: bytes | None) -> tuple[bytes, str]:
-    """(stored bytes, hash) of a dict record (seal(), which also sets its members) or an
-    Encoded one (seal_encoded())."""
-    if type(record) is tuple:
-        return seal_encoded(record, seq, prev_hash, hmac_key)
-    assert isinstance(record, dict)
-    stored = seal(record, seq, prev_hash, hmac_key)
-    return stored, record["hash"]
+    """(stored bytes, hash) of one record, dict or Encoded, chained at (`seq`,
+    `prev_hash`): seal_chain() of that one record."""
+    stored, _seq, digest = seal_chain((record,), seq - 1, prev_hash, hmac_key)
+    return stored[0], digest
 
 
 def seal_reference(

@@ -55,8 +55,7 @@ from gpu_audit.audit.canonical import (
     format_time_ns,
     load_hmac_key,
     record_id,
-    seal,
-    seal_encoded,
+    seal_chain,
     to_time_ns,
 )
 from gpu_audit.audit.config import AuditConfig
@@ -263,17 +262,7 @@ class AuditProducer:
         # The chain lock serialises commits (and is held while the spool fsyncs); the
         # counters have their own lock so a scrape never waits on the disk.
         with self._chain_lock:
-            seq, prev, key = self._seq, self._prev_hash, self._key
-            payloads: list[bytes] = []
-            append = payloads.append
-            for rec in records:  # canonical.seal_any(), inlined: one pass per record
-                seq += 1
-                if isinstance(rec, tuple):
-                    stored, prev = seal_encoded(rec, seq, prev, key)
-                    append(stored)
-                else:
-                    append(seal(rec, seq, prev, key))
-                    prev = rec["hash"]
+            payloads, seq, prev = seal_chain(records, self._seq, self._prev_hash, self._key)
             reason: str | None = None
             first_offset = -1
             try:
