@@ -119,24 +119,25 @@ def seal_chain(records: Iterable[dict[str, Any] | Encoded], seq: int, prev_hash:
     out: list[bytes] = []
     append = out.append
     sha256 = hashlib.sha256
+    raw = prev_hash.encode("ascii")  # what is hashed (chain_hash), as for a dict record
     for rec in records:
         seq += 1
         if not isinstance(rec, tuple):
-            append(seal(rec, seq, prev_hash, hmac_key))
-            prev_hash = rec["hash"]
+            append(seal(rec, seq, raw.decode("ascii"), hmac_key))
+            raw = rec["hash"].encode("ascii")
             continue
         head, pre, ident, pre_end, mid, end, values, _time_ns = rec
-        raw = prev_hash.encode("ascii")  # what is hashed (chain_hash), as for a dict
-        # In the record, the JSON string: the same bytes for a hex hash; anything else
-        # (only a damaged checkpoint could hand one over) is escaped as orjson does.
-        text = raw if raw.isalnum() else orjson.dumps(prev_hash)[1:-1]
+        # In the record, the JSON string: the same bytes for a hex hash (every hash this
+        # loop makes); anything else (only a damaged checkpoint could hand one over) is
+        # escaped as orjson escapes it.
+        text = raw if raw.isalnum() else orjson.dumps(raw.decode("ascii"))[1:-1]
         rest = b"".join((pre, ident, pre_end, text, mid, b"%d" % seq, end, values, b"}"))
         h: Any = sha256(raw) if hmac_key is None else hmac.new(hmac_key, raw, sha256)
         h.update(head)
         h.update(rest)
-        prev_hash = h.hexdigest()
-        append(b"".join((head, b',"hash":"', prev_hash.encode("ascii"), b'"', rest)))
-    return out, seq, prev_hash
+        raw = h.hexdigest().encode("ascii")
+        append(b"".join((head, b',"hash":"', raw, b'"', rest)))
+    return out, seq, raw.decode("ascii")
 
 
 def seal_any(record: dict[str, Any] | Encoded, seq: int, prev_hash: str,
