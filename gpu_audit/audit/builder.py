@@ -93,7 +93,7 @@ def _event_records(
         rec["gpu"] = gpu_part
         out.append(rec)
     now = cyc.parts.visible(snap, gpu)
-    before = cyc.parts.visible(prev, prev_gpu)
+    before = cyc.parts.visible(prev, prev_gpu, now=False)
     if now.keys() != before.keys():  # (one set comparison in C: most cycles change none)
         prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
         for key, ap in before.items():

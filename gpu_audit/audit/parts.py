@@ -195,10 +195,10 @@ class PartsCache:
         self._used: dict[int, Owner] = {}
         self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
         self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
-        # (GPU uuid, id(snapshot)) -> (snapshot, its GpuSample, visible_processes of them),
-        # from the last cycle (where it was "now") for this cycle (where it is "before").
-        self._visible: dict[tuple[str, int], _Visible] = {}
-        self._visible_new: dict[tuple[str, int], _Visible] = {}
+        # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last
+        # cycle (where it was "now") for this cycle (where it is "before").
+        self._visible: dict[str, _Visible] = {}
+        self._visible_new: dict[str, _Visible] = {}
 
     def owner(self, a: Attribution) -> Owner:
         """(a, attributed, record part, encoded head) of an owner: the part is None for
@@ -248,20 +248,24 @@ class PartsCache:
         return hit
 
     def visible(
-        self, snap: Snapshot | None, gpu: GpuSample | None
+        self, snap: Snapshot | None, gpu: GpuSample | None, *, now: bool = True
     ) -> dict[ProcessKey, AttributedProcess]:
-        """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as read-only)."""
+        """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as
+        read-only): the cycle's own view (`now`) is kept for the next cycle, where the
+        previous cycle's (now=False) is looked up. Only the current views are kept: one
+        made for a "before" the cache missed (a cache started mid-stream) would have
+        taken the current view's place, and every later cycle would have made both; and
+        keeping older ones would keep their whole snapshots alive."""
         if snap is None or gpu is None:
             return {}
-        # Keyed by snapshot too: a cycle asks for its own view ("now") and for the last
-        # cycle's ("before"), which that cycle made; the entries hold the snapshot, so an
-        # id() is never reused while cached.
-        key = (gpu.info.uuid, id(snap))
-        hit = self._visible_new.get(key) or self._visible.get(key)
-        if hit is None or hit[0] is not snap or hit[1] is not gpu:
-            hit = (snap, gpu, visible_processes(snap, gpu))
-        self._visible_new[key] = hit
-        return hit[2]
+        uuid = gpu.info.uuid
+        hit = (self._visible_new if now else self._visible).get(uuid)
+        if hit is not None and hit[0] is snap and hit[1] is gpu:
+            return hit[2]
+        found = visible_processes(snap, gpu)
+        if now:
+            self._visible_new[uuid] = (snap, gpu, found)
+        return found
 
     def end_cycle(self) -> None:
         self._parts, self._used = self._used, {}
