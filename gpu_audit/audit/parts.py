@@ -179,7 +179,8 @@ class PartsCache:
     per process lifetime, not once per cycle. Entries hold the Attribution itself, so an
     id() is never reused while cached; entries unused in a cycle are dropped. Likewise a
     process's `process` part and the per-record text of its id, keyed by everything they
-    are made of (GPU, pid, name, type, uid, MIG ids, start time).
+    are made of (GPU, pid, name, type, uid, MIG ids, start time); those are dropped once
+    the entries unused in the last cycle outnumber the used ones.
 
     fragments=True (the producer's setting, with builder.build_cycle) puts shared nested
     parts (owner, GPU) into records as pre-serialised canonical JSON (orjson.Fragment) so
@@ -193,8 +194,13 @@ class PartsCache:
         self.fragments = fragments
         self._parts: dict[int, Owner] = {}
         self._used: dict[int, Owner] = {}
-        self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
-        self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
+        # One long-lived dict, each entry [part, id tail, cycle it was last used in]: a
+        # hit costs one lookup and no new entry (a dict rebuilt every cycle re-inserted
+        # every process and freed the last cycle's keys); end_cycle() drops the unused
+        # entries once they are as many as the used ones.
+        self._procs: dict[tuple[Any, ...], list[Any]] = {}
+        self._cycle = 0
+        self._procs_asked = 0
         # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last
         # cycle (where it was "now") for this cycle (where it is "before").
         self._visible: dict[str, _Visible] = {}
@@ -237,15 +243,16 @@ class PartsCache:
         start = ident.start_time_ticks if ident is not None else None
         key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
                p.compute_instance_id, start, slice_weight)
-        hit = self._procs_used.get(key)
+        self._procs_asked += 1
+        hit = self._procs.get(key)
         if hit is None:
-            hit = self._procs.get(key)
-            if hit is None:
-                part = process_part_of(p, slice_weight)
-                hit = (_MID_OPEN + canonical_bytes(part) + _MID_CLOSE if self.fragments
-                       else part, id_tail("process", "", gpu_uuid, process_key_str(p), ""))
-            self._procs_used[key] = hit
-        return hit
+            part = process_part_of(p, slice_weight)
+            hit = self._procs[key] = [
+                _MID_OPEN + canonical_bytes(part) + _MID_CLOSE if self.fragments else part,
+                id_tail("process", "", gpu_uuid, process_key_str(p), ""), self._cycle]
+        else:
+            hit[2] = self._cycle
+        return hit[0], hit[1]
 
     def visible(
         self, snap: Snapshot | None, gpu: GpuSample | None, *, now: bool = True
@@ -269,7 +276,11 @@ class PartsCache:
 
     def end_cycle(self) -> None:
         self._parts, self._used = self._used, {}
-        self._procs, self._procs_used = self._procs_used, {}
+        if len(self._procs) > 2 * self._procs_asked + 64:
+            cycle = self._cycle
+            self._procs = {k: v for k, v in self._procs.items() if v[2] == cycle}
+        self._cycle += 1
+        self._procs_asked = 0
         self._visible, self._visible_new = self._visible_new, {}
 
 

@@ -505,3 +505,19 @@ def test_each_cycles_process_view_is_made_once(monkeypatch: pytest.MonkeyPatch) 
         calls.clear()
         build_cycle(s, prev, stream="e", exporter_version="v", parts=cache)
         assert calls == [s.timestamp] * n, calls
+
+
+def test_process_parts_cache_stays_bounded_as_processes_come_and_go() -> None:
+    """Processes that ended leave the cross-cycle cache of process parts: with 100
+    processes a cycle, all new every cycle, it never holds more than about twice a
+    cycle's worth, and a process seen again gets the same part back."""
+    from gpu_audit.model.samples import ProcessSample
+
+    cache = PartsCache(fragments=True)
+    for cycle in range(40):
+        for i in range(100):
+            cache.process("GPU-0", ProcessSample(pid=cycle * 1000 + i, name=f"job-{i}"))
+        cache.end_cycle()
+        assert len(cache._procs) <= 2 * 100 + 64 + 100
+    again = ProcessSample(pid=39 * 1000 + 7, name="job-7")
+    assert cache.process("GPU-0", again) == cache.process("GPU-0", again)
