@@ -177,10 +177,12 @@ class PartsCache:
     The resolver hands out the same Attribution object for a process as long as the
     process lives, so its record part (and whether it is attributed at all) is built once
     per process lifetime, not once per cycle. Entries hold the Attribution itself, so an
-    id() is never reused while cached; entries unused in a cycle are dropped. Likewise a
-    process's `process` part and the per-record text of its id, keyed by everything they
-    are made of (GPU, pid, name, type, uid, MIG ids, start time); those are dropped once
-    the entries unused in the last cycle outnumber the used ones.
+    id() is never reused while cached. Likewise a process's `process` part and the
+    per-record text of its id, keyed by everything they are made of (GPU, pid, name,
+    type, uid, MIG ids, start time). Both live in dicts kept across cycles, each entry
+    marked with the cycle it was last used in (a hit is one lookup: no dict rebuilt each
+    cycle); the entries not used in the last cycle are dropped once there are more than
+    about twice the last cycle's lookups.
 
     fragments=True (the producer's setting, with builder.build_cycle) puts shared nested
     parts (owner, GPU) into records as pre-serialised canonical JSON (orjson.Fragment) so
@@ -192,15 +194,13 @@ class PartsCache:
 
     def __init__(self, *, fragments: bool = False) -> None:
         self.fragments = fragments
-        self._parts: dict[int, Owner] = {}
-        self._used: dict[int, Owner] = {}
-        # One long-lived dict, each entry [part, id tail, cycle it was last used in]: a
-        # hit costs one lookup and no new entry (a dict rebuilt every cycle re-inserted
-        # every process and freed the last cycle's keys); end_cycle() drops the unused
-        # entries once they are as many as the used ones.
+        # id(Attribution) -> its Owner, and the cycle it was last used in (as _procs)
+        self._owners: dict[int, Owner] = {}
+        self._owner_used: dict[int, int] = {}
+        # Each entry [part, id tail, cycle it was last used in]
         self._procs: dict[tuple[Any, ...], list[Any]] = {}
         self._cycle = 0
-        self._procs_asked = 0
+        self._asked = 0  # lookups this cycle (owners and processes): what the sweep keeps
         # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last
         # cycle (where it was "now") for this cycle (where it is "before").
         self._visible: dict[str, _Visible] = {}
@@ -211,12 +211,11 @@ class PartsCache:
         an unknown owner; the head (fragments only, else b"") is the start of its
         `process` records' canonical bytes, `{"attributed":...` up to the next member."""
         key = id(a)
-        hit = self._used.get(key)
-        if hit is None:
-            hit = self._parts.get(key)
-            if hit is None or hit[0] is not a:
-                hit = self._owner(a)
-            self._used[key] = hit
+        self._asked += 1
+        hit = self._owners.get(key)
+        if hit is None or hit[0] is not a:
+            hit = self._owners[key] = self._owner(a)
+        self._owner_used[key] = self._cycle
         return hit
 
     def _owner(self, a: Attribution) -> Owner:
@@ -243,7 +242,7 @@ class PartsCache:
         start = ident.start_time_ticks if ident is not None else None
         key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
                p.compute_instance_id, start, slice_weight)
-        self._procs_asked += 1
+        self._asked += 1
         hit = self._procs.get(key)
         if hit is None:
             part = process_part_of(p, slice_weight)
@@ -275,12 +274,14 @@ class PartsCache:
         return found
 
     def end_cycle(self) -> None:
-        self._parts, self._used = self._used, {}
-        if len(self._procs) > 2 * self._procs_asked + 64:
-            cycle = self._cycle
+        cycle = self._cycle
+        if len(self._owners) > 2 * self._asked + 64:
+            self._owner_used = {k: c for k, c in self._owner_used.items() if c == cycle}
+            self._owners = {k: self._owners[k] for k in self._owner_used}
+        if len(self._procs) > 2 * self._asked + 64:
             self._procs = {k: v for k, v in self._procs.items() if v[2] == cycle}
         self._cycle += 1
-        self._procs_asked = 0
+        self._asked = 0
         self._visible, self._visible_new = self._visible_new, {}
 
 
