@@ -208,8 +208,8 @@ def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
         h = prefix.copy()
         h.update(tail)
         x = p.sm_util_ratio
-        busy_m, busy = (_BUSY, dumps(elapsed * max(0.0, x))) if x is not None and isfinite(x) \
-            else (b"", b"")
+        busy_m, busy = (_BUSY, dumps(elapsed * (x if x > 0.0 else 0.0))) \
+            if x is not None and isfinite(x) else (b"", b"")  # max(0.0, x), no call
         energy_m, energy = (_ENERGY, dumps(joules(next(owned_share)))) if is_owned and shares \
             else (b"", b"")
         head = b"".join((owner_head, busy_m, busy, elapsed_m, energy_m, energy, gpu_m))
