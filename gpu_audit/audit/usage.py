@@ -208,10 +208,13 @@ def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
         h = prefix.copy()
         h.update(tail)
         x = p.sm_util_ratio
-        busy_m, busy = (_BUSY, dumps(elapsed * (x if x > 0.0 else 0.0))) \
-            if x is not None and isfinite(x) else (b"", b"")  # max(0.0, x), no call
-        energy_m, energy = (_ENERGY, dumps(joules(next(owned_share)))) if is_owned and shares \
-            else (b"", b"")
+        if x is not None and not isfinite(x):
+            x = None  # not measured
+        busy_m = busy = energy_m = energy = b""  # absent members
+        if x is not None:
+            busy_m, busy = _BUSY, dumps(elapsed * (x if x > 0.0 else 0.0))  # max(0.0, x)
+        if is_owned and shares:
+            energy_m, energy = _ENERGY, dumps(joules(next(owned_share)))
         head = b"".join((owner_head, busy_m, busy, elapsed_m, energy_m, energy, gpu_m))
         # process_values(p), written out with the keys in sorted order
         v: dict[str, Any] = {}
@@ -226,7 +229,7 @@ def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
             v[MEMORY_CONTROLLER_UTILIZATION] = y
         if p.used_memory_bytes is not None:
             v[MEMORY_USED] = p.used_memory_bytes
-        if x is not None and isfinite(x):
+        if x is not None:
             v[UTILIZATION] = x
         out.append((head, pre, h.hexdigest().encode(), pre_end, mid, end, dumps(v), time_ns))
     return out
