@@ -153,8 +153,9 @@ def build_cycle(
     usage: bool = True,
 ) -> list[Record | Encoded]:
     """build_records() for the producer: the same records, to be sealed with
-    canonical.seal_any(); with a `parts` cache that has fragments, the `process` records
-    are canonical.Encoded bytes and the others hold pre-serialised parts."""
+    canonical.seal_chain() (or seal_any()); with a `parts` cache that has fragments, the
+    `process` records are canonical.Encoded bytes and the others hold pre-serialised
+    parts."""
     return _build(snap, prev, stream=stream, exporter_version=exporter_version, host=host,
                   simulated=simulated, max_elapsed_intervals=max_elapsed_intervals,
                   parts=parts, usage=usage)
@@ -200,7 +201,7 @@ def _build(
     for gpu in snap.gpus:
         prev_gpu = prev_gpus.get(gpu.info.uuid)
         gpu_bytes: bytes | None = None
-        if fragments:  # one cycle's: not kept, so not right-sized (PartsCache.shared)
+        if fragments:  # one cycle's: not kept, so not right-sized (parts.kept_bytes)
             gpu_bytes = canonical_bytes(gpu_part_of(gpu))
             part: Any = orjson.Fragment(gpu_bytes)
         else:
