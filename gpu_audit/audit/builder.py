@@ -92,9 +92,13 @@ def _event_records(
         rec = cyc.record("event", event=ev, gpu_uuid=uuid)
         rec["gpu"] = gpu_part
         out.append(rec)
-    now = cyc.parts.visible(snap, gpu)
-    before = cyc.parts.visible(prev, prev_gpu, now=False)
-    if now.keys() != before.keys():  # (one set comparison in C: most cycles change none)
+    now_keys, now_procs = cyc.parts.visible(snap, gpu)
+    before_keys, before_procs = cyc.parts.visible(prev, prev_gpu, now=False)
+    # Most cycles change no process: equal key lists (compared in C, no dict built) have
+    # no event; otherwise the dicts say which keys came and went, in the lists' order.
+    if now_keys != before_keys:
+        now = dict(zip(now_keys, now_procs, strict=True))
+        before = dict(zip(before_keys, before_procs, strict=True))
         prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
         for key, ap in before.items():
             if key not in now:

@@ -37,7 +37,7 @@ Record = dict[str, Any]
 ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
 # (the Attribution, attributed, its record part or None, its encoded head: PartsCache.owner)
 Owner = tuple[Attribution, bool, Any, bytes]
-_Visible = tuple[Snapshot, GpuSample, dict[ProcessKey, AttributedProcess]]
+_Visible = tuple[Snapshot, GpuSample, tuple[list[ProcessKey], tuple[AttributedProcess, ...]]]
 # The members of an encoded `process` record around its `process` part (PartsCache.process)
 _MID_OPEN = b'","process":'
 _MID_CLOSE = b',"schema":' + orjson.dumps(SCHEMA_ID) + b',"seq":'
@@ -161,14 +161,24 @@ def visible_processes(
     snap: Snapshot | None, gpu: GpuSample | None
 ) -> dict[ProcessKey, AttributedProcess]:
     """(GPU uuid, pid, start time) -> process, for the processes an up GPU lists."""
+    keys, procs = visible_keys(snap, gpu)
+    return dict(zip(keys, procs, strict=True))
+
+
+def visible_keys(
+    snap: Snapshot | None, gpu: GpuSample | None
+) -> tuple[list[ProcessKey], tuple[AttributedProcess, ...]]:
+    """visible_processes() as the list of keys and the processes, in NVML's order: two
+    cycles whose lists are equal have the same processes, with no dict built."""
     if snap is None or gpu is None or not gpu.up:
-        return {}
+        return [], ()
     uuid = gpu.info.uuid
-    return {  # start_ticks(), written out: once per process and cycle
+    procs = processes_of(snap, gpu)
+    return [  # start_ticks(), written out: once per process and cycle
         (uuid, (p := ap.process).pid,
-         p.identity.start_time_ticks if p.identity is not None else None): ap
-        for ap in processes_of(snap, gpu)
-    }
+         p.identity.start_time_ticks if p.identity is not None else None)
+        for ap in procs
+    ], procs
 
 
 class PartsCache:
@@ -201,7 +211,7 @@ class PartsCache:
         self._procs: dict[tuple[Any, ...], list[Any]] = {}
         self._cycle = 0
         self._asked = 0  # lookups this cycle (owners and processes): what the sweep keeps
-        # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last
+        # GPU uuid -> (snapshot, its GpuSample, visible_keys of them), from the last
         # cycle (where it was "now") for this cycle (where it is "before").
         self._visible: dict[str, _Visible] = {}
         self._visible_new: dict[str, _Visible] = {}
@@ -255,20 +265,20 @@ class PartsCache:
 
     def visible(
         self, snap: Snapshot | None, gpu: GpuSample | None, *, now: bool = True
-    ) -> dict[ProcessKey, AttributedProcess]:
-        """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as
+    ) -> tuple[list[ProcessKey], tuple[AttributedProcess, ...]]:
+        """visible_keys(snap, gpu), computed once per snapshot and GPU (treat as
         read-only): the cycle's own view (`now`) is kept for the next cycle, where the
         previous cycle's (now=False) is looked up. Only the current views are kept: one
         made for a "before" the cache missed (a cache started mid-stream) would have
         taken the current view's place, and every later cycle would have made both; and
         keeping older ones would keep their whole snapshots alive."""
         if snap is None or gpu is None:
-            return {}
+            return [], ()
         uuid = gpu.info.uuid
         hit = (self._visible_new if now else self._visible).get(uuid)
         if hit is not None and hit[0] is snap and hit[1] is gpu:
             return hit[2]
-        found = visible_processes(snap, gpu)
+        found = visible_keys(snap, gpu)
         if now:
             self._visible_new[uuid] = (snap, gpu, found)
         return found

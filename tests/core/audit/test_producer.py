@@ -487,13 +487,13 @@ def test_each_cycles_process_view_is_made_once(monkeypatch: pytest.MonkeyPatch) 
     from gpu_audit.audit import parts as parts_module
 
     calls: list[float] = []
-    real = parts_module.visible_processes
+    real = parts_module.visible_keys
 
     def counting(snap: Any, gpu: Any) -> Any:
         calls.append(snap.timestamp)
         return real(snap, gpu)
 
-    monkeypatch.setattr(parts_module, "visible_processes", counting)
+    monkeypatch.setattr(parts_module, "visible_keys", counting)
     snaps = [realistic()]
     for _ in range(4):
         snaps.append(advance(snaps[-1]))
