@@ -87,14 +87,16 @@ def usage_records(
 
     procs = processes_of(snap, gpu)
     owner_of = cyc.parts.owner
-    owners = [owner_of(ap.attribution) for ap in procs]
-    # One pass (this runs for every GPU and cycle): each process's SM ratio (finite, else
-    # None) and used memory, apart for owned and unowned processes.
+    # One pass (this runs for every GPU and cycle): each process's owner, and its SM
+    # ratio (finite, else None) and used memory, apart for owned and unowned processes.
+    owners: list[Owner] = []
     own_sm: list[float | None] = []
     own_mem: list[int | None] = []
     un_sm: list[float | None] = []
     un_mem: list[int | None] = []
-    for ap, o in zip(procs, owners, strict=True):
+    for ap in procs:
+        o = owner_of(ap.attribution)
+        owners.append(o)
         p = ap.process
         sm = p.sm_util_ratio
         if sm is not None and not isfinite(sm):
