@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpu_audit.audit.builder import PartsCache, build_records
-from gpu_audit.audit.canonical import ZERO_HASH, seal
+from gpu_audit.audit.builder import PartsCache, build_cycle, build_records
+from gpu_audit.audit.canonical import ZERO_HASH, seal_any
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.model.attribution import AttributedProcess, Attribution
@@ -137,11 +137,11 @@ def run_cpu_only(snaps: list[Snapshot]) -> dict[str, Any]:
     parts = PartsCache(fragments=True)  # as the producer builds them
     t0, c0 = time.perf_counter(), time.process_time()
     for s in snaps:
-        for rec in build_records(s, prev, stream="exporter", exporter_version="bench",
-                                 parts=parts):
+        for rec in build_cycle(s, prev, stream="exporter", exporter_version="bench",
+                               parts=parts):
             seq += 1
-            nbytes += len(seal(rec, seq, h, None))
-            h = rec["hash"]
+            stored, h = seal_any(rec, seq, h, None)
+            nbytes += len(stored)
             n += 1
         prev = s
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -12,6 +12,7 @@ This module must never do I/O or look at anything but the numbers it is given.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Literal
 
@@ -82,9 +83,18 @@ def split_units(total: int, weights: Sequence[float]) -> list[int]:
     if total == 0 or wsum <= 0:
         return [0] * len(weights)
     exact = [total * w / wsum for w in weights]
-    parts = [math.floor(x) for x in exact]
+    parts = list(map(math.floor, exact))
     left = total - sum(parts)
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - parts[i]), i))
+    if not left:
+        return parts
+    if math.isfinite(wsum):
+        # Largest remainder first, ties to the earlier weight: a stable sort by remainder
+        # (reverse keeps equal keys in order) is the order of the key below, in C (one
+        # GPU's split is in every cycle). A finite sum means finite remainders, no NaN.
+        rem = list(map(operator.sub, exact, parts))
+        order = sorted(range(len(weights)), key=rem.__getitem__, reverse=True)
+    else:
+        order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - parts[i]), i))
     for i in order[:left]:
         parts[i] += 1
     return parts

@@ -31,8 +31,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from gpu_audit.audit.accounting import elapsed_for
-from gpu_audit.audit.canonical import SCHEMA_ID, format_time_ns, record_id, to_time_ns
+from gpu_audit.audit.canonical import (
+    SCHEMA_ID,
+    Encoded,
+    canonical_bytes,
+    format_time_ns,
+    record_id,
+    to_time_ns,
+)
 from gpu_audit.audit.parts import (
     VALUE_NAMES,
     Cycle,
@@ -83,15 +92,20 @@ def _event_records(
         rec = cyc.record("event", event=ev, gpu_uuid=uuid)
         rec["gpu"] = gpu_part
         out.append(rec)
-    now = cyc.parts.visible(snap, gpu)
-    before = cyc.parts.visible(prev, prev_gpu)
-    prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
-    for key, ap in before.items():
-        if key not in now:
-            out.append(_process_event(cyc, "process_end", prev_part, ap))
-    for key, ap in now.items():
-        if key not in before:
-            out.append(_process_event(cyc, "process_start", gpu_part, ap))
+    now_keys, now_procs = cyc.parts.visible(snap, gpu)
+    before_keys, before_procs = cyc.parts.visible(prev, prev_gpu, now=False)
+    # Most cycles change no process: equal key lists (compared in C, no dict built) have
+    # no event; otherwise the dicts say which keys came and went, in the lists' order.
+    if now_keys != before_keys:
+        now = dict(zip(now_keys, now_procs, strict=True))
+        before = dict(zip(before_keys, before_procs, strict=True))
+        prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
+        for key, ap in before.items():
+            if key not in now:
+                out.append(_process_event(cyc, "process_end", prev_part, ap))
+        for key, ap in now.items():
+            if key not in before:
+                out.append(_process_event(cyc, "process_start", gpu_part, ap))
     for x in gpu.new_xids:
         xid_ns = to_time_ns(x.timestamp)
         rec = cyc.record("event", event="xid", gpu_uuid=uuid, xid_key=f"{x.xid}@{xid_ns}")
@@ -120,9 +134,49 @@ def build_records(
     time passed) only events are built: no interval was measured. `host` defaults to the
     snapshot's host; `simulated` to what the backend says (the producer may only turn
     it on, never off). `parts`: a cache kept by the caller across cycles (speed only;
-    the records are the same without it). `usage=False`: the events only (the interval
-    trail accounts usage in gpu_audit.audit.interval).
+    the records are the same without it; one with fragments is build_cycle's). `usage=False`:
+    the events only (the interval trail accounts usage in gpu_audit.audit.interval).
     """
+    if parts is not None and parts.fragments:
+        raise ValueError("a PartsCache with fragments builds records for build_cycle()")
+    return _build(snap, prev, stream=stream, exporter_version=exporter_version, host=host,
+                  simulated=simulated, max_elapsed_intervals=max_elapsed_intervals,
+                  parts=parts if parts is not None else PartsCache(), usage=usage)
+
+
+def build_cycle(
+    snap: Snapshot,
+    prev: Snapshot | None,
+    *,
+    stream: str,
+    exporter_version: str,
+    parts: PartsCache,
+    host: str | None = None,
+    simulated: bool | None = None,
+    max_elapsed_intervals: float = 3.0,
+    usage: bool = True,
+) -> list[Record | Encoded]:
+    """build_records() for the producer: the same records, to be sealed with
+    canonical.seal_chain() (or seal_any()); with a `parts` cache that has fragments, the
+    `process` records are canonical.Encoded bytes and the others hold pre-serialised
+    parts."""
+    return _build(snap, prev, stream=stream, exporter_version=exporter_version, host=host,
+                  simulated=simulated, max_elapsed_intervals=max_elapsed_intervals,
+                  parts=parts, usage=usage)
+
+
+def _build(
+    snap: Snapshot,
+    prev: Snapshot | None,
+    *,
+    stream: str,
+    exporter_version: str,
+    host: str | None,
+    simulated: bool | None,
+    max_elapsed_intervals: float,
+    parts: PartsCache,
+    usage: bool,
+) -> list[Any]:
     elapsed = elapsed_for(
         snap.timestamp,
         prev.timestamp if prev is not None else None,
@@ -140,16 +194,22 @@ def build_records(
         exporter_version=exporter_version,
         simulated=snap.backend.simulated if simulated is None else simulated,
         elapsed=elapsed,
-        parts=parts if parts is not None else PartsCache(),
+        parts=parts,
     )
     prev_gpus: Mapping[str, GpuSample] = (
         {g.info.uuid: g for g in prev.gpus} if prev is not None else {}
     )
-    out: list[Record] = []
+    out: list[Record | Encoded] = []
     events: list[Record] = []
+    fragments = parts.fragments
     for gpu in snap.gpus:
         prev_gpu = prev_gpus.get(gpu.info.uuid)
-        part = cyc.parts.shared(gpu_part_of(gpu))
+        gpu_bytes: bytes | None = None
+        if fragments:  # one cycle's: not kept, so not right-sized (parts.kept_bytes)
+            gpu_bytes = canonical_bytes(gpu_part_of(gpu))
+            part: Any = orjson.Fragment(gpu_bytes)
+        else:
+            part = gpu_part_of(gpu)
         # A cycle that measured no interval (the first after a start; the clock went
         # backwards) has no usage to report: a row of zeros would only be noise in
         # every chart. Its snapshot still is the baseline of the next interval.
@@ -157,7 +217,7 @@ def build_records(
             out.extend(
                 usage_records(
                     cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,
-                    counter_share=counter_share, gpu_part=part,
+                    counter_share=counter_share, gpu_part=part, gpu_bytes=gpu_bytes,
                 )
             )
         events.extend(
@@ -213,8 +273,10 @@ def exporter_event(
 
 __all__: Sequence[str] = (
     "VALUE_NAMES",
+    "Encoded",
     "PartsCache",
     "Record",
+    "build_cycle",
     "build_records",
     "exporter_event",
     "gpu_values",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,6 @@ ZERO_HASH = "0" * 64
 
 _SORT = orjson.OPT_SORT_KEYS
 _SEP = b"\x1f"  # unit separator: cannot occur in any of the id's fields unescaped
-
-
-class _Pending(str):
-    """The type of PENDING (a str, so a record holding it still serialises)."""
-
-    __slots__ = ()
-
-
-# `prev_hash` placeholder of a record built with its keys already in sorted order at
-# every level and with `seq` and `prev_hash` in place (see seal()).
-PENDING = _Pending("")
 
 
 def canonical_bytes(record: Mapping[str, Any]) -> bytes:
@@ -79,21 +68,13 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
     whose quotes are all escaped) and no top-level key sorts between "hash" and "host";
     for any record where that is not certain (a nested object or a brace before it, a
     key such as "hint") the record is simply serialised again. tests/core/audit/test_golden.py
-    holds this to seal_reference() on arbitrary records.
-
-    A record whose `prev_hash` is PENDING (and that has no `hash` yet) was built by the
-    audit builder with its keys in sorted order at every level (nested parts as
-    canonical orjson.Fragment) and `seq` / `prev_hash` already in their places: setting
-    them keeps the order, so it is serialised without sorting, to the same bytes.
+    holds this to seal_reference() on arbitrary records. (The builder's `process`
+    records, most of a cycle, are not dicts: seal_chain().)
     """
     record["seq"] = seq
-    presorted = type(record.get("prev_hash")) is _Pending and "hash" not in record
     record["prev_hash"] = prev_hash
-    if presorted:
-        body = orjson.dumps(record)
-    else:
-        record.pop("hash", None)
-        body = orjson.dumps(record, option=_SORT)
+    record.pop("hash", None)
+    body = orjson.dumps(record, option=_SORT)
     if hmac_key is None:  # chain_hash, inlined: one call per record
         h = hashlib.sha256(prev_hash.encode("ascii"))
         h.update(body)
@@ -102,25 +83,76 @@ def seal(record: dict[str, Any], seq: int, prev_hash: str, hmac_key: bytes | Non
         digest = chain_hash(prev_hash, body, hmac_key)
     record["hash"] = digest
     at = body.find(b',"host":')
-    # A presorted record's members before "host" hold no object with a "host" key (the
-    # builder's owner and GPU parts), so its first `,"host":` is the top-level one.
-    if at < 0 or (not presorted and (
+    if at < 0 or (
         # Any "{" before it but the record's own: a nested object (or a brace inside a
         # string, which would fool a depth count) may hold that `,"host":`.
         body.count(b"{", 0, at) != 1
         # A top-level key between "hash" and "host" ("hint") would follow the hash; the
         # byte scan is cheap and only a record with some `"h...` before host pays the check.
         or (body.find(b'"h', 0, at) >= 0 and any("hash" < k < "host" for k in record))
-    )):
+    ):
         return orjson.dumps(record, option=_SORT)
     return b"".join((body[:at], b',"hash":"', digest.encode("ascii"), b'"', body[at:]))
+
+
+# A record serialised before its chain point is known: the builder's `process` records
+# (all but a few of a cycle's), as (head, pre, ident, pre_end, mid, end, values,
+# time_ns). Its canonical bytes without `hash` are, with every member in sorted key order:
+#   head + pre + ident + pre_end + PREV_HASH + mid + SEQ + end + values + "}"
+# `head` ends with the last member before "hash" and `pre` starts with the `,"host":`
+# member, so the stored bytes put `,"hash":"H"` between them; `pre_end` ends with
+# `"prev_hash":"`, `mid` starts with the string's closing quote and ends with `"seq":`.
+# The pieces are kept apart (ident: the id's hex digits; values: the values object) so
+# that a record is joined once to be hashed and once to be stored. time_ns: the
+# record's, for the producer's restart gap.
+Encoded = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]
+
+
+def seal_chain(records: Iterable[dict[str, Any] | Encoded], seq: int, prev_hash: str,
+               hmac_key: bytes | None) -> tuple[list[bytes], int, str]:
+    """Chain `records` after (`seq`, `prev_hash`): (their stored bytes, the last seq, the
+    last hash). A dict record is sealed by seal() (which sets its members); an Encoded
+    one gets exactly the bytes seal() would give it as a dict (tests/core/audit/
+    test_golden.py and test_node_cycle_bytes.py hold them equal), nothing serialised
+    again: one join to hash, one to store. One loop for a whole commit, as most of a
+    cycle's records pass here."""
+    out: list[bytes] = []
+    append = out.append
+    sha256 = hashlib.sha256
+    raw = prev_hash.encode("ascii")  # what is hashed (chain_hash), as for a dict record
+    for rec in records:
+        seq += 1
+        if not isinstance(rec, tuple):
+            append(seal(rec, seq, raw.decode("ascii"), hmac_key))
+            raw = rec["hash"].encode("ascii")
+            continue
+        head, pre, ident, pre_end, mid, end, values, _time_ns = rec
+        # In the record, the JSON string: the same bytes for a hex hash (every hash this
+        # loop makes); anything else (only a damaged checkpoint could hand one over) is
+        # escaped as orjson escapes it.
+        text = raw if raw.isalnum() else orjson.dumps(raw.decode("ascii"))[1:-1]
+        rest = b"".join((pre, ident, pre_end, text, mid, b"%d" % seq, end, values, b"}"))
+        h: Any = sha256(raw) if hmac_key is None else hmac.new(hmac_key, raw, sha256)
+        h.update(head)
+        h.update(rest)
+        raw = h.hexdigest().encode("ascii")
+        append(b"".join((head, b',"hash":"', raw, b'"', rest)))
+    return out, seq, raw.decode("ascii")
+
+
+def seal_any(record: dict[str, Any] | Encoded, seq: int, prev_hash: str,
+             hmac_key: bytes | None) -> tuple[bytes, str]:
+    """(stored bytes, hash) of one record, dict or Encoded, chained at (`seq`,
+    `prev_hash`): seal_chain() of that one record."""
+    stored, _seq, digest = seal_chain((record,), seq - 1, prev_hash, hmac_key)
+    return stored[0], digest
 
 
 def seal_reference(
     record: Mapping[str, Any], seq: int, prev_hash: str, hmac_key: bytes | None
 ) -> bytes:
     """The plain, obviously-correct form of seal(): the stored bytes of `record` chained
-    at (`seq`, `prev_hash`), without any fast path (no presorted records, no spliced
+    at (`seq`, `prev_hash`), without any fast path (no encoded records, no spliced
     hash, `record` left unchanged). Tests hold seal() and the builder's cached parts to
     it byte for byte; nothing on the production path calls it."""
     body = {k: v for k, v in record.items() if k != "hash"}

@@ -35,6 +35,20 @@ VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATAL
 
 Record = dict[str, Any]
 ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
+# (the Attribution, attributed, its record part or None, its encoded head: PartsCache.owner)
+Owner = tuple[Attribution, bool, Any, bytes]
+_Visible = tuple[Snapshot, GpuSample, tuple[list[ProcessKey], tuple[AttributedProcess, ...]]]
+# The members of an encoded `process` record around its `process` part (PartsCache.process)
+_MID_OPEN = b'","process":'
+_MID_CLOSE = b',"schema":' + orjson.dumps(SCHEMA_ID) + b',"seq":'
+
+
+def kept_bytes(part: dict[str, Any]) -> bytes:
+    """The canonical bytes of a part kept across cycles, right-sized: orjson's result
+    keeps its whole output buffer (~4 KB) allocated for a ~70-byte part, and these live
+    as long as their process (1,024 of them at 8 GPUs x 64 processes: ~4 MB of RSS).
+    bytes(b) would return b itself, hence the memoryview."""
+    return bytes(memoryview(canonical_bytes(part)))
 
 
 def gpu_values(gpu: GpuSample) -> dict[str, Any]:
@@ -126,26 +140,6 @@ def process_values(p: ProcessSample) -> dict[str, Any]:
     return out
 
 
-def process_values_sorted(p: ProcessSample) -> dict[str, Any]:
-    # process_values with the keys inserted in sorted order (for PENDING records).
-    out: dict[str, Any] = {}
-    v = p.decoder_util_ratio
-    if v is not None and isfinite(v):
-        out[DECODER_UTILIZATION] = v
-    v = p.encoder_util_ratio
-    if v is not None and isfinite(v):
-        out[ENCODER_UTILIZATION] = v
-    v = p.memory_util_ratio
-    if v is not None and isfinite(v):
-        out[MEMORY_CONTROLLER_UTILIZATION] = v
-    if p.used_memory_bytes is not None:
-        out[MEMORY_USED] = p.used_memory_bytes
-    v = p.sm_util_ratio
-    if v is not None and isfinite(v):
-        out[UTILIZATION] = v
-    return out
-
-
 def process_key_str(p: ProcessSample) -> str:
     # NVML may list one pid once per type and per MIG instance: all of it is identity.
     return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
@@ -167,12 +161,24 @@ def visible_processes(
     snap: Snapshot | None, gpu: GpuSample | None
 ) -> dict[ProcessKey, AttributedProcess]:
     """(GPU uuid, pid, start time) -> process, for the processes an up GPU lists."""
+    keys, procs = visible_keys(snap, gpu)
+    return dict(zip(keys, procs, strict=True))
+
+
+def visible_keys(
+    snap: Snapshot | None, gpu: GpuSample | None
+) -> tuple[list[ProcessKey], tuple[AttributedProcess, ...]]:
+    """visible_processes() as the list of keys and the processes, in NVML's order: two
+    cycles whose lists are equal have the same processes, with no dict built."""
     if snap is None or gpu is None or not gpu.up:
-        return {}
-    return {
-        (gpu.info.uuid, ap.process.pid, start_ticks(ap.process)): ap
-        for ap in processes_of(snap, gpu)
-    }
+        return [], ()
+    uuid = gpu.info.uuid
+    procs = processes_of(snap, gpu)
+    return [  # start_ticks(), written out: once per process and cycle
+        (uuid, (p := ap.process).pid,
+         p.identity.start_time_ticks if p.identity is not None else None)
+        for ap in procs
+    ], procs
 
 
 class PartsCache:
@@ -181,85 +187,111 @@ class PartsCache:
     The resolver hands out the same Attribution object for a process as long as the
     process lives, so its record part (and whether it is attributed at all) is built once
     per process lifetime, not once per cycle. Entries hold the Attribution itself, so an
-    id() is never reused while cached; entries unused in a cycle are dropped. Likewise a
-    process's `process` part and the per-record text of its id, keyed by everything they
-    are made of (GPU, pid, name, type, uid, MIG ids, start time).
+    id() is never reused while cached. Likewise a process's `process` part and the
+    per-record text of its id, keyed by everything they are made of (GPU, pid, name,
+    type, uid, MIG ids, start time). Both live in dicts kept across cycles, each entry
+    marked with the cycle it was last used in (a hit is one lookup: no dict rebuilt each
+    cycle); the entries not used in the last cycle are dropped once there are more than
+    about twice the last cycle's lookups.
 
-    fragments=True (the producer's setting) puts shared nested parts (owner, GPU,
-    process) into records as pre-serialised canonical JSON (orjson.Fragment) so each is
-    serialised once, not once per record, and builds `process` records with their keys
-    in sorted order and `seq` / `prev_hash` (PENDING) in place, so seal() serialises
-    them without sorting; the stored bytes are identical. Records built that way are for
-    sealing only: read them after parsing the stored bytes.
+    fragments=True (the producer's setting, with builder.build_cycle) puts shared nested
+    parts (owner, GPU) into records as pre-serialised canonical JSON (orjson.Fragment) so
+    each is serialised once, not once per record, and keeps the canonical bytes of a
+    process's `process` part and of its owner's members, from which `process` records
+    are built as canonical.Encoded bytes (usage.py); the stored bytes are identical.
+    Records built that way are for sealing only: read them after parsing the stored bytes.
     """
 
     def __init__(self, *, fragments: bool = False) -> None:
         self.fragments = fragments
-        self._parts: dict[int, tuple[Attribution, bool, Any]] = {}
-        self._used: dict[int, tuple[Attribution, bool, Any]] = {}
-        self._procs: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
-        self._procs_used: dict[tuple[Any, ...], tuple[Any, bytes]] = {}
-        # GPU uuid -> (snapshot, its GpuSample, visible_processes of them), from the last cycle
-        # (where it was "now") for this cycle (where it is "before").
-        self._visible: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
-        self._visible_new: dict[str, tuple[Snapshot, GpuSample, dict[ProcessKey, Any]]] = {}
+        # id(Attribution) -> its Owner, and the cycle it was last used in (as _procs)
+        self._owners: dict[int, Owner] = {}
+        self._owner_used: dict[int, int] = {}
+        # Each entry [part, id tail, cycle it was last used in]
+        self._procs: dict[tuple[Any, ...], list[Any]] = {}
+        self._cycle = 0
+        self._asked = 0  # lookups this cycle (owners and processes): what the sweep keeps
+        # GPU uuid -> (snapshot, its GpuSample, visible_keys of them), from the last
+        # cycle (where it was "now") for this cycle (where it is "before").
+        self._visible: dict[str, _Visible] = {}
+        self._visible_new: dict[str, _Visible] = {}
 
-    def shared(self, part: dict[str, Any]) -> Any:
-        """`part` as it goes into records: itself, or its canonical bytes as a Fragment."""
+    def owner(self, a: Attribution) -> Owner:
+        """(a, attributed, record part, encoded head) of an owner: the part is None for
+        an unknown owner; the head (fragments only, else b"") is the start of its
+        `process` records' canonical bytes, `{"attributed":...` up to the next member."""
+        key = id(a)
+        self._asked += 1
+        hit = self._owners.get(key)
+        if hit is None or hit[0] is not a:
+            hit = self._owners[key] = self._owner(a)
+        self._owner_used[key] = self._cycle
+        return hit
+
+    def _owner(self, a: Attribution) -> Owner:
+        owned = a.attributed
         if not self.fragments:
-            return part
-        # A copy: orjson's result keeps its whole output buffer (~4 KB) allocated for a
-        # ~70-byte part, and these live as long as their process (1,024 of them at
-        # 8 GPUs x 64 processes: ~4 MB of RSS). bytes(b) would return b itself.
-        return orjson.Fragment(bytes(memoryview(canonical_bytes(part))))
+            return a, owned, attribution_part_of(a) if owned else None, b""
+        if not owned:
+            return a, False, None, b'{"attributed":false'
+        raw = kept_bytes(attribution_part_of(a))
+        return a, True, orjson.Fragment(raw), b'{"attributed":true,"attribution":' + raw
 
     def get(self, a: Attribution) -> tuple[bool, Any]:
         """(attributed, record part): the part is None for an unknown owner."""
-        key = id(a)
-        hit = self._used.get(key)
-        if hit is None:
-            hit = self._parts.get(key)
-            if hit is None or hit[0] is not a:
-                owned = a.attributed
-                hit = (a, owned, self.shared(attribution_part_of(a)) if owned else None)
-            self._used[key] = hit
+        hit = self.owner(a)
         return hit[1], hit[2]
 
     def process(self, gpu_uuid: str, p: ProcessSample,
                 slice_weight: float | None = None) -> tuple[Any, bytes]:
-        """(record part, id_tail) of a `process` record of `p` on the GPU."""
+        """(record part, id_tail) of a `process` record of `p` on the GPU. With
+        fragments the part is its encoded members instead: `","process":{...}` through
+        `"seq":` (the `mid` of a canonical.Encoded record)."""
         ident = p.identity
         uid = p.uid if p.uid is not None else (ident.uid if ident is not None else None)
         start = ident.start_time_ticks if ident is not None else None
         key = (gpu_uuid, p.pid, p.name, p.type, uid, p.gpu_instance_id,
                p.compute_instance_id, start, slice_weight)
-        hit = self._procs_used.get(key)
+        self._asked += 1
+        hit = self._procs.get(key)
         if hit is None:
-            hit = self._procs.get(key)
-            if hit is None:
-                hit = (self.shared(process_part_of(p, slice_weight)),
-                       id_tail("process", "", gpu_uuid, process_key_str(p), ""))
-            self._procs_used[key] = hit
-        return hit
+            part = process_part_of(p, slice_weight)
+            hit = self._procs[key] = [
+                _MID_OPEN + canonical_bytes(part) + _MID_CLOSE if self.fragments else part,
+                id_tail("process", "", gpu_uuid, process_key_str(p), ""), self._cycle]
+        else:
+            hit[2] = self._cycle
+        return hit[0], hit[1]
 
     def visible(
-        self, snap: Snapshot | None, gpu: GpuSample | None
-    ) -> dict[ProcessKey, AttributedProcess]:
-        """visible_processes(snap, gpu), computed once per snapshot and GPU (treat as read-only)."""
+        self, snap: Snapshot | None, gpu: GpuSample | None, *, now: bool = True
+    ) -> tuple[list[ProcessKey], tuple[AttributedProcess, ...]]:
+        """visible_keys(snap, gpu), computed once per snapshot and GPU (treat as
+        read-only): the cycle's own view (`now`) is kept for the next cycle, where the
+        previous cycle's (now=False) is looked up. Only the current views are kept: one
+        made for a "before" the cache missed (a cache started mid-stream) would have
+        taken the current view's place, and every later cycle would have made both; and
+        keeping older ones would keep their whole snapshots alive."""
         if snap is None or gpu is None:
-            return {}
+            return [], ()
         uuid = gpu.info.uuid
-        for cache in (self._visible_new, self._visible):
-            hit = cache.get(uuid)
-            if hit is not None and hit[0] is snap and hit[1] is gpu:
-                return hit[2]
-        found = visible_processes(snap, gpu)
-        self._visible_new[uuid] = (snap, gpu, found)
+        hit = (self._visible_new if now else self._visible).get(uuid)
+        if hit is not None and hit[0] is snap and hit[1] is gpu:
+            return hit[2]
+        found = visible_keys(snap, gpu)
+        if now:
+            self._visible_new[uuid] = (snap, gpu, found)
         return found
 
     def end_cycle(self) -> None:
-        self._parts, self._used = self._used, {}
-        self._procs, self._procs_used = self._procs_used, {}
+        cycle = self._cycle
+        if len(self._owners) > 2 * self._asked + 64:
+            self._owner_used = {k: c for k, c in self._owner_used.items() if c == cycle}
+            self._owners = {k: self._owners[k] for k in self._owner_used}
+        if len(self._procs) > 2 * self._asked + 64:
+            self._procs = {k: v for k, v in self._procs.items() if v[2] == cycle}
+        self._cycle += 1
+        self._asked = 0
         self._visible, self._visible_new = self._visible_new, {}
 
 
@@ -297,6 +329,7 @@ class Cycle:
             "simulated": simulated,
             "exporter_version": exporter_version,
         }
+        self._encoded: tuple[bytes, bytes, bytes, bytes] | None = None
 
     def record(
         self,
@@ -313,6 +346,30 @@ class Cycle:
             r["event"] = event
         r["id"] = id_from_prefix(self.id_prefix, kind, event, gpu_uuid, process_key, xid_key)
         return r
+
+    def encoded_members(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The members every encoded `process` record of this cycle shares, as canonical
+        bytes in sorted key order: (`,"elapsed_seconds":..`; `,"host":..,"id":"`;
+        `","interval_seconds":..,"kind":"process","prev_hash":"`;
+        `,"simulated":..,"time_ns":..,"values":`), made on first use."""
+        if self._encoded is None:
+            c, dumps = self.common, orjson.dumps
+            self._encoded = (
+                b',"elapsed_seconds":' + dumps(c["elapsed_seconds"]),
+                b',"host":' + dumps(self.host) + b',"id":"',
+                b'","interval_seconds":' + dumps(self.interval_seconds)
+                + b',"kind":"process","prev_hash":"',
+                b',"simulated":' + dumps(self.simulated) + b',"stream":' + dumps(self.stream)
+                + b',"time":' + dumps(self.time) + b',"time_ns":' + dumps(self.time_ns)
+                + b',"values":',
+            )
+        return self._encoded
+
+    def gpu_members(self, gpu_part: bytes, gpu_seconds: float) -> bytes:
+        """`,"exporter_version":..,"gpu":{..},"gpu_seconds":..`: the members of a GPU's
+        encoded `process` records from after `energy_joules` to before `hash`."""
+        return (b',"exporter_version":' + orjson.dumps(self.exporter_version)
+                + b',"gpu":' + gpu_part + b',"gpu_seconds":' + orjson.dumps(gpu_seconds))
 
     def attribution(self, ap: AttributedProcess) -> tuple[bool, Any]:
         """(attributed, record part or None) of a process's owner."""

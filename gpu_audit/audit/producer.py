@@ -39,7 +39,7 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,15 @@ import orjson
 
 from gpu_audit import atomicfile
 from gpu_audit.audit.accounting import elapsed_for
-from gpu_audit.audit.builder import PartsCache, Record, build_records, exporter_event
+from gpu_audit.audit.builder import PartsCache, Record, build_cycle, exporter_event
 from gpu_audit.audit.canonical import (
     SCHEMA_V3,
     ZERO_HASH,
+    Encoded,
     format_time_ns,
     load_hmac_key,
     record_id,
-    seal,
+    seal_chain,
     to_time_ns,
 )
 from gpu_audit.audit.config import AuditConfig
@@ -160,7 +161,7 @@ class AuditProducer:
         self._interval = snap.interval_seconds
         per_cycle = self._usage_ns <= round(snap.interval_seconds * 1e9)
         simulated = self._simulated or snap.backend.simulated
-        records = build_records(
+        records = build_cycle(
             snap,
             self._prev_snap,
             stream=self._stream,
@@ -172,7 +173,7 @@ class AuditProducer:
             usage=per_cycle,
         )
         if not per_cycle:
-            records = self._interval_usage(snap, simulated) + records
+            records = [*self._interval_usage(snap, simulated), *records]
         self._prev_snap = snap
         self._commit(records)
 
@@ -255,18 +256,13 @@ class AuditProducer:
             interval_seconds=self._interval,
         )
 
-    def _commit(self, records: list[Record]) -> None:
+    def _commit(self, records: Sequence[Record | Encoded]) -> None:
         if not records:
             return
         # The chain lock serialises commits (and is held while the spool fsyncs); the
         # counters have their own lock so a scrape never waits on the disk.
         with self._chain_lock:
-            seq, prev = self._seq, self._prev_hash
-            payloads = []
-            for rec in records:
-                seq += 1
-                payloads.append(seal(rec, seq, prev, self._key))
-                prev = rec["hash"]
+            payloads, seq, prev = seal_chain(records, self._seq, self._prev_hash, self._key)
             reason: str | None = None
             first_offset = -1
             try:
@@ -423,8 +419,8 @@ def _parse(payload: bytes | None) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _time_ns(rec: Mapping[str, Any]) -> int:
-    t = rec.get("time_ns")
+def _time_ns(rec: Mapping[str, Any] | Encoded) -> int:
+    t = rec[-1] if isinstance(rec, tuple) else rec.get("time_ns")
     return t if isinstance(t, int) and t > 0 else 0
 
 

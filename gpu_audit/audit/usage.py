@@ -3,32 +3,38 @@ process and the `unattributed` remainder, with the accounting that splits the in
 energy between them (gpu_audit.audit.accounting).
 
 Two ways to build `process` records, giving the same stored bytes: plain dicts (the
-reference), and, when the PartsCache holds pre-serialised parts, copies of templates whose
-keys are already in sorted order so seal() need not sort (tests/core/audit/test_golden.py
-holds the two equal). Pure: no I/O.
+reference), and, for the producer, canonical.Encoded bytes assembled from members
+serialised once per cycle, GPU, owner and process (tests/core/audit/test_golden.py and
+test_node_cycle_bytes.py hold the two equal). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Sequence
 from math import isfinite
 from typing import Any
 
+import orjson
+
 from gpu_audit.audit.accounting import energy_units, energy_weights, joules, split_units
-from gpu_audit.audit.canonical import PENDING, SCHEMA_ID
+from gpu_audit.audit.canonical import Encoded, id_from_tail
 from gpu_audit.audit.parts import (
+    DECODER_UTILIZATION,
+    ENCODER_UTILIZATION,
+    MEMORY_CONTROLLER_UTILIZATION,
     MEMORY_USED,
     UTILIZATION,
     Cycle,
+    Owner,
     Record,
     gpu_values,
     process_values,
-    process_values_sorted,
     processes_of,
 )
+from gpu_audit.model.attribution import AttributedProcess
 from gpu_audit.model.mig import process_weights, unowned_slices
-from gpu_audit.model.samples import GpuSample
+from gpu_audit.model.samples import GpuSample, ProcessSample
 from gpu_audit.model.snapshot import Snapshot
 
 
@@ -59,7 +65,11 @@ def usage_records(
     elapsed: float,
     counter_share: float,
     gpu_part: Any,
-) -> list[Record]:
+    gpu_bytes: bytes | None = None,
+) -> list[Record | Encoded]:
+    """The GPU's usage records of one cycle: `gpu`, one `process` per process (Encoded
+    when `gpu_bytes`, the GPU part's canonical bytes, is given: the producer's path),
+    `unattributed`."""
     uuid = gpu.info.uuid
     grec = cyc.record("gpu", gpu_uuid=uuid)
     grec["gpu"] = gpu_part
@@ -73,58 +83,94 @@ def usage_records(
     if energy is not None:
         grec["energy_joules"] = joules(energy[0])
         grec["energy_source"] = energy[1]
-    out = [grec]
+    out: list[Record | Encoded] = [grec]
 
     procs = processes_of(snap, gpu)
-    owner_of = cyc.parts.get
-    owners = [owner_of(ap.attribution) for ap in procs]
-    owned = [ap for ap, (f, _) in zip(procs, owners, strict=True) if f]
-    unowned = [ap for ap, (f, _) in zip(procs, owners, strict=True) if not f]
+    owner_of = cyc.parts.owner
+    # One pass (this runs for every GPU and cycle): each process's owner, and its SM
+    # ratio (finite, else None) and used memory, apart for owned and unowned processes.
+    owners: list[Owner] = []
+    own_sm: list[float | None] = []
+    own_mem: list[int | None] = []
+    un_sm: list[float | None] = []
+    un_mem: list[int | None] = []
+    for ap in procs:
+        o = owner_of(ap.attribution)
+        owners.append(o)
+        p = ap.process
+        sm = p.sm_util_ratio
+        if sm is not None and not isfinite(sm):
+            sm = None
+        if o[1]:
+            own_sm.append(sm)
+            own_mem.append(p.used_memory_bytes)
+        else:
+            un_sm.append(sm)
+            un_mem.append(p.used_memory_bytes)
     shares: list[int] = []
     if energy is not None:
         weights = energy_weights(
-            attributed_sm=[finite(ap.process.sm_util_ratio) for ap in owned],
-            attributed_mem=[as_float(ap.process.used_memory_bytes) for ap in owned],
-            unattributed_sm=[finite(ap.process.sm_util_ratio) for ap in unowned],
-            unattributed_mem=[as_float(ap.process.used_memory_bytes) for ap in unowned],
+            attributed_sm=own_sm,
+            attributed_mem=[float(m) if m is not None else None for m in own_mem],
+            unattributed_sm=un_sm,
+            unattributed_mem=[float(m) if m is not None else None for m in un_mem],
             gpu_util=finite(gpu.scalar("utilization_gpu")),
             gpu_mem_used=finite(gpu.scalar("memory_used")),
         )
         shares = split_units(energy[0], weights)
-    owned_share = iter(shares)
 
     slices = process_weights(gpu)  # MIG: gpu_instance_id -> weight (None: whole GPU)
-    parts = cyc.parts
-    templates = presorted_templates(cyc, gpu_part, elapsed) if parts.fragments else None
-    prefix = cyc.id_prefix
-    for ap, (is_owned, owner_part) in zip(procs, owners, strict=True):
+    if gpu_bytes is not None:
+        out += encoded_process_records(cyc, uuid, procs, owners, shares, slices, elapsed,
+                                       gpu_bytes)
+    else:
+        out += process_records(cyc, uuid, procs, owners, shares, slices, elapsed, gpu_part)
+
+    un = cyc.record("unattributed", gpu_uuid=uuid)
+    un["gpu"] = gpu_part
+    uvals: dict[str, Any] = {"processes": len(un_sm)}
+    mem_used = finite(gpu.scalar("memory_used"))
+    if mem_used is not None:
+        explained = sum(filter(None, own_mem))  # (None and 0 add nothing)
+        uvals[MEMORY_USED] = max(0.0, mem_used - explained)
+    util = finite(gpu.scalar("utilization_gpu"))
+    if util is not None:
+        # fsum is exact, so leaving out the None and zero ratios changes nothing
+        explained_sm = math.fsum(filter(None, own_sm))
+        uvals[UTILIZATION] = max(0.0, util - explained_sm)
+    un["values"] = uvals
+    un["gpu_seconds"] = 0.0 if own_sm else elapsed
+    if slices is not None:  # by the slice: the instances only unowned processes run in
+        gis = [(ap.process.gpu_instance_id, o[1])
+               for ap, o in zip(procs, owners, strict=True)]
+        un["gpu_seconds"] = elapsed * unowned_slices(
+            slices, (gi for gi, owned in gis if owned), (gi for gi, owned in gis if not owned))
+    if shares:
+        un["energy_joules"] = joules(shares[-1])
+    out.append(un)
+    return out
+
+
+def _slice_weight(slices: dict[int, float] | None, p: ProcessSample) -> float | None:
+    if slices is None or p.gpu_instance_id is None:
+        return None
+    return slices.get(p.gpu_instance_id)
+
+
+def process_records(  # noqa: PLR0917 - one call per GPU and cycle
+    cyc: Cycle, uuid: str, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
+    shares: list[int], slices: dict[int, float] | None, elapsed: float, gpu_part: Any,
+) -> list[Record]:
+    """The `process` records of one GPU and cycle as plain dicts (the reference)."""
+    out: list[Record] = []
+    owned_share = iter(shares)
+    for ap, (_a, is_owned, owner_part, _head) in zip(procs, owners, strict=True):
         p = ap.process
-        proc_part, tail = parts.process(
-            uuid, p, slices.get(p.gpu_instance_id) if slices is not None
-            and p.gpu_instance_id is not None else None)
-        h = prefix.copy()
-        h.update(tail)
-        rid: str = h.hexdigest()
+        proc_part, tail = cyc.parts.process(uuid, p, _slice_weight(slices, p))
         sm = p.sm_util_ratio
-        busy = elapsed * max(0.0, sm) if sm is not None and isfinite(sm) else None
-        energy_j = joules(next(owned_share)) if is_owned and shares else None
-        if templates is not None:
-            # A copy of the template keeps its (sorted) key order; then fill it in.
-            rec = templates[busy is not None, energy_j is not None, is_owned].copy()
-            if is_owned:
-                rec["attribution"] = owner_part
-            if busy is not None:
-                rec["busy_gpu_seconds"] = busy
-            if energy_j is not None:
-                rec["energy_joules"] = energy_j
-            rec["id"] = rid
-            rec["process"] = proc_part
-            rec["values"] = process_values_sorted(p)
-            out.append(rec)
-            continue
         rec = dict(cyc.common)
         rec["kind"] = "process"
-        rec["id"] = rid
+        rec["id"] = id_from_tail(cyc.id_prefix, tail)
         rec["gpu"] = gpu_part
         rec["process"] = proc_part
         rec["attributed"] = is_owned
@@ -132,67 +178,64 @@ def usage_records(
             rec["attribution"] = owner_part
         rec["values"] = process_values(p)
         rec["gpu_seconds"] = elapsed
-        if busy is not None:
-            rec["busy_gpu_seconds"] = busy
-        if energy_j is not None:
-            rec["energy_joules"] = energy_j
+        if sm is not None and isfinite(sm):
+            rec["busy_gpu_seconds"] = elapsed * max(0.0, sm)
+        if is_owned and shares:
+            rec["energy_joules"] = joules(next(owned_share))
         out.append(rec)
-
-    un = cyc.record("unattributed", gpu_uuid=uuid)
-    un["gpu"] = gpu_part
-    uvals: dict[str, Any] = {"processes": len(unowned)}
-    mem_used = finite(gpu.scalar("memory_used"))
-    if mem_used is not None:
-        explained = sum(ap.process.used_memory_bytes or 0 for ap in owned)
-        uvals[MEMORY_USED] = max(0.0, mem_used - explained)
-    util = finite(gpu.scalar("utilization_gpu"))
-    if util is not None:
-        explained_sm = math.fsum(finite(ap.process.sm_util_ratio) or 0.0 for ap in owned)
-        uvals[UTILIZATION] = max(0.0, util - explained_sm)
-    un["values"] = uvals
-    un["gpu_seconds"] = 0.0 if owned else elapsed
-    if slices is not None:  # by the slice: the instances only unowned processes run in
-        un["gpu_seconds"] = elapsed * unowned_slices(
-            slices, (ap.process.gpu_instance_id for ap in owned),
-            (ap.process.gpu_instance_id for ap in unowned))
-    if shares:
-        un["energy_joules"] = joules(shares[-1])
-    out.append(un)
     return out
 
 
-def presorted_templates(
-    cyc: Cycle, gpu_part: Any, elapsed: float
-) -> dict[tuple[bool, bool, bool], Record]:
-    """`process` records of one GPU and cycle, per (has busy_gpu_seconds, has
-    energy_joules, attributed), with every member in sorted key order, the per-cycle
-    ones filled in and `seq` / `prev_hash` as placeholders (PENDING: seal() relies on
-    the order; a test checks it). The per-process members are set on a copy."""
-    out: dict[tuple[bool, bool, bool], Record] = {}
-    for busy, energy, owned in itertools.product((False, True), repeat=3):
-        rec: Record = {"attributed": owned}
-        if owned:
-            rec["attribution"] = None
-        if busy:
-            rec["busy_gpu_seconds"] = 0.0
-        rec["elapsed_seconds"] = cyc.common["elapsed_seconds"]
-        if energy:
-            rec["energy_joules"] = 0.0
-        rec["exporter_version"] = cyc.exporter_version
-        rec["gpu"] = gpu_part
-        rec["gpu_seconds"] = elapsed
-        rec["host"] = cyc.host
-        rec["id"] = ""
-        rec["interval_seconds"] = cyc.interval_seconds
-        rec["kind"] = "process"
-        rec["prev_hash"] = PENDING
-        rec["process"] = None
-        rec["schema"] = SCHEMA_ID
-        rec["seq"] = 0
-        rec["simulated"] = cyc.simulated
-        rec["stream"] = cyc.stream
-        rec["time"] = cyc.time
-        rec["time_ns"] = cyc.time_ns
-        rec["values"] = None
-        out[busy, energy, owned] = rec
+def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
+    cyc: Cycle, uuid: str, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
+    shares: list[int], slices: dict[int, float] | None, elapsed: float, gpu_bytes: bytes,
+) -> list[Encoded]:
+    """The same records as process_records(), as canonical.Encoded bytes: the members
+    shared by the cycle, the GPU, the owner and the process are serialised once (Cycle,
+    PartsCache); per record only its id, busy seconds, energy and values are, each by
+    orjson as in a whole record (tests/core/audit/test_node_cycle_bytes.py pins the
+    bytes). This loop makes most of a cycle's records: it is kept lean on purpose
+    (the values in sorted key order, the slice weight lookup written out)."""
+    elapsed_m, pre, pre_end, end = cyc.encoded_members()
+    gpu_m = cyc.gpu_members(gpu_bytes, elapsed)
+    dumps = orjson.dumps
+    process, prefix, time_ns = cyc.parts.process, cyc.id_prefix, cyc.time_ns
+    owned_share = iter(shares)
+    out: list[Encoded] = []
+    for ap, (_a, is_owned, _part, owner_head) in zip(procs, owners, strict=True):
+        p = ap.process
+        gi = p.gpu_instance_id
+        mid, tail = process(uuid, p, slices.get(gi) if slices is not None and gi is not None
+                            else None)
+        h = prefix.copy()
+        h.update(tail)
+        x = p.sm_util_ratio
+        if x is not None and not isfinite(x):
+            x = None  # not measured
+        busy_m = busy = energy_m = energy = b""  # absent members
+        if x is not None:
+            busy_m, busy = _BUSY, dumps(elapsed * (x if x > 0.0 else 0.0))  # max(0.0, x)
+        if is_owned and shares:
+            energy_m, energy = _ENERGY, dumps(joules(next(owned_share)))
+        head = b"".join((owner_head, busy_m, busy, elapsed_m, energy_m, energy, gpu_m))
+        # process_values(p), written out with the keys in sorted order
+        v: dict[str, Any] = {}
+        y = p.decoder_util_ratio
+        if y is not None and isfinite(y):
+            v[DECODER_UTILIZATION] = y
+        y = p.encoder_util_ratio
+        if y is not None and isfinite(y):
+            v[ENCODER_UTILIZATION] = y
+        y = p.memory_util_ratio
+        if y is not None and isfinite(y):
+            v[MEMORY_CONTROLLER_UTILIZATION] = y
+        if p.used_memory_bytes is not None:
+            v[MEMORY_USED] = p.used_memory_bytes
+        if x is not None:
+            v[UTILIZATION] = x
+        out.append((head, pre, h.hexdigest().encode(), pre_end, mid, end, dumps(v), time_ns))
     return out
+
+
+_BUSY = b',"busy_gpu_seconds":'
+_ENERGY = b',"energy_joules":'

@@ -72,11 +72,11 @@ def frame_crc(offset: int, payload: bytes | memoryview) -> int:
 def encode_frames(first_offset: int, payloads: Sequence[bytes]) -> bytes:
     """All frames of one append, as one buffer for one write()."""
     parts: list[bytes] = []
-    pack = FRAME_HEAD.pack
+    append, pack, pack_offset, crc32 = parts.append, FRAME_HEAD.pack, OFFSET.pack, zlib.crc32
     offset = first_offset
-    for payload in payloads:
-        parts.append(pack(len(payload), frame_crc(offset, payload), offset))
-        parts.append(payload)
+    for payload in payloads:  # frame_crc(), written out: this runs for every record
+        append(pack(len(payload), crc32(payload, crc32(pack_offset(offset))), offset))
+        append(payload)
         offset += 1
     return b"".join(parts)
 

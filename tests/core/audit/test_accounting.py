@@ -168,6 +168,34 @@ def test_split_units_always_sums_to_total(total: int, weights: list[float]) -> N
     assert sum(parts) == (total if sum(weights) > 0 else 0)
 
 
+def _split_by_definition(total: int, weights: list[float]) -> list[int]:
+    """The largest-remainder split as first written: sort by (-remainder, index)."""
+    wsum = math.fsum(weights)
+    if total == 0 or wsum <= 0:
+        return [0] * len(weights)
+    exact = [total * w / wsum for w in weights]
+    parts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - parts[i]), i))
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+@given(
+    total=st.integers(min_value=0, max_value=10**12),
+    weights=st.lists(st.one_of(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1 / 3, 2.0]),
+                               st.floats(min_value=0, max_value=1e6)),
+                     min_size=1, max_size=70),
+)
+def test_split_units_gives_the_units_to_the_largest_remainders(total: int,
+                                                               weights: list[float]) -> None:
+    """split_units (remainders sorted in C) gives every unit to the same weight as the
+    definition does: largest remainder first, ties to the earlier weight (equal weights
+    are common: processes at the same utilisation), so the energy in stored records
+    never changes."""
+    assert split_units(total, weights) == _split_by_definition(total, weights)
+
+
 def test_energy_units_grid() -> None:
     """Energy is counted in 1/1024 J units."""
     assert energy_units(10.5, 10.0, None, 5.0) == (ENERGY_GRID // 2, "counter")

@@ -7,7 +7,7 @@ silently breaking every stored archive.
 - v2: the producer's output for the fixed input of tests/core/audit/golden_input.py is
   byte-identical to the checked-in files, and every id and hash recomputes from first
   principles (hashlib, not gpu_audit.audit.canonical);
-- the fast paths (presorted templates, spliced hash, cached parts) equal the plain
+- the fast paths (encoded process records, spliced hash, cached parts) equal the plain
   reference path byte for byte, on the goldens and on hypothesis-generated input, and
   seal()'s spliced hash equals seal_reference() on arbitrary JSON records;
 - one stream that goes from v1 to v2 (an upgrade) is one chain, verified across the
@@ -126,7 +126,7 @@ def test_v2_golden_ids_and_hashes_recompute_from_first_principles(mode: str) -> 
 def _plain_trail(key: bytes | None, snaps: list[Snapshot] | None = None,
                  t0: float = gi.T0) -> list[bytes]:
     """A trail through the plain reference path: no cached parts across cycles, no
-    fragments, no presorted records, seal_reference instead of seal. Default: the golden
+    fragments, no encoded records, seal_reference instead of seal. Default: the golden
     trail (exporter_start at t0 - 1, the cycles, exporter_stop at t0 + 11)."""
     snaps = list(gi.snapshots()) if snaps is None else snaps
     records = [exporter_event("exporter_start", timestamp=t0 - 1.0, host=gi.HOST,
@@ -214,7 +214,7 @@ def _snapshots(draw: st.DrawFn) -> list[Snapshot]:
 @given(snaps=_snapshots(), keyed=st.booleans())
 def test_fast_path_equals_plain_path_on_generated_input(snaps: list[Snapshot],
                                                         keyed: bool) -> None:
-    """For any input, the producer's fast path (fragments, presorted templates, cached
+    """For any input, the producer's fast path (fragments, encoded process records, cached
     parts across cycles, spliced hash) stores exactly the bytes of the plain path, and
     every record it stores satisfies the v2 schema (no empty string, no non-finite
     number, no usage row for an interval of 0)."""

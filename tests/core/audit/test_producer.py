@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -15,8 +16,8 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpu_audit.audit.builder import PartsCache, build_records
-from gpu_audit.audit.canonical import ZERO_HASH, seal
+from gpu_audit.audit.builder import PartsCache, build_cycle, build_records
+from gpu_audit.audit.canonical import ZERO_HASH, seal_any, seal_reference
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
@@ -292,14 +293,22 @@ def test_fragment_parts_give_identical_bytes() -> None:
     out = []
     for parts in (PartsCache(), PartsCache(fragments=True)):
         h, trail = ZERO_HASH, []
-        for i, r in enumerate([*build_records(s1, None, stream="e", exporter_version="v",
-                                              parts=parts),
-                               *build_records(s2, s1, stream="e", exporter_version="v",
-                                              parts=parts)], 1):
-            trail.append(seal(r, i, h, None))
-            h = r["hash"]
+        for i, r in enumerate([*build_cycle(s1, None, stream="e", exporter_version="v",
+                                            parts=parts),
+                               *build_cycle(s2, s1, stream="e", exporter_version="v",
+                                            parts=parts)], 1):
+            stored, h = seal_any(r, i, h, None)
+            trail.append(stored)
         out.append(trail)
     assert out[0] == out[1]
+
+
+def test_build_records_refuses_the_producers_cache() -> None:
+    """build_records() hands out plain dict records only: a cache with fragments (whose
+    `process` records are pre-encoded bytes) belongs to build_cycle()."""
+    with pytest.raises(ValueError, match="build_cycle"):
+        build_records(realistic(), None, stream="e", exporter_version="v",
+                      parts=PartsCache(fragments=True))
 
 
 def _rename_first(snap: Any, name: str) -> Any:
@@ -327,32 +336,34 @@ def _trail(snaps: list[Any], parts: PartsCache, key: bytes | None) -> list[bytes
     h, seq, trail = ZERO_HASH, 0, []
     prev = None
     for s in snaps:
-        for r in build_records(s, prev, stream="e", exporter_version="v", parts=parts):
+        for r in build_cycle(s, prev, stream="e", exporter_version="v", parts=parts):
             seq += 1
-            trail.append(seal(r, seq, h, key))
-            h = r["hash"]
+            stored, h = seal_any(r, seq, h, key)
+            trail.append(stored)
         prev = s
     return trail
 
 
-def test_presorted_process_records_seal_to_canonical_bytes() -> None:
-    """The producer's `process` records (built in sorted key order, sealed without
-    sorting) store exactly the canonical bytes of what they hold, and the same trail as
-    plain records, with and without an HMAC key, also with a process name full of
-    braces, quotes and a fake `,"host":` member, a process renamed mid-run (its cached
-    part is rebuilt) and one that ends (process_end from the cached previous view)."""
+def test_encoded_process_records_seal_to_canonical_bytes() -> None:
+    """The producer's `process` records (pre-encoded bytes, sealed without serialising)
+    store exactly the canonical bytes of what they hold, and the same trail as plain
+    records, with and without an HMAC key, also with a process name full of braces,
+    quotes and a fake `,"host":` member, a process renamed mid-run (its cached part is
+    rebuilt) and one that ends (process_end from the cached previous view)."""
     s1 = _rename_first(realistic(), 'py{th"on},"host":"x"}{')
     s2 = advance(s1)
     s3 = _rename_first(advance(s2), "renamed")
     s4 = _drop_first(advance(s3))
     snaps = [s1, s2, s3, s4, advance(s4)]
     fast = PartsCache(fragments=True)
-    recs = build_records(s2, s1, stream="e", exporter_version="v", parts=fast)
-    procs = [r for r in recs if r["kind"] == "process"]
-    assert procs
-    for r in procs:
-        assert list(r) == sorted(r)
-        assert list(r["values"]) == sorted(r["values"])
+    recs = build_cycle(s2, s1, stream="e", exporter_version="v", parts=fast)
+    encoded = [r for r in recs if isinstance(r, tuple)]
+    assert len(encoded) == sum(len(g.processes) for g in s2.gpus if g.up)
+    for r in encoded:
+        stored, h = seal_any(r, 7, "c" * 64, None)
+        doc = orjson.loads(stored)
+        assert doc["kind"] == "process" and doc["hash"] == h
+        assert stored == orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
     for key in (None, b"k3y"):
         plain = _trail(snaps, PartsCache(), key)
         assert _trail(snaps, PartsCache(fragments=True), key) == plain
@@ -362,18 +373,24 @@ def test_presorted_process_records_seal_to_canonical_bytes() -> None:
     assert any(b'"event":"process_end"' in b for b in plain)
 
 
-def test_sealing_a_presorted_record_twice_gives_canonical_bytes() -> None:
-    """Sealing a record again (a retry) re-serialises it canonically with the new chain
-    point; it never reuses the first hash."""
+def test_sealing_an_encoded_record_twice_gives_canonical_bytes() -> None:
+    """Sealing a record again (a retry after a failed commit) gives the canonical bytes
+    of the record at the new chain point; it never reuses the first hash. A chain point
+    that is not hex (only a damaged checkpoint could give one) is escaped in the record
+    and hashed as is, as for a dict record."""
     s1, s2 = realistic(), advance(realistic())
-    rec = next(r for r in build_records(s2, s1, stream="e", exporter_version="v",
-                                        parts=PartsCache(fragments=True))
-               if r["kind"] == "process")
-    first = seal(rec, 1, ZERO_HASH, None)
-    second = seal(rec, 2, "a" * 64, None)
-    assert first != second
-    assert second == orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
+    rec = next(r for r in build_cycle(s2, s1, stream="e", exporter_version="v",
+                                      parts=PartsCache(fragments=True))
+               if isinstance(r, tuple))
+    plain = next(r for r in build_records(s2, s1, stream="e", exporter_version="v")
+                 if r["kind"] == "process")
+    first, h1 = seal_any(rec, 1, ZERO_HASH, None)
+    second, h2 = seal_any(rec, 2, "a" * 64, None)
+    assert first != second and h1 != h2
+    assert second == seal_reference(plain, 2, "a" * 64, None)
     assert orjson.loads(second)["prev_hash"] == "a" * 64
+    odd = '"\\' + "a" * 61
+    assert seal_any(rec, 3, odd, b"k")[0] == seal_reference(plain, 3, odd, b"k")
 
 
 def test_a_one_shot_writer_adds_records_without_lifecycle_events() -> None:
@@ -460,3 +477,47 @@ def test_the_restart_gap_never_waits_longer_than_itself_and_is_off_by_default() 
                   exporter_version="0.1.0", simulated=False, clock=clock,
                   restart_gap_seconds=1.0, sleep=clock.sleep).start()
     assert clock.slept == [1.0]
+
+
+def test_each_cycles_process_view_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The visible-process view of a snapshot's GPU is built once, in the cycle that
+    sampled it, and reused as the next cycle's "before", also after a cycle that had to
+    build both (a cache that starts mid-stream): the two views no longer share one slot,
+    where the older one overwrote the newer and every later cycle built both."""
+    from gpu_audit.audit import parts as parts_module
+
+    calls: list[float] = []
+    real = parts_module.visible_keys
+
+    def counting(snap: Any, gpu: Any) -> Any:
+        calls.append(snap.timestamp)
+        return real(snap, gpu)
+
+    monkeypatch.setattr(parts_module, "visible_keys", counting)
+    snaps = [realistic()]
+    for _ in range(4):
+        snaps.append(advance(snaps[-1]))
+    cache = PartsCache(fragments=True)
+    n = len(snaps[0].gpus)
+    build_cycle(snaps[1], snaps[0], stream="e", exporter_version="v", parts=cache)
+    assert sorted(calls) == sorted([snaps[1].timestamp, snaps[0].timestamp] * n)
+    for prev, s in itertools.pairwise(snaps[1:]):
+        calls.clear()
+        build_cycle(s, prev, stream="e", exporter_version="v", parts=cache)
+        assert calls == [s.timestamp] * n, calls
+
+
+def test_process_parts_cache_stays_bounded_as_processes_come_and_go() -> None:
+    """Processes that ended leave the cross-cycle cache of process parts: with 100
+    processes a cycle, all new every cycle, it never holds more than about twice a
+    cycle's worth, and a process seen again gets the same part back."""
+    from gpu_audit.model.samples import ProcessSample
+
+    cache = PartsCache(fragments=True)
+    for cycle in range(40):
+        for i in range(100):
+            cache.process("GPU-0", ProcessSample(pid=cycle * 1000 + i, name=f"job-{i}"))
+        cache.end_cycle()
+        assert len(cache._procs) <= 2 * 100 + 64 + 100
+    again = ProcessSample(pid=39 * 1000 + 7, name="job-7")
+    assert cache.process("GPU-0", again) == cache.process("GPU-0", again)
