@@ -1,0 +1,164 @@
+"""Exposition lines: families of sample lines, and what is kept of them between cycles.
+
+`_Family` collects one family's lines; `LabelCache` keeps rendered label strings, line
+starts and unchanged blocks of lines from one cycle to the next, so a cycle formats
+values and little else (exporter.exposition.render, exporter.exposition.processes).
+
+This module must never do I/O, read the clock, or emit NaN/Inf (fmt_value's rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar, cast
+
+from exporter.exposition import families as fam
+from exporter.exposition.textformat import escape_label_value, fmt_value, header
+
+T = TypeVar("T")
+
+
+class Family:
+    """Samples of one family, emitted with its header only when non-empty."""
+
+    __slots__ = ("_open", "head", "lines", "name")
+
+    def __init__(self, name: str, type_: str, help_: str) -> None:
+        self.name = name
+        self._open = name + "{"
+        self.head = header(name, type_, help_)
+        self.lines: list[str] = []
+
+    def add(self, labels: str, value: float | None) -> None:
+        if value is None:
+            return
+        # The common cases inline (this runs once per series per cycle); fmt_value has
+        # the same rules and handles everything else.
+        if type(value) is float and value.is_integer() and -1e15 < value < 1e15:
+            text: str | None = str(int(value))
+        elif type(value) is int:
+            text = str(value)
+        else:
+            text = fmt_value(value)
+            if text is None:
+                return
+        if labels:
+            self.lines.append(f"{self._open}{labels}}} {text}\n")
+        else:
+            self.lines.append(f"{self.name} {text}\n")
+
+
+class LabelCache:
+    """Rendered label strings and unchanged sample blocks kept from one cycle to the next.
+
+    Identities and labelled fields are stable across cycles, so escaping and joining
+    their label values again every cycle is wasted work; slow-tier fields (ECC, NVLink
+    errors, retired pages) and the supported-fields view keep their values for many
+    cycles, so their whole block of lines is reused while the values compare equal.
+    Entries not used in a cycle are dropped at `rotate()`, so the cache never outgrows
+    one exposition.
+    """
+
+    __slots__ = ("_blocks", "_facts", "_new", "_new_blocks", "_new_facts", "_new_prefixes",
+                 "_old", "_prefixes")
+
+    def __init__(self) -> None:
+        self._old: dict[tuple[object, ...], str] = {}
+        self._new: dict[tuple[object, ...], str] = {}
+        # id(obj) -> (obj, what was worked out of it): see facts()
+        self._facts: dict[int, tuple[object, object]] = {}
+        self._new_facts: dict[int, tuple[object, object]] = {}
+        # series identity -> the `name{labels} ` start of each of its lines
+        self._prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self._new_prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self._blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
+        self._new_blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
+
+    def get(self, key: tuple[object, ...], build: Callable[[], str]) -> str:
+        text = self._new.get(key)
+        if text is None:
+            text = self._old.get(key)
+            if text is None:
+                text = build()
+            self._new[key] = text
+        return text
+
+    def starts(self, key: tuple[object, ...]) -> tuple[str, ...] | None:
+        """The cached `name{labels} ` starts of a series' lines (kept for the next cycle),
+        or None: then build them and `keep_starts`. Only values are formatted each cycle."""
+        hit = self._new_prefixes.get(key)
+        if hit is None:
+            hit = self._prefixes.get(key)
+            if hit is not None:
+                self._new_prefixes[key] = hit
+        return hit
+
+    def keep_starts(self, key: tuple[object, ...], starts: tuple[str, ...]) -> tuple[str, ...]:
+        self._new_prefixes[key] = starts
+        return starts
+
+    def facts(self, obj: object, build: Callable[[object], T]) -> T:
+        """`build(obj)`, worked out once per object while the object is in use: the
+        resolver hands out the same Attribution object for a process cycle after cycle.
+        Keyed by identity; the cached entry holds `obj`, so its id stays its own."""
+        key = id(obj)
+        hit = self._new_facts.get(key)
+        if hit is None or hit[0] is not obj:
+            hit = self._facts.get(key)
+            if hit is None or hit[0] is not obj:
+                hit = (obj, build(obj))
+            self._new_facts[key] = hit
+        return cast(T, hit[1])
+
+    def find(self, key: tuple[object, ...]) -> str | None:
+        """The text kept under `key` this cycle or the last (kept for the next), or None."""
+        text = self._new.get(key)
+        if text is None:
+            text = self._old.get(key)
+            if text is not None:
+                self._new[key] = text
+        return text
+
+    def put(self, key: tuple[object, ...], text: str) -> str:
+        self._new[key] = text
+        return text
+
+    def block(self, key: tuple[object, ...], values: object) -> list[str] | None:
+        """The lines rendered last cycle for `key`, when its values are unchanged."""
+        hit = self._blocks.get(key)
+        if hit is not None and hit[0] == values:
+            self._new_blocks[key] = hit
+            return hit[1]
+        return None
+
+    def keep_block(self, key: tuple[object, ...], values: object, lines: list[str]) -> None:
+        self._new_blocks[key] = (values, lines)
+
+    def rotate(self) -> None:
+        self._old, self._new = self._new, {}
+        self._blocks, self._new_blocks = self._new_blocks, {}
+        self._prefixes, self._new_prefixes = self._new_prefixes, {}
+        self._facts, self._new_facts = self._new_facts, {}
+
+
+def fixed(f: fam.FamilyDef) -> Family:
+    return Family(f.name, f.type, f.full_help)
+
+
+def label_value(value: str) -> str:
+    return escape_label_value(value)
+
+
+def join_labels(prefix: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    return prefix + "".join(f',{n}="{label_value(v)}"' for n, v in zip(names, values, strict=True))
+
+
+def num(v: float) -> str:
+    """A finite sample value as fmt_value writes it. Only for values finite by
+    construction: the process families drop NaN/Inf, and sums of finite byte counts and
+    ratios stay finite."""
+    if type(v) is int:
+        return str(v)
+    if v.is_integer() and -1e15 < v < 1e15:
+        return str(int(v))
+    return repr(float(v))
