@@ -10,12 +10,15 @@ This module must never do I/O, read the clock, or emit NaN/Inf (fmt_value's rule
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from exporter.exposition import families as fam
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
 
 T = TypeVar("T")
+# (name, type, help) -> its # HELP / # TYPE lines; families are fixed in code (catalogue,
+# families.py, the compat profile), so this holds a few dozen entries
+_HEADERS: dict[tuple[str, str, str], str] = {}
 
 
 class Family:
@@ -26,7 +29,10 @@ class Family:
     def __init__(self, name: str, type_: str, help_: str) -> None:
         self.name = name
         self._open = name + "{"
-        self.head = header(name, type_, help_)
+        head = _HEADERS.get((name, type_, help_))
+        if head is None:  # the same few dozen families every cycle: escaped once
+            head = _HEADERS[(name, type_, help_)] = header(name, type_, help_)
+        self.head = head
         self.lines: list[str] = []
 
     def add(self, labels: str, value: float | None) -> None:
@@ -59,18 +65,20 @@ class LabelCache:
     one exposition.
     """
 
-    __slots__ = ("_blocks", "_facts", "_new", "_new_blocks", "_new_facts", "_new_prefixes",
-                 "_old", "_prefixes")
+    __slots__ = ("_blocks", "_new", "_new_blocks", "_old", "facts_last", "facts_now",
+                 "starts_last", "starts_now")
 
     def __init__(self) -> None:
         self._old: dict[tuple[object, ...], str] = {}
         self._new: dict[tuple[object, ...], str] = {}
-        # id(obj) -> (obj, what was worked out of it): see facts()
-        self._facts: dict[int, tuple[object, object]] = {}
-        self._new_facts: dict[int, tuple[object, object]] = {}
-        # series identity -> the `name{labels} ` start of each of its lines
-        self._prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
-        self._new_prefixes: dict[tuple[object, ...], tuple[str, ...]] = {}
+        # id(obj) -> (obj, what was worked out of it), this cycle's and the last: see
+        # facts(). Public for the one hot loop that inlines the lookup.
+        self.facts_now: dict[int, tuple[Any, Any]] = {}
+        self.facts_last: dict[int, tuple[Any, Any]] = {}
+        # series identity -> the `name{labels} ` start of each of its lines, this cycle's
+        # and the last: see starts(). Public for the one hot loop that inlines the lookup.
+        self.starts_last: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self.starts_now: dict[tuple[object, ...], tuple[str, ...]] = {}
         self._blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
         self._new_blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
 
@@ -86,28 +94,29 @@ class LabelCache:
     def starts(self, key: tuple[object, ...]) -> tuple[str, ...] | None:
         """The cached `name{labels} ` starts of a series' lines (kept for the next cycle),
         or None: then build them and `keep_starts`. Only values are formatted each cycle."""
-        hit = self._new_prefixes.get(key)
+        hit = self.starts_now.get(key)
         if hit is None:
-            hit = self._prefixes.get(key)
+            hit = self.starts_last.get(key)
             if hit is not None:
-                self._new_prefixes[key] = hit
+                self.starts_now[key] = hit
         return hit
 
     def keep_starts(self, key: tuple[object, ...], starts: tuple[str, ...]) -> tuple[str, ...]:
-        self._new_prefixes[key] = starts
+        self.starts_now[key] = starts
         return starts
 
     def facts(self, obj: object, build: Callable[[object], T]) -> T:
         """`build(obj)`, worked out once per object while the object is in use: the
         resolver hands out the same Attribution object for a process cycle after cycle.
-        Keyed by identity; the cached entry holds `obj`, so its id stays its own."""
+        Keyed by identity; the cached entry holds `obj`, so its id stays its own.
+        (exporter.exposition.processes inlines this lookup on its hot path.)"""
         key = id(obj)
-        hit = self._new_facts.get(key)
+        hit = self.facts_now.get(key)
         if hit is None or hit[0] is not obj:
-            hit = self._facts.get(key)
+            hit = self.facts_last.get(key)
             if hit is None or hit[0] is not obj:
                 hit = (obj, build(obj))
-            self._new_facts[key] = hit
+            self.facts_now[key] = hit
         return cast(T, hit[1])
 
     def find(self, key: tuple[object, ...]) -> str | None:
@@ -137,8 +146,8 @@ class LabelCache:
     def rotate(self) -> None:
         self._old, self._new = self._new, {}
         self._blocks, self._new_blocks = self._new_blocks, {}
-        self._prefixes, self._new_prefixes = self._new_prefixes, {}
-        self._facts, self._new_facts = self._new_facts, {}
+        self.starts_last, self.starts_now = self.starts_now, {}
+        self.facts_last, self.facts_now = self.facts_now, {}
 
 
 def fixed(f: fam.FamilyDef) -> Family:

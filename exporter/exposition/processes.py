@@ -138,7 +138,7 @@ class ProcessFamilies:
 
     def gpu(self, g: GpuSample, procs: Sequence[AttributedProcess], prefix: str) -> None:
         """Everything one up GPU's processes contribute; `prefix`: its GPU labels."""
-        facts = self.cache.facts
+        facts_now, facts_last = self.cache.facts_now, self.cache.facts_last
         pid_label = self.pid_label
         isfinite = _isfinite
         groups: dict[tuple[str, ...], ProcessSample | _Agg] = {}
@@ -150,7 +150,15 @@ class ProcessFamilies:
         owners: set[Owner] = set()
         for ap in procs:
             p = ap.process
-            ident, owned, alloc_key, source, owner = facts(ap.attribution, _facts_of)
+            a = ap.attribution
+            # LabelCache.facts(a, _facts_of), inlined: this runs for every process
+            hit = facts_now.get(id(a))
+            if hit is None or hit[0] is not a:
+                hit = facts_last.get(id(a))
+                if hit is None or hit[0] is not a:
+                    hit = (a, _facts_of(a))
+                facts_now[id(a)] = hit
+            ident, owned, alloc_key, source, owner = hit[1]
             key = (*ident, p.name, str(p.pid)) if pid_label else (*ident, p.name)
             row = groups.get(key)
             if row is None:
@@ -209,14 +217,18 @@ class ProcessFamilies:
         fams = (self.mem, self.sm, self.memu, self.enc, self.dec, self.count)
         mem, sm, memu = self.mem.lines.append, self.sm.lines.append, self.memu.lines.append
         enc, dec, count = self.enc.lines.append, self.dec.lines.append, self.count.lines.append
-        starts, keep_starts = self.cache.starts, self.cache.keep_starts
+        starts_now, starts_last = self.cache.starts_now, self.cache.starts_last
         isfinite = _isfinite
         ratio_text = _RATIO_TEXT
         for key, row in items:
-            found = starts((prefix, key))
+            # LabelCache.starts / keep_starts, inlined: this runs for every series
+            series = (prefix, key)
+            found = starts_last.get(series)
             if found is None:
-                found = keep_starts((prefix, key),
-                                    _line_prefixes(fams, prefix, self.names, key))
+                found = starts_now.get(series)
+                if found is None:
+                    found = _line_prefixes(fams, prefix, self.names, key)
+            starts_now[series] = found
             pmem, psm, pmemu, penc, pdec, pcount = found
             if type(row) is _Agg:
                 # Values are finite or None here; sums of finite byte counts and ratios
@@ -238,31 +250,31 @@ class ProcessFamilies:
             p: ProcessSample = row  # type: ignore[assignment]
             m = p.used_memory_bytes
             if type(m) is int:
-                mem(pmem + str(m) + "\n")
+                mem(f"{pmem}{m}\n")
             elif m is not None and isfinite(m):
                 mem(pmem + num(m) + "\n")
             # (written out per ratio: a loop over them costs a tuple per process)
             if (r := p.sm_util_ratio) is not None:
                 if (text := ratio_text.get(r)) is not None:
-                    sm(psm + text + "\n")
+                    sm(f"{psm}{text}\n")
                 elif isfinite(r):
                     sm(psm + ("1" if r >= 1.0 else num(r)) + "\n")
             if (r := p.memory_util_ratio) is not None:
                 if (text := ratio_text.get(r)) is not None:
-                    memu(pmemu + text + "\n")
+                    memu(f"{pmemu}{text}\n")
                 elif isfinite(r):
                     memu(pmemu + ("1" if r >= 1.0 else num(r)) + "\n")
             if (r := p.encoder_util_ratio) is not None:
                 if (text := ratio_text.get(r)) is not None:
-                    enc(penc + text + "\n")
+                    enc(f"{penc}{text}\n")
                 elif isfinite(r):
                     enc(penc + ("1" if r >= 1.0 else num(r)) + "\n")
             if (r := p.decoder_util_ratio) is not None:
                 if (text := ratio_text.get(r)) is not None:
-                    dec(pdec + text + "\n")
+                    dec(f"{pdec}{text}\n")
                 elif isfinite(r):
                     dec(pdec + ("1" if r >= 1.0 else num(r)) + "\n")
-            count(pcount + "1\n")
+            count(f"{pcount}1\n")
 
     def _mig_weights(self, g: GpuSample, procs: Iterable[AttributedProcess],
                      prefix: str) -> None:
