@@ -66,10 +66,12 @@ def build_processes(lists: Iterable[tuple[ProcessType, list[Any]]],
             # The binding hands out plain objects (nvmlFriendlyObject): their fields
             # are in __dict__, read there at a fraction of getattr(p, name, None)'s cost.
             # Anything else (a raw struct of an old binding) is read field by field.
-            d = getattr(p, "__dict__", None)
-            if d is None or "pid" not in d:
+            try:
+                d = p.__dict__
+                pid = int(d["pid"])
+            except (AttributeError, KeyError):
                 d = _fields_of(p)
-            pid = int(d["pid"])
+                pid = int(d["pid"])
             gi = d.get("gpuInstanceId")
             if gi is not None:
                 gi = None if gi == INSTANCE_NOT_AVAILABLE else int(gi)
@@ -84,12 +86,12 @@ def build_processes(lists: Iterable[tuple[ProcessType, list[Any]]],
             mem = d.get("usedGpuMemory")
             if mem is not None:
                 mem = None if mem == NOT_AVAILABLE else int(mem)
-            name = names.get(pid)
+            name = known_names.get(pid)
             if name is None:
-                name = known_names.get(pid)
+                name = names.get(pid)  # listed twice (C+G, MIG): asked once
                 if name is None:
                     name = name_of(pid)
-                names[pid] = name
+            names[pid] = name
             u = get_util(pid)
             if u is None:
                 append(ProcessSample(pid, name, None, kind, mem, None, None, None, None,
