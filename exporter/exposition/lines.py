@@ -14,11 +14,12 @@ from typing import Any, TypeVar, cast
 
 from exporter.exposition import families as fam
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
+from gpu_audit.model.fields import MetricDef
 
 T = TypeVar("T")
-# (name, type, help) -> its # HELP / # TYPE lines; families are fixed in code (catalogue,
-# families.py, the compat profile), so this holds a few dozen entries
-_HEADERS: dict[tuple[str, str, str], str] = {}
+# family name -> its # HELP / # TYPE lines, for the families defined in code (the
+# catalogue, families.py): a few dozen entries, one help text per name
+_HEADERS: dict[str, str] = {}
 
 
 class Family:
@@ -26,13 +27,11 @@ class Family:
 
     __slots__ = ("_open", "head", "lines", "name")
 
-    def __init__(self, name: str, type_: str, help_: str) -> None:
+    def __init__(self, name: str, type_: str, help_: str, head: str | None = None) -> None:
+        """`head`: the family's # HELP / # TYPE lines when already known (see fixed())."""
         self.name = name
         self._open = name + "{"
-        head = _HEADERS.get((name, type_, help_))
-        if head is None:  # the same few dozen families every cycle: escaped once
-            head = _HEADERS[(name, type_, help_)] = header(name, type_, help_)
-        self.head = head
+        self.head = head if head is not None else header(name, type_, help_)
         self.lines: list[str] = []
 
     def add(self, labels: str, value: float | None) -> None:
@@ -65,12 +64,13 @@ class LabelCache:
     one exposition.
     """
 
-    __slots__ = ("_blocks", "_new", "_new_blocks", "_old", "facts_last", "facts_now",
-                 "starts_last", "starts_now")
+    __slots__ = ("_blocks", "_new_blocks", "facts_last", "facts_now", "starts_last",
+                 "starts_now", "texts_last", "texts_now")
 
     def __init__(self) -> None:
-        self._old: dict[tuple[object, ...], str] = {}
-        self._new: dict[tuple[object, ...], str] = {}
+        # key -> rendered label string / line, this cycle's and the last: see get()
+        self.texts_last: dict[tuple[object, ...], str] = {}
+        self.texts_now: dict[tuple[object, ...], str] = {}
         # id(obj) -> (obj, what was worked out of it), this cycle's and the last: see
         # facts(). Public for the one hot loop that inlines the lookup.
         self.facts_now: dict[int, tuple[Any, Any]] = {}
@@ -83,12 +83,12 @@ class LabelCache:
         self._new_blocks: dict[tuple[object, ...], tuple[object, list[str]]] = {}
 
     def get(self, key: tuple[object, ...], build: Callable[[], str]) -> str:
-        text = self._new.get(key)
+        text = self.texts_now.get(key)
         if text is None:
-            text = self._old.get(key)
+            text = self.texts_last.get(key)
             if text is None:
                 text = build()
-            self._new[key] = text
+            self.texts_now[key] = text
         return text
 
     def starts(self, key: tuple[object, ...]) -> tuple[str, ...] | None:
@@ -119,19 +119,6 @@ class LabelCache:
             self.facts_now[key] = hit
         return cast(T, hit[1])
 
-    def find(self, key: tuple[object, ...]) -> str | None:
-        """The text kept under `key` this cycle or the last (kept for the next), or None."""
-        text = self._new.get(key)
-        if text is None:
-            text = self._old.get(key)
-            if text is not None:
-                self._new[key] = text
-        return text
-
-    def put(self, key: tuple[object, ...], text: str) -> str:
-        self._new[key] = text
-        return text
-
     def block(self, key: tuple[object, ...], values: object) -> list[str] | None:
         """The lines rendered last cycle for `key`, when its values are unchanged."""
         hit = self._blocks.get(key)
@@ -144,14 +131,19 @@ class LabelCache:
         self._new_blocks[key] = (values, lines)
 
     def rotate(self) -> None:
-        self._old, self._new = self._new, {}
+        self.texts_last, self.texts_now = self.texts_now, {}
         self._blocks, self._new_blocks = self._new_blocks, {}
         self.starts_last, self.starts_now = self.starts_now, {}
         self.facts_last, self.facts_now = self.facts_now, {}
 
 
-def fixed(f: fam.FamilyDef) -> Family:
-    return Family(f.name, f.type, f.full_help)
+def fixed(f: fam.FamilyDef | MetricDef) -> Family:
+    """An empty family of a definition fixed in code (families.py, the catalogue), its
+    header escaped once per process rather than once per cycle."""
+    head = _HEADERS.get(f.name)
+    if head is None:
+        head = _HEADERS[f.name] = header(f.name, f.type, f.full_help)
+    return Family(f.name, f.type, "", head)
 
 
 def label_value(value: str) -> str:

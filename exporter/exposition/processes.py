@@ -139,6 +139,8 @@ class ProcessFamilies:
     def gpu(self, g: GpuSample, procs: Sequence[AttributedProcess], prefix: str) -> None:
         """Everything one up GPU's processes contribute; `prefix`: its GPU labels."""
         facts_now, facts_last = self.cache.facts_now, self.cache.facts_last
+        texts_now, texts_last = self.cache.texts_now, self.cache.texts_last
+        alloc = self.allocation.lines.append
         pid_label = self.pid_label
         isfinite = _isfinite
         groups: dict[tuple[str, ...], ProcessSample | _Agg] = {}
@@ -180,7 +182,13 @@ class ProcessFamilies:
                         explained_util += u
                 if alloc_key not in alloc_seen:
                     alloc_seen.add(alloc_key)
-                    self._allocation(prefix, alloc_key, source)
+                    # LabelCache.find / put, inlined: one allocation per job and GPU
+                    series = ("alloc", prefix, alloc_key, source)
+                    line = texts_last.get(series) or texts_now.get(series)
+                    if line is None:
+                        line = self._allocation_line(prefix, alloc_key, source)
+                    texts_now[series] = line
+                    alloc(line)
             if owner is not None:
                 owners.add(owner)
         self.owners[g.info.uuid] = tuple(sorted(owners))
@@ -196,13 +204,9 @@ class ProcessFamilies:
         if util is not None and not (attributed and not with_util):
             self.unattributed_util.add(prefix, _floor0(util, explained_util))
 
-    def _allocation(self, prefix: str, key: tuple[str, ...], source: str) -> None:
-        cache_key = ("alloc", prefix, key, source)
-        line = self.cache.find(cache_key)
-        if line is None:
-            labels = join_labels(prefix, ALLOC_LABELS, (*key, source))
-            line = self.cache.put(cache_key, f"{self.allocation.name}{{{labels}}} 1\n")
-        self.allocation.lines.append(line)
+    def _allocation_line(self, prefix: str, key: tuple[str, ...], source: str) -> str:
+        labels = join_labels(prefix, ALLOC_LABELS, (*key, source))
+        return f"{self.allocation.name}{{{labels}}} 1\n"
 
     def _rows(self, g: GpuSample, groups: dict[tuple[str, ...], ProcessSample | _Agg],
               prefix: str) -> None:

@@ -69,7 +69,7 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     prefixes = {g.info.uuid: _gpu_prefix(g, snap.backend.simulated) for g in snap.gpus}
 
     for m in CATALOGUE:
-        f = Family(m.name, m.type, m.full_help)
+        f = fixed(m)
         names = m.labels
         for g in up_gpus:
             if m.key in g.unsupported:
