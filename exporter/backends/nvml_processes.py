@@ -8,8 +8,13 @@ first, the choice logged once on the "gpu_audit.nvml" logger. Utilisation comes 
 cycle, so each cycle sees only the samples taken since the last one; NVML's NotFound
 there means "no new samples".
 
-This module must never decide GPU health; NVML errors other than "not offered" are
-raised to the backend, which marks the GPU down.
+Both are read on every cycle for every process (512 at 8 GPUs x 64, issue 27): the
+binding's process objects through their __dict__, its utilisation structs with one
+`struct.unpack_from` each, and each ProcessSample built once, positionally.
+
+This module must never decide GPU health (NVML errors other than "not offered" are
+raised to the backend, which marks the GPU down), nor read a struct by position
+unless its layout was checked against ctypes' own field offsets and size.
 """
 
 from __future__ import annotations
