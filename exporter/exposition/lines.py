@@ -10,13 +10,12 @@ This module must never do I/O, read the clock, or emit NaN/Inf (fmt_value's rule
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from exporter.exposition import families as fam
 from exporter.exposition.textformat import escape_label_value, fmt_value, header
 from gpu_audit.model.fields import MetricDef
 
-T = TypeVar("T")
 # family name -> its # HELP / # TYPE lines, for the families defined in code (the
 # catalogue, families.py): a few dozen entries, one help text per name
 _HEADERS: dict[str, str] = {}
@@ -71,10 +70,11 @@ class LabelCache:
         # key -> rendered label string / line, this cycle's and the last: see get()
         self.texts_last: dict[tuple[object, ...], str] = {}
         self.texts_now: dict[tuple[object, ...], str] = {}
-        # id(obj) -> (obj, what was worked out of it), this cycle's and the last: see
-        # facts(). Public for the one hot loop that inlines the lookup.
-        self.facts_now: dict[int, tuple[Any, Any]] = {}
-        self.facts_last: dict[int, tuple[Any, Any]] = {}
+        # id(Attribution) -> what the process families worked out of it (their _Facts,
+        # which holds the object, so its id stays its own), this cycle's and the last;
+        # the resolver hands out the same Attribution for a process cycle after cycle
+        self.facts_now: dict[int, Any] = {}
+        self.facts_last: dict[int, Any] = {}
         # series identity -> the `name{labels} ` start of each of its lines, this cycle's
         # and the last: see starts(). Public for the one hot loop that inlines the lookup.
         self.starts_last: dict[tuple[object, ...], tuple[str, ...]] = {}
@@ -104,20 +104,6 @@ class LabelCache:
     def keep_starts(self, key: tuple[object, ...], starts: tuple[str, ...]) -> tuple[str, ...]:
         self.starts_now[key] = starts
         return starts
-
-    def facts(self, obj: object, build: Callable[[object], T]) -> T:
-        """`build(obj)`, worked out once per object while the object is in use: the
-        resolver hands out the same Attribution object for a process cycle after cycle.
-        Keyed by identity; the cached entry holds `obj`, so its id stays its own.
-        (exporter.exposition.processes inlines this lookup on its hot path.)"""
-        key = id(obj)
-        hit = self.facts_now.get(key)
-        if hit is None or hit[0] is not obj:
-            hit = self.facts_last.get(key)
-            if hit is None or hit[0] is not obj:
-                hit = (obj, build(obj))
-            self.facts_now[key] = hit
-        return cast(T, hit[1])
 
     def block(self, key: tuple[object, ...], values: object) -> list[str] | None:
         """The lines rendered last cycle for `key`, when its values are unchanged."""

@@ -38,20 +38,24 @@ _isfinite = math.isfinite
 # value is formatted as before.
 _RATIO_TEXT = {k / 100.0: num(k / 100.0) for k in range(100)}
 
-# (identity label values, attributed, allocation key, allocation source, owner or None)
-_Facts = tuple[tuple[str, ...], bool, tuple[str, ...], str, Owner | None]
+# What one Attribution contributes to the process families, worked out once per
+# Attribution object: (the attribution, identity label values, attributed?, allocation
+# key, owner or None, [allocation source, filled when an allocation line first needs it]).
+# A tuple, not an object: building it is on the path of every process the first time.
+_Facts = tuple[Attribution, tuple[str, ...], bool, tuple[str, ...], "Owner | None",
+               list[str | None]]
 
 
-def _facts_of(obj: object) -> _Facts:
-    a: Attribution = obj  # type: ignore[assignment]
+def _facts_of(a: Attribution) -> _Facts:
     owner = (a.user, a.project, a.job, a.slurm_job_id)
-    return ((a.user, a.project, a.job, a.k8s_namespace, a.k8s_pod, a.k8s_container,
+    return (a,
+            (a.user, a.project, a.job, a.k8s_namespace, a.k8s_pod, a.k8s_container,
              a.slurm_job_id),
             a.attributed,
             (a.job, a.user, a.project, a.k8s_namespace, a.k8s_pod, a.k8s_container,
              a.slurm_job_id),
-            allocation_source(a),
-            owner if any(owner) else None)
+            owner if any(owner) else None,
+            [None])
 
 
 def allocation_source(a: Attribution) -> str:
@@ -68,10 +72,6 @@ def allocation_source(a: Attribution) -> str:
     return "unknown"
 
 
-def _finite(v: float | None) -> float | None:
-    return v if v is not None and _isfinite(v) else None
-
-
 def _plus(total: float | None, value: float | None) -> float | None:
     if value is None or not _isfinite(value):
         return total
@@ -84,11 +84,18 @@ class _Agg:
     __slots__ = ("count", "dec", "enc", "mem", "memu", "sm")
 
     def __init__(self, p: ProcessSample) -> None:
-        self.mem: float | None = _finite(p.used_memory_bytes)
-        self.sm = _finite(p.sm_util_ratio)
-        self.memu = _finite(p.memory_util_ratio)
-        self.enc = _finite(p.encoder_util_ratio)
-        self.dec = _finite(p.decoder_util_ratio)
+        # NaN/Inf mean "not measured" (written out: one per identity per cycle)
+        isfinite = _isfinite
+        v: float | None = p.used_memory_bytes
+        self.mem = v if v is not None and isfinite(v) else None
+        v = p.sm_util_ratio
+        self.sm = v if v is not None and isfinite(v) else None
+        v = p.memory_util_ratio
+        self.memu = v if v is not None and isfinite(v) else None
+        v = p.encoder_util_ratio
+        self.enc = v if v is not None and isfinite(v) else None
+        v = p.decoder_util_ratio
+        self.dec = v if v is not None and isfinite(v) else None
         self.count = 1
 
     def add(self, p: ProcessSample) -> None:
@@ -153,14 +160,15 @@ class ProcessFamilies:
         for ap in procs:
             p = ap.process
             a = ap.attribution
-            # LabelCache.facts(a, _facts_of), inlined: this runs for every process
-            hit = facts_now.get(id(a))
-            if hit is None or hit[0] is not a:
-                hit = facts_last.get(id(a))
-                if hit is None or hit[0] is not a:
-                    hit = (a, _facts_of(a))
-                facts_now[id(a)] = hit
-            ident, owned, alloc_key, source, owner = hit[1]
+            # LabelCache.facts, inlined: this runs for every process
+            ia = id(a)
+            f = facts_now.get(ia)
+            if f is None or f[0] is not a:
+                f = facts_last.get(ia)
+                if f is None or f[0] is not a:
+                    f = _facts_of(a)
+                facts_now[ia] = f
+            _, ident, owned, alloc_key, owner, source_box = f
             key = (*ident, p.name, str(p.pid)) if pid_label else (*ident, p.name)
             row = groups.get(key)
             if row is None:
@@ -182,7 +190,10 @@ class ProcessFamilies:
                         explained_util += u
                 if alloc_key not in alloc_seen:
                     alloc_seen.add(alloc_key)
-                    # LabelCache.find / put, inlined: one allocation per job and GPU
+                    source = source_box[0]
+                    if source is None:
+                        source = source_box[0] = allocation_source(a)
+                    # LabelCache texts, inlined: one allocation per job and GPU
                     series = ("alloc", prefix, alloc_key, source)
                     line = texts_last.get(series) or texts_now.get(series)
                     if line is None:
