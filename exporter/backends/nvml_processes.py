@@ -41,9 +41,10 @@ def read_process_list(nvml: Any, call: VersionedCall, handle: Any) -> list[Any] 
         raise
 
 
-# (driver timestamp in us, sm, memory, encoder, decoder ratios): a pid's newest sample.
-# Plain tuples, not objects: 512 processes per cycle on a big node (issue 27).
-UtilSample = tuple[int, float, float, float, float]
+# (pid, driver timestamp in us, sm, memory, encoder, decoder percent): a pid's newest
+# sample as the driver gave it (the unpacked struct itself: no copy, no object), made a
+# ratio when its ProcessSample is built. 512 processes per cycle on a big node (issue 27).
+UtilSample = tuple[int, ...]
 
 
 def build_processes(lists: Iterable[tuple[ProcessType, list[Any]]],
@@ -102,8 +103,8 @@ def build_processes(lists: Iterable[tuple[ProcessType, list[Any]]],
                 append(ProcessSample(pid, name, None, kind, mem, None, None, None, None,
                                      gi, ci))
             else:
-                append(ProcessSample(pid, name, None, kind, mem, u[1], u[2], u[3], u[4],
-                                     gi, ci))
+                append(ProcessSample(pid, name, None, kind, mem, u[2] / 100.0, u[3] / 100.0,
+                                     u[4] / 100.0, u[5] / 100.0, gi, ci))
     return out, names
 
 
@@ -149,8 +150,8 @@ def _unpacker(cls: type) -> Callable[[Any], tuple[int, ...]] | None:
 
 
 def newest_util_samples(samples: Iterable[Any]) -> tuple[dict[int, UtilSample], int | None]:
-    """The newest sample per pid (the driver buffers several per period), and the
-    newest driver timestamp of all (None without samples)."""
+    """The newest sample per pid (the driver buffers several per period; see
+    UtilSample), and the newest driver timestamp of all (None without samples)."""
     out: dict[int, UtilSample] = {}
     newest: int | None = None
     unpack: Callable[[Any], tuple[int, ...]] | None = None
@@ -163,15 +164,15 @@ def newest_util_samples(samples: Iterable[Any]) -> tuple[dict[int, UtilSample], 
             kind = type(s)
             unpack = _unpacker(kind)
         if unpack is not None:
-            pid, ts, sm, mem, enc, dec = unpack(s)
+            u = unpack(s)
         else:
-            pid, ts = int(get(s, "pid")), int(get(s, "timeStamp"))
-            sm, mem = get(s, "smUtil"), get(s, "memUtil")
-            enc, dec = get(s, "encUtil"), get(s, "decUtil")
+            u = (int(get(s, "pid")), int(get(s, "timeStamp")), get(s, "smUtil"),
+                 get(s, "memUtil"), get(s, "encUtil"), get(s, "decUtil"))
+        pid, ts = u[0], u[1]
         prev = out.get(pid)
-        if prev is not None and prev[0] >= ts:
+        if prev is not None and prev[1] >= ts:
             continue
-        out[pid] = (ts, sm / 100.0, mem / 100.0, enc / 100.0, dec / 100.0)
+        out[pid] = u
         if newest is None or ts > newest:
             newest = ts
     return out, newest

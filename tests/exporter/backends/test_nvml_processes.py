@@ -28,7 +28,7 @@ ROWS = [  # pid, timestamp, sm, mem, enc, dec
     (10, 2_000, 10, 10, 0, 0),  # older than the kept one: ignored
     (11, 2_500, 7, 3, 4, 5),
 ]
-EXPECTED = {10: (3_000, 0.9, 0.3, 0.01, 0.02), 11: (2_500, 0.07, 0.03, 0.04, 0.05)}
+EXPECTED = {10: (10, 3_000, 90, 30, 1, 2), 11: (11, 2_500, 7, 3, 4, 5)}
 
 
 def _structs(cls: Any) -> list[Any]:
@@ -82,7 +82,7 @@ def test_binding_process_objects_and_raw_structs_build_the_same_samples() -> Non
     raw[1].gpuInstanceId, raw[1].computeInstanceId = 1, 0
     friendly = [pynvml.nvmlStructToFriendlyObject(raw[0]),
                 pynvml.nvmlStructToFriendlyObject(raw[1])]
-    util = {10: (5, 0.5, 0.25, 0.0, 0.0)}
+    util = {10: (10, 5, 50, 25, 0, 0)}
     a, names_a = build_processes([("compute", friendly)], util, {}, _name)
     b, names_b = build_processes([("compute", list(raw))], util, {}, _name)
     assert a == b and names_a == names_b == {10: "job10", 11: "job11"}
