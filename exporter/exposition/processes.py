@@ -39,11 +39,12 @@ _isfinite = math.isfinite
 _RATIO_TEXT = {k / 100.0: num(k / 100.0) for k in range(100)}
 
 # What one Attribution contributes to the process families, worked out once per
-# Attribution object: (the attribution, identity label values, attributed?, allocation
-# key, owner or None, [allocation source, filled when an allocation line first needs it]).
-# A tuple, not an object: building it is on the path of every process the first time.
-_Facts = tuple[Attribution, tuple[str, ...], bool, tuple[str, ...], "Owner | None",
-               list[str | None]]
+# Attribution object: (the attribution, identity label values, attributed?, owner or
+# None, [allocation source, filled when an allocation line first needs it]). A tuple,
+# not an object: building it is on the path of every process the first time. The
+# allocation labels are the identity's values in another order, so the identity also
+# names the allocation (one line per distinct identity and GPU).
+_Facts = tuple[Attribution, tuple[str, ...], bool, "Owner | None", list[str | None]]
 
 
 def _facts_of(a: Attribution) -> _Facts:
@@ -52,8 +53,6 @@ def _facts_of(a: Attribution) -> _Facts:
             (a.user, a.project, a.job, a.k8s_namespace, a.k8s_pod, a.k8s_container,
              a.slurm_job_id),
             a.attributed,
-            (a.job, a.user, a.project, a.k8s_namespace, a.k8s_pod, a.k8s_container,
-             a.slurm_job_id),
             owner if any(owner) else None,
             [None])
 
@@ -155,7 +154,7 @@ class ProcessFamilies:
         explained_util = 0.0
         attributed = False
         with_util = False
-        alloc_seen: set[tuple[str, ...]] = set()
+        alloc_seen: set[tuple[str, ...]] = set()  # identities with an allocation line
         owners: set[Owner] = set()
         for ap in procs:
             p = ap.process
@@ -168,7 +167,7 @@ class ProcessFamilies:
                 if f is None or f[0] is not a:
                     f = _facts_of(a)
                 facts_now[ia] = f
-            _, ident, owned, alloc_key, owner, source_box = f
+            _, ident, owned, owner, source_box = f
             key = (*ident, p.name, str(p.pid)) if pid_label else (*ident, p.name)
             row = groups.get(key)
             if row is None:
@@ -188,16 +187,16 @@ class ProcessFamilies:
                     with_util = True
                     if isfinite(u):
                         explained_util += u
-                if alloc_key not in alloc_seen:
-                    alloc_seen.add(alloc_key)
+                if ident not in alloc_seen:
+                    alloc_seen.add(ident)
                     source = source_box[0]
                     if source is None:
                         source = source_box[0] = allocation_source(a)
                     # LabelCache texts, inlined: one allocation per job and GPU
-                    series = ("alloc", prefix, alloc_key, source)
+                    series = ("alloc", prefix, ident, source)
                     line = texts_last.get(series) or texts_now.get(series)
                     if line is None:
-                        line = self._allocation_line(prefix, alloc_key, source)
+                        line = self._allocation_line(prefix, ident, source)
                     texts_now[series] = line
                     alloc(line)
             if owner is not None:
@@ -215,8 +214,10 @@ class ProcessFamilies:
         if util is not None and not (attributed and not with_util):
             self.unattributed_util.add(prefix, _floor0(util, explained_util))
 
-    def _allocation_line(self, prefix: str, key: tuple[str, ...], source: str) -> str:
-        labels = join_labels(prefix, ALLOC_LABELS, (*key, source))
+    def _allocation_line(self, prefix: str, ident: tuple[str, ...], source: str) -> str:
+        user, project, job, namespace, pod, container, slurm_job = ident
+        labels = join_labels(prefix, ALLOC_LABELS, (job, user, project, namespace, pod,
+                                                    container, slurm_job, source))
         return f"{self.allocation.name}{{{labels}}} 1\n"
 
     def _rows(self, g: GpuSample, groups: dict[tuple[str, ...], ProcessSample | _Agg],
