@@ -124,8 +124,13 @@ class ProcessFamilies:
     """Collects the process-derived families of one render, GPU by GPU (`gpu()`, in
     the order the GPUs are rendered)."""
 
-    def __init__(self, cache: LabelCache, *, pid_label: bool, max_series_per_gpu: int) -> None:
+    def __init__(self, cache: LabelCache, *, pid_label: bool, max_series_per_gpu: int,
+                 remember: bool = True) -> None:
+        """`remember`: keep what each Attribution contributes in `cache` for the next
+        render; False for a one-off render (a cache nobody keeps), where holding it
+        until the render ends would only feed the garbage collector."""
         self.cache = cache
+        self.remember = remember
         self.pid_label = pid_label
         self.cap = max(0, max_series_per_gpu)
         self.names = (*PROC_LABELS, "pid") if pid_label else PROC_LABELS
@@ -148,6 +153,7 @@ class ProcessFamilies:
         texts_now, texts_last = self.cache.texts_now, self.cache.texts_last
         alloc = self.allocation.lines.append
         pid_label = self.pid_label
+        remember = self.remember
         isfinite = _isfinite
         groups: dict[tuple[str, ...], ProcessSample | _Agg] = {}
         explained_mem = 0.0
@@ -166,7 +172,8 @@ class ProcessFamilies:
                 f = facts_last.get(ia)
                 if f is None or f[0] is not a:
                     f = _facts_of(a)
-                facts_now[ia] = f
+                if remember:
+                    facts_now[ia] = f
             _, ident, owned, owner, source_box = f
             key = (*ident, p.name, str(p.pid)) if pid_label else (*ident, p.name)
             row = groups.get(key)

@@ -149,7 +149,8 @@ def render_snapshot(snap: Snapshot, opts: RenderOptions, *,
     gpu_fams = [up, info, supported, xid_total, xid_last, mig_info, mig_total, mig_used]
 
     by_process = ProcessFamilies(cache, pid_label=opts.pid_label,
-                                 max_series_per_gpu=opts.max_process_series_per_gpu)
+                                 max_series_per_gpu=opts.max_process_series_per_gpu,
+                                 remember=labels is not None)
     for g in up_gpus:
         by_process.gpu(g, snap.processes.get(g.info.uuid, ()), prefixes[g.info.uuid])
     owner = _render_owners(snap, prefixes, by_process.owners)
