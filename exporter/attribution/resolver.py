@@ -78,10 +78,19 @@ class _ProcEntry:
     stat_path: str = ""
     # Identity of the stat file when `start` was read from it; None: read it again.
     stat_key: _StatKey | None = None
-    memo: dict[tuple[object, ...], Attribution] = field(default_factory=dict)
+    memo: dict[_MemoKey, Attribution] = field(default_factory=dict)
 
 
 _Generation = tuple[int, ...]
+
+
+class _MemoKey:
+    """Names one (GPU uuids, source generation) pair; compared by identity."""
+
+    __slots__ = ()
+
+
+_UNSEEN = _ProcEntry(None, None, {}, {})  # `seen` has no entry for the pid yet
 
 
 class Resolver:
@@ -115,6 +124,8 @@ class Resolver:
             config.environ_keys, config.environ_fields, config.environ_value_max_length
         )
         self._cache: dict[int, _ProcEntry] = {}
+        self._keys: dict[tuple[str, ...], _MemoKey] = {}
+        self._keys_generation: _Generation | None = None
         self._counters: Counter[str] = Counter()
         self._logged: set[str] = set()
         if not os.path.isdir(self._root):
@@ -135,14 +146,16 @@ class Resolver:
         out: dict[str, tuple[AttributedProcess, ...]] = {}
         cache = self._cache
         stat = os.stat
+        memo_key = self._memo_key
         hits = 0
         try:
             for gpu in gpus:
                 uuid = gpu.info.uuid
                 mig = {m.gpu_instance_id: m.uuid for m in gpu.mig} if gpu.mig else None
                 plain: tuple[str, ...] = (uuid,)
-                plain_key = (plain, generation)
-                results = []
+                plain_key = memo_key(plain, generation)
+                results: list[AttributedProcess] = []
+                append = results.append
                 for proc in gpu.processes:
                     pid = proc.pid
                     uuids, key = plain, plain_key
@@ -150,11 +163,10 @@ class Resolver:
                     if mig and gi is not None and gi in mig:
                         # A MIG instance may be allocated on its own: ask about it first.
                         uuids = (mig[gi], uuid)
-                        key = (uuids, generation)
+                        key = memo_key(uuids, generation)
                     try:
-                        if pid in seen:
-                            entry = seen[pid]
-                        else:
+                        entry = seen.get(pid, _UNSEEN)
+                        if entry is _UNSEEN:
                             # Hot path: a cached pid whose stat file is unchanged.
                             entry = cache.get(pid)
                             if entry is not None and entry.stat_key is not None:
@@ -173,7 +185,7 @@ class Resolver:
                             seen[pid] = entry
                         attribution = entry.memo.get(key) if entry is not None else None
                         if attribution is None:
-                            attribution = self._resolve(proc, entry, uuids, generation)
+                            attribution = self._resolve(proc, entry, uuids, generation, key)
                     except Exception as exc:  # noqa: BLE001 - one process must not cost the cycle
                         self._count_and_log_once(
                             "attribution_errors",
@@ -182,14 +194,27 @@ class Resolver:
                             type(exc).__name__,
                         )
                         attribution = Attribution()
-                    results.append(AttributedProcess(uuid, proc, attribution))
+                    append(AttributedProcess(uuid, proc, attribution))
                 out[uuid] = tuple(results)
         finally:
             self._counters["cache_hits"] += hits
-        for pid in [p for p in cache if p not in seen]:
+        for pid in cache.keys() - seen.keys():  # one C-level pass over both
             del cache[pid]
             self._counters["evictions"] += 1
         return out
+
+    def _memo_key(self, uuids: tuple[str, ...], generation: _Generation) -> _MemoKey:
+        """The one key object for (GPU uuids, source generation): memoised answers are
+        looked up by its identity hash, once per process per cycle, rather than by
+        hashing the nested tuple each time (issue 27). Interned while the generation
+        lasts; a new generation starts a new table (old answers no longer match)."""
+        if generation != self._keys_generation:
+            self._keys_generation = generation
+            self._keys = {}
+        key = self._keys.get(uuids)
+        if key is None:
+            key = self._keys[uuids] = _MemoKey()
+        return key
 
     def stats(self) -> Mapping[str, int]:
         """Cumulative counters since start (cache_hits, cache_misses, proc_vanished, ...)."""
@@ -348,8 +373,8 @@ class Resolver:
         entry: _ProcEntry | None,
         uuids: tuple[str, ...],
         generation: _Generation,
+        key: _MemoKey,
     ) -> Attribution:
-        key = (uuids, generation)
         if entry is not None:
             memo = entry.memo.get(key)
             if memo is not None:

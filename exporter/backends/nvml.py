@@ -31,8 +31,8 @@ from exporter.backends.nvml_events import XidEvents, XidState
 from exporter.backends.nvml_fields import READERS, DeviceCtx, Values
 from exporter.backends.nvml_identity import MigSlot, enumerate_mig, read_identity, read_mig
 from exporter.backends.nvml_processes import (
+    UtilSample,
     build_processes,
-    merge_process_lists,
     newest_util_samples,
     read_process_list,
     read_process_utilization,
@@ -258,7 +258,9 @@ class NvmlBackend:
                 gaps.update(reader.keys)
                 continue
             target.update(got)
-            gaps.update(k for k in reader.keys if k not in got)
+            for key in reader.keys:  # a loop, not a generator: ~14 readers x 8 GPUs a cycle
+                if key not in got:
+                    gaps.add(key)
         mig = self._mig(dev, info, run_slow)
         processes = self._processes(dev, now)
         # Commit slow-tier state only once the whole device read has succeeded.
@@ -297,18 +299,18 @@ class NvmlBackend:
         lists: list[tuple[ProcessType, list[Any]]] = []
         for kind in PROCESS_KINDS:
             got = read_process_list(nvml, self._process_calls[kind], dev.handle)
-            if got is not None:
+            if got:
                 lists.append((kind, got))
-        entries = merge_process_lists(lists)
-        names: dict[int, str] = {}
-        for pid, *_ in entries:
-            cached = dev.names.get(pid)
-            if cached is None:
-                cached = self._process_name(pid)
-            names[pid] = cached
-        dev.names = names  # drop pids that left, so a reused pid is asked again
-        if not entries or not dev.util_supported:
-            return build_processes(entries, names, {})
+        newest: dict[int, UtilSample] = {}
+        if lists and dev.util_supported:
+            newest = self._utilization(dev, now)
+        processes, dev.names = build_processes(lists, newest, dev.names, self._process_name)
+        return processes
+
+    def _utilization(self, dev: _Device, now: float) -> dict[int, UtilSample]:
+        """Each pid's newest utilisation sample since the last cycle's; {} when none,
+        or when the device does not offer per-process utilisation (then never again)."""
+        nvml = self._nvml
         last_seen = dev.util_last_seen_us
         if last_seen is None:
             since = self._prev_now if self._prev_now is not None else (
@@ -322,11 +324,11 @@ class NvmlBackend:
             dev.util_supported = False
             log.info("GPU %d (%s): nvmlDeviceGetProcessUtilization not available (%s); "
                      "per-process utilisation omitted", dev.index, dev.uuid, error_name(err))
-            return build_processes(entries, names, {})
-        newest = newest_util_samples(samples)
-        if newest:
-            dev.util_last_seen_us = max(u[0] for u in newest.values())
-        return build_processes(entries, names, newest)
+            return {}
+        newest, newest_ts = newest_util_samples(samples)
+        if newest_ts is not None:
+            dev.util_last_seen_us = newest_ts
+        return newest
 
     def _process_name(self, pid: int) -> str:
         nvml = self._nvml

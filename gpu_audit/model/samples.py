@@ -4,6 +4,9 @@ Everything above the backends (rendering, attribution, audit records) consumes t
 immutable values and nothing else. A value is present only when the device supports the
 field and the read succeeded: an absent key means "not measured", never 0 or NaN.
 
+ProcessSample is the one class here that is not frozen (see its docstring); treat it as
+immutable all the same.
+
 This module must never import a vendor library or touch the filesystem.
 """
 
@@ -73,12 +76,17 @@ class ProcessIdentity:
     cgroup: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessSample:
     """One process on one GPU, as measured this cycle.
 
     Utilisation ratios come from NVML's process-utilisation samples taken since the
     previous cycle; they are None when the driver had no sample for the process.
+
+    Read-only by convention, not frozen: a backend builds one per process per cycle
+    (512 at 8 GPUs x 64 processes) and a frozen dataclass sets each of its 12 fields
+    through object.__setattr__, ~6x the cost of a plain slotted one (issue 27). Nothing
+    hashes it or keeps it as a key; nothing may assign to it after the backend built it.
     """
 
     pid: int
