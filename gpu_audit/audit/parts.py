@@ -121,22 +121,24 @@ DECODER_UTILIZATION = "decoder_utilization_ratio"
 
 
 def process_values(p: ProcessSample) -> dict[str, Any]:
-    # Written out field by field: this runs once per process per cycle.
+    """A process's measured values, NaN/Inf left out as "not measured". The keys are
+    inserted in sorted order, so the encoded records dump it without sorting (written
+    out field by field: this runs once per process per cycle)."""
     out: dict[str, Any] = {}
+    v = p.decoder_util_ratio
+    if v is not None and isfinite(v):
+        out[DECODER_UTILIZATION] = v
+    v = p.encoder_util_ratio
+    if v is not None and isfinite(v):
+        out[ENCODER_UTILIZATION] = v
+    v = p.memory_util_ratio
+    if v is not None and isfinite(v):
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
     if p.used_memory_bytes is not None:
         out[MEMORY_USED] = p.used_memory_bytes
     v = p.sm_util_ratio
     if v is not None and isfinite(v):
         out[UTILIZATION] = v
-    v = p.memory_util_ratio
-    if v is not None and isfinite(v):
-        out[MEMORY_CONTROLLER_UTILIZATION] = v
-    v = p.encoder_util_ratio
-    if v is not None and isfinite(v):
-        out[ENCODER_UTILIZATION] = v
-    v = p.decoder_util_ratio
-    if v is not None and isfinite(v):
-        out[DECODER_UTILIZATION] = v
     return out
 
 

@@ -20,9 +20,6 @@ import orjson
 from gpu_audit.audit.accounting import energy_units, energy_weights, joules, split_units
 from gpu_audit.audit.canonical import Encoded, id_from_tail
 from gpu_audit.audit.parts import (
-    DECODER_UTILIZATION,
-    ENCODER_UTILIZATION,
-    MEMORY_CONTROLLER_UTILIZATION,
     MEMORY_USED,
     UTILIZATION,
     Cycle,
@@ -218,24 +215,9 @@ def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
         if is_owned and shares:
             energy_m, energy = _ENERGY, dumps(joules(next(owned_share)))
         head = b"".join((owner_head, busy_m, busy, elapsed_m, energy_m, energy, gpu_m))
-        # process_values(p), written out with the keys in sorted order
-        v: dict[str, Any] = {}
-        y = p.decoder_util_ratio
-        if y is not None and isfinite(y):
-            v[DECODER_UTILIZATION] = y
-        y = p.encoder_util_ratio
-        if y is not None and isfinite(y):
-            v[ENCODER_UTILIZATION] = y
-        y = p.memory_util_ratio
-        if y is not None and isfinite(y):
-            v[MEMORY_CONTROLLER_UTILIZATION] = y
-        if p.used_memory_bytes is not None:
-            v[MEMORY_USED] = p.used_memory_bytes
-        if x is not None:
-            v[UTILIZATION] = x
         # right-sized (orjson's result keeps its ~4 KB output buffer, and a cycle's
         # records all live until they are sealed: ~2 MB of peak heap at 8 x 64)
-        values = bytes(memoryview(dumps(v)))
+        values = bytes(memoryview(dumps(process_values(p))))
         out.append((head, pre, h.hexdigest().encode(), pre_end, mid, end, values, time_ns))
     return out
 

@@ -40,7 +40,7 @@ from gpu_audit.spool.config import SpoolConfig
 from gpu_audit_app.cli import main
 from tests.core.audit import golden_input as gi
 from tests.core.audit.fakes import MemorySpool
-from tests.core.audit.trails import exporter_chain
+from tests.core.audit.trails import exporter_chain, reference_chain
 
 KEYS: dict[str, bytes | None] = {"plain": None, "hmac": gi.golden_key()}
 _V2 = Draft202012Validator(record_schema(2))
@@ -141,12 +141,7 @@ def _plain_trail(key: bytes | None, snaps: list[Snapshot] | None = None,
                                   stream="exporter", exporter_version=gi.VERSION,
                                   simulated=False,
                                   interval_seconds=snaps[-1].interval_seconds if snaps else 0))
-    out, h = [], ZERO_HASH
-    for seq, rec in enumerate(records, 1):
-        stored = seal_reference(rec, seq, h, key)
-        out.append(stored)
-        h = orjson.loads(stored)["hash"]
-    return out
+    return reference_chain(records, key)
 
 
 @pytest.mark.parametrize("mode", list(KEYS))

@@ -16,12 +16,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import orjson
 import pytest
 
 from gpu_audit.audit import AuditConfig, AuditProducer
 from gpu_audit.audit.builder import build_records, exporter_event
-from gpu_audit.audit.canonical import ZERO_HASH, seal_reference
 from gpu_audit.model.attribution import UNKNOWN, AttributedProcess, Attribution
 from gpu_audit.model.samples import (
     BackendInfo,
@@ -36,6 +34,7 @@ from gpu_audit.model.snapshot import Snapshot
 from gpu_audit.spool import SpoolWriter
 from gpu_audit.spool.config import SpoolConfig
 from tests.core.audit.fakes import MemorySpool
+from tests.core.audit.trails import reference_chain
 
 HOST = "node-8x64"
 VERSION = "pin-1"
@@ -178,12 +177,7 @@ def _reference(key: bytes | None) -> list[bytes]:
     records.append(exporter_event("exporter_stop", timestamp=T0 + 700.0, host=HOST,
                                   stream="exporter", exporter_version=VERSION,
                                   simulated=False, interval_seconds=5.0))
-    out, h = [], ZERO_HASH
-    for seq, rec in enumerate(records, 1):
-        stored = seal_reference(rec, seq, h, key)
-        out.append(stored)
-        h = orjson.loads(stored)["hash"]
-    return out
+    return reference_chain(records, key)
 
 
 def _digest(chunks: list[bytes]) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from gpu_audit.audit.canonical import ZERO_HASH, seal_reference
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
 from tests.core.audit.factory import HOST, T0, advance, realistic
@@ -33,6 +36,17 @@ def producer_trail(key: bytes | None = None, tmp: Path | None = None,
         s = advance(s)
     p.stop()
     return list(spool.payloads)
+
+
+def reference_chain(records: list[dict[str, Any]], key: bytes | None) -> Trail:
+    """The stored bytes of `records` chained from seq 1 by seal_reference(): the plain
+    path the producer's fast one is held to."""
+    out, h = [], ZERO_HASH
+    for seq, rec in enumerate(records, 1):
+        stored = seal_reference(rec, seq, h, key)
+        out.append(stored)
+        h = orjson.loads(stored)["hash"]
+    return out
 
 
 def exporter_chain(report: Any) -> Any:
