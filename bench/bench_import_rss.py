@@ -6,8 +6,10 @@
    models, the audit producer, the exporter, the NVML binding).
 2. Validation libraries on the same synthetic configuration (35 frozen models of 12
    fields with unknown keys refused, each validated once, the size of gpu-audit's
-   configuration): pydantic against msgspec, each in a fresh interpreter; msgspec is
-   installed into its own venv (.bench-cache/msgspec-venv), never into the project.
+   configuration): pydantic against msgspec, each in a fresh interpreter, RSS and how
+   many of an input's three problems each names in one validation (gpu-audit reports
+   every problem of a configuration at once); msgspec is installed into its own venv
+   (.bench-cache/msgspec-venv), never into the project.
 
     .venv/bin/python bench/bench_import_rss.py [--venv .bench-cache/gpu-audit-venv-branch]
         [--json bench/results/import_rss.json]
@@ -51,21 +53,38 @@ def rss():
     return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
 lib = sys.argv[1]
 r0 = rss()
+# BAD has three problems: two wrong types and an unknown key
+BAD = {"f0": "x", "f5": [1], "f_unknown": 1}
 if lib == "pydantic":
     import pydantic
     base = "pydantic.BaseModel, frozen=True, extra='forbid'"
     check = lambda c: c.model_validate({"f0": 1})
+    def named(c):
+        try:
+            c.model_validate(BAD)
+        except pydantic.ValidationError as exc:
+            return [e["msg"] for e in exc.errors()]
+        return []
 else:
     import msgspec
     base = "msgspec.Struct, frozen=True, forbid_unknown_fields=True"
     check = lambda c: msgspec.convert({"f0": 1}, c)
+    def named(c):
+        try:
+            msgspec.convert(BAD, c)
+        except msgspec.ValidationError as exc:
+            return [str(exc)]  # one exception, one message: the first problem met
+        return []
 r1 = rss()
+classes = []
 for i in range(35):
     ns = {}
     fields = "\\n".join(f"    f{j}: int = {j}" for j in range(12))
     exec(f"import {lib}\\nclass C{i}({base}):\\n{fields}\\n", ns)
-    check(ns[f"C{i}"])
-print(json.dumps({"import_kb": r1 - r0, "models_kb": rss() - r1}))
+    classes.append(ns[f"C{i}"])
+    check(classes[-1])
+models_kb = rss() - r1
+print(json.dumps({"import_kb": r1 - r0, "models_kb": models_kb, "named": named(classes[0])}))
 """
 
 
@@ -101,11 +120,13 @@ def main() -> None:
     pyd = run(py, VALIDATION_PROGRAM, "pydantic")
     msg = run(msgspec_python(), VALIDATION_PROGRAM, "msgspec")
     assert isinstance(pyd, dict) and isinstance(msg, dict)
-    print("\n| 35 frozen models x 12 fields | import, kB | models, kB | total, kB |")
-    print("|---|---|---|---|")
+    print("\n| 35 frozen models x 12 fields | import, kB | models, kB | total, kB "
+          "| problems named for an input with 3 |")
+    print("|---|---|---|---|---|")
     for lib, r in (("pydantic", pyd), ("msgspec", msg)):
         print(f"| {lib} | {r['import_kb']:,} | {r['models_kb']:,} | "
-              f"{r['import_kb'] + r['models_kb']:,} |")
+              f"{r['import_kb'] + r['models_kb']:,} | {len(r['named'])}: "
+              + "; ".join(r["named"]) + " |")
     if args.json:
         args.json.write_text(json.dumps({"steps": steps, "pydantic": pyd, "msgspec": msg},
                                         indent=2) + "\n")
