@@ -22,7 +22,11 @@ commit spool. CPU per stage from time.thread_time (no other thread runs), p50 ov
 of load on the (shared) machine weighs on both alike.
 
     .venv/bin/python bench/bench_floor.py [--shapes 1x8,8x8,8x64] [--cycles 60]
-        [--json bench/results/floor.json]
+        [--gc-threshold N|off] [--json bench/results/floor.json]
+
+--gc-threshold sets the collector's young-generation threshold (700 by default; "off"
+disables it) in the measured process, for both sides: what tuning the collector would
+buy the exporter, which keeps Python's default.
 """
 
 from __future__ import annotations
@@ -259,6 +263,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1x8,8x8,8x64")
     ap.add_argument("--cycles", type=int, default=60)
+    ap.add_argument("--gc-threshold", default="",
+                    help="young-generation threshold in the measured process, or off")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -273,7 +279,8 @@ def main() -> None:
                 import subprocess
 
                 out = subprocess.run([sys.executable, __file__, "--shapes", f"{g}x{p}",
-                                      "--cycles", str(args.cycles)], env=env, check=True,
+                                      "--cycles", str(args.cycles),
+                                      "--gc-threshold", args.gc_threshold], env=env, check=True,
                                      capture_output=True, text=True)
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         finally:
@@ -283,6 +290,10 @@ def main() -> None:
             args.json.write_text(json.dumps({"cycles": args.cycles, "results": results},
                                             indent=2) + "\n")
         return
+    if args.gc_threshold == "off":
+        gc.disable()
+    elif args.gc_threshold:
+        gc.set_threshold(int(args.gc_threshold), *gc.get_threshold()[1:])
     (g, p), = shapes
     print(json.dumps(run_shape(g, p, args.cycles)))
 
