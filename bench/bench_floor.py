@@ -19,7 +19,9 @@ producer (per-cycle trail, audit.interval_seconds = the sampling interval, so ev
 cycle writes records as the floor's does; the 60 s default is measured too), group-
 commit spool. CPU per stage from time.thread_time (no other thread runs), p50 over
 --cycles after 5 warm-up cycles; ours and the floor alternate cycle by cycle, so a change
-of load on the (shared) machine weighs on both alike.
+of load on the (shared) machine weighs on both alike. A last phase times sampling +
+attribution alone on both sides (no render or audit between cycles), which shows what
+the other stages' garbage and cache traffic add to it.
 
     .venv/bin/python bench/bench_floor.py [--shapes 1x8,8x8,8x64] [--cycles 60]
         [--gc-threshold N|off] [--json bench/results/floor.json]
@@ -41,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,11 @@ class _Recorder:
         return self.calls
 
 
+Cycles = Generator[tuple[float, float, float], None, None]  # CPU ms of each stage
+
+
 def ours(gpus: int, per_gpu: int, tmp: Path, audit_interval: float,
-         extra: dict[str, Any]) -> Iterator[tuple[float, float, float]]:
+         extra: dict[str, Any], *, sampling_only: bool = False) -> Cycles:
     """Our cycles, one per next(): CPU ms of (sampling + attribution, render, audit).
     Cycle 4 records what the floor needs into `extra`."""
     import pynvml
@@ -126,6 +131,9 @@ def ours(gpus: int, per_gpu: int, tmp: Path, audit_interval: float,
             t1 = time.thread_time()
             if recorder is not None:
                 extra["nvml_calls"] = recorder.restore()
+            if sampling_only:
+                yield (t1 - t0) * 1000, 0.0, 0.0
+                continue
             snap = Snapshot(timestamp=now, host="bench", backend=info, gpus=samples,
                             processes=procs, interval_seconds=5.0,
                             elapsed_seconds=5.0 if prev else 0.0, cycle=cycle)
@@ -151,7 +159,7 @@ def ours(gpus: int, per_gpu: int, tmp: Path, audit_interval: float,
 
 def floor(tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]],
           exposition: bytes, records: list[dict[str, Any]],
-          pids: list[int]) -> Iterator[tuple[float, float, float]]:
+          pids: list[int], sampling_only: bool = False) -> Cycles:
     """The floor loop's cycles, one per next(), timed as ours."""
     import orjson
 
@@ -185,6 +193,9 @@ def floor(tmp: Path, *, calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]]
                         name = f.read().split(b"\0", 1)[0].decode(errors="replace")
                     identity[pid] = (st.st_ctime, pwd.getpwuid(st.st_uid).pw_name, name)
             t1 = time.thread_time()
+            if sampling_only:
+                yield (t1 - t0) * 1000, 0.0, 0.0
+                continue
             bump = cycle % 7
             out = [f"{p}{v + bump if v > 1 else v}\n" for p, v in samples]
             body = ("".join(headers) + "".join(out)).encode()
@@ -241,6 +252,20 @@ def run_shape(gpus: int, per_gpu: int, cycles: int) -> dict[str, Any]:
             default_t[k].append(ms)
     d_written = default_extra["records_written"] - d_written0
     d.close()
+    # The first stage alone, both sides alternating as above, with no render or audit
+    # between cycles: what the other stages' garbage and cache traffic add to it.
+    o = ours(gpus, per_gpu, tmp, 5.0, {}, sampling_only=True)
+    f = floor(tmp, calls=extra["nvml_calls"], exposition=extra["exposition"],
+              records=extra["records"], pids=extra["pids"], sampling_only=True)
+    alone: dict[str, list[float]] = {"ours": [], "floor": []}
+    for _ in range(5):
+        next(o)
+        next(f)
+    for _ in range(cycles):
+        alone["ours"].append(next(o)[0])
+        alone["floor"].append(next(f)[0])
+    o.close()
+    f.close()
     n_records = len(extra["records"])
     out: dict[str, Any] = {"gpus": gpus, "procs_per_gpu": per_gpu,
                            "nvml_calls_per_cycle": len(extra["nvml_calls"]),
@@ -256,6 +281,10 @@ def run_shape(gpus: int, per_gpu: int, cycles: int) -> dict[str, Any]:
     out["ours_default60_audit_ms"] = statistics.median(default_t["audit"])
     out["ours_default60_audit_ms_mean"] = statistics.fmean(default_t["audit"])
     out["ours_default60_records_per_cycle"] = d_written / cycles
+    out["ours_sample_attr_alone_ms"] = statistics.median(alone["ours"])
+    out["floor_sample_attr_alone_ms"] = statistics.median(alone["floor"])
+    out["ratio_sample_attr_alone"] = (out["ours_sample_attr_alone_ms"]
+                                      / out["floor_sample_attr_alone_ms"])
     return out
 
 
@@ -311,6 +340,10 @@ def report(results: list[dict[str, Any]]) -> None:
               f"| {r['exposition_lines']} | {r['records_per_cycle']} | " + " | ".join(cells)
               + f" | {r['ours_records_per_cpu_s']:,.0f} / {r['floor_records_per_cpu_s']:,.0f}"
               f" | {r['ours_default60_audit_ms_mean']:.2f} |")
+    print("\nsampling + attribution alone (no render or audit between cycles), ours / floor")
+    for r in results:
+        print(f"{r['gpus']}x{r['procs_per_gpu']}: {r['ours_sample_attr_alone_ms']:.2f} / "
+              f"{r['floor_sample_attr_alone_ms']:.2f} ({r['ratio_sample_attr_alone']:.2f}x)")
 
 
 if __name__ == "__main__":
