@@ -40,6 +40,8 @@ from tests.slurm.jobenv import JobEnv, make_jobenv
 # the exporters' audit interval (schema-3 usage records): a record dated at an interval's
 # end holds the seconds before it
 TRAIL_INTERVAL_S = 5
+# the exporters' sampling interval
+SAMPLE_INTERVAL_S = 1
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +136,8 @@ def _start_node(cluster: SlurmCluster, node: str) -> NodeExporter:
     config = {
         "host": node,
         "exporter": {"listen": "127.0.0.1:0", "backend": "sim",
-                     "scenario": str(base / "scenario.yaml"), "interval_seconds": 1,
+                     "scenario": str(base / "scenario.yaml"),
+                     "interval_seconds": SAMPLE_INTERVAL_S,
                      "log_summary_interval_seconds": 0},
         "attribution": {"jobmap_dir": str(cluster.jobmap_dir(node))},
         # the interval trail (schema 3) as a site runs it, at a short interval so the
