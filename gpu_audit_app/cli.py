@@ -94,7 +94,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_exporter_args(p)
 
     p = sub.add_parser("audit", help="Audit trail tools.")
-    asub = p.add_subparsers(dest="audit_command", metavar="ACTION")
+    asub = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     v = asub.add_parser("verify", help="Check records for gaps, duplicates, reordering, edits.",
                         description="Verify the hash chain and sequence of audit records in a "
                         "spool directory, a JSON Lines file (.jsonl/.jsonl.gz) or an archive "
@@ -116,7 +116,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_config_args(v)
 
     p = sub.add_parser("spool", help="Spool tools (fsck and statistics).")
-    ssub = p.add_subparsers(dest="spool_command", metavar="ACTION")
+    ssub = p.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
     sv = ssub.add_parser("verify", help="Check every segment, frame and cursor (an fsck).")
     sv.add_argument("directory", type=Path)
     ss = ssub.add_parser("stats", help="Segments, bytes, offsets and per-sink lag.")
@@ -124,7 +124,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ss.add_argument("--json", action="store_true", help="Machine-readable output.")
 
     p = sub.add_parser("rules", help="Prometheus recording and alerting rules.")
-    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     rr = rsub.add_parser("render", help="Write the rule files of a params file.",
                          description="Render recording.yaml and alerts.yaml from a params "
                          "file (alerts/params/production.yaml, fast.yaml or a site's copy).")
@@ -145,7 +145,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_arguments(p)
 
     p = sub.add_parser("dashboards", help="Grafana and Kibana dashboards.")
-    dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION")
+    dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION", required=True)
     dp = dsub.add_parser("push", help="Upload the dashboards to Grafana and/or Kibana.",
                          description="Upload the Grafana dashboards into a folder (overwrite by "
                          "uid) and/or import the Kibana saved objects (overwrite by id). "
@@ -277,10 +277,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from gpu_audit_app.run import run
 
         return run(config, with_shipper=(cmd == "run"))
-    if cmd == "audit":
-        if args.audit_command != "verify":
-            parser.parse_args(["audit", "--help"])
-            return EXIT_USAGE
+    if cmd == "audit":  # its one action, verify (argparse requires it)
         _setup_logging("warning")
         from gpu_audit_app.audit_verify import verify_command
 
@@ -294,9 +291,6 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _setup_logging("warning")
         from gpu_audit.spool import render_stats, spool_dir_problem, spool_stats, verify_spool
 
-        if args.spool_command not in ("verify", "stats"):
-            parser.parse_args(["spool", "--help"])
-            return EXIT_USAGE
         problem = spool_dir_problem(args.directory)
         if problem is not None:
             print(f"gpu-audit spool {args.spool_command}: {problem}", file=sys.stderr)
@@ -320,17 +314,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from gpu_audit_app.slurm_main import command as slurm_command
 
         return slurm_command(args, parser)
-    if cmd == "rules":
-        if args.rules_command != "render":
-            parser.parse_args(["rules", "--help"])
-            return EXIT_USAGE
+    if cmd == "rules":  # its one action, render
         from alerts.cli import render_command
 
         return render_command(args)
-    if cmd == "dashboards":
-        if args.dashboards_command != "push":
-            parser.parse_args(["dashboards", "--help"])
-            return EXIT_USAGE
+    if cmd == "dashboards":  # its one action, push
         from dashboards.cli_args import push_command
 
         return push_command(args)

@@ -112,7 +112,7 @@ def serve_options() -> dict[str, str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    lsub = p.add_subparsers(dest="launcher_command", metavar="ACTION")
+    lsub = p.add_subparsers(dest="launcher_command", metavar="ACTION", required=True)
     s = lsub.add_parser("serve", help="Run the launcher daemon.",
                         description="Run the node-local job launcher: a fair priority queue "
                         "with checkpoint-first preemption, on a unix socket.")
@@ -155,9 +155,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd = args.launcher_command
-    if cmd is None:
-        parser.parse_args(["launcher", "--help"])
-        return EXIT_USAGE
     if cmd == "serve":
         return _serve(args)
     if cmd == "replay":

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="slurm_command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="slurm_command", metavar="COMMAND", required=True)
     e = sub.add_parser("epilog", help="Record a finished run and its GPU report (Epilog).",
                        description="Called by deploy/slurm/epilog.sh with Slurm's "
                        "SLURM_JOB_* environment: records the run's allocation and usage "
@@ -199,9 +199,6 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from gpu_audit_app.slurm_health import health
 
         return health(args)
-    if cmd == "idle":
-        from gpu_audit_app.slurm_idle import idle
+    from gpu_audit_app.slurm_idle import idle  # the last of the required actions
 
-        return idle(args)
-    parser.parse_args(["slurm", "--help"])
-    return EXIT_USAGE
+    return idle(args)
