@@ -269,6 +269,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = load_settings(getattr(args, "config", None), _overrides(args),
                                labels=_labels())
         _setup_logging(config.log_level)
+        if config.audit_interval_note and config.audit.enabled and cmd != "shipper":
+            log.info("%s", config.audit_interval_note)
         _refuse_wrong_spool_path(cmd, config)
         if cmd == "shipper":
             from shipper.standalone import run_shipper

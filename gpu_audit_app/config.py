@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from exporter.attribution.config import AttributionConfig
 from exporter.config import ExporterConfig
@@ -36,17 +36,46 @@ class Config(Section):
     spool: SpoolConfig = SpoolConfig()
     shipper: ShipperConfig = ShipperConfig()
 
+    _audit_interval_note: str | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _audit_interval(self) -> Config:
         # The audit interval adds up whole samples: a multiple of the sampling interval
         # (equal: the per-cycle trail). Checked here, where both sections are known.
-        audit, sample = self.audit.interval_seconds, self.exporter.interval_seconds
+        # Left unset, it follows the sampling interval, so that every valid sampling
+        # interval starts: only a contradiction the user wrote is an error.
+        sample = self.exporter.interval_seconds
+        if "interval_seconds" not in self.audit.model_fields_set:
+            derived = default_audit_interval(sample)
+            # Frozen model: the derived default replaces the section's before anyone
+            # reads it, the one place a setting is filled in from another.
+            object.__setattr__(self, "audit", self.audit.model_copy(
+                update={"interval_seconds": derived}))
+            self._audit_interval_note = (
+                f"audit.interval_seconds not set: {derived:g} s (60 s rounded to a "
+                f"multiple of exporter.interval_seconds {sample:g}, or that interval "
+                f"when longer)")
+            return self
+        audit = self.audit.interval_seconds
         ratio = audit / sample
         if ratio < 1 - 1e-9 or abs(ratio - round(ratio)) > 1e-6 * ratio:
             raise ValueError(
                 f"audit.interval_seconds {audit:g} must be a multiple of "
                 f"exporter.interval_seconds {sample:g} (equal to it: one record per sample)")
         return self
+
+    @property
+    def audit_interval_note(self) -> str | None:
+        """The one line to log when the audit interval was derived, else None."""
+        return self._audit_interval_note
+
+
+def default_audit_interval(sample_seconds: float) -> float:
+    """The audit interval when none is set: 60 s rounded to the nearest multiple of the
+    sampling interval (at least one sample), or the sampling interval when it is longer."""
+    if sample_seconds >= 60:
+        return sample_seconds
+    return round(max(1, round(60 / sample_seconds)) * sample_seconds, 9)
 
 
 def load_settings(

@@ -23,7 +23,9 @@ class AuditConfig(Section):
         le=3600,
         description="How much time one usage record accounts for: the samples of this "
         "interval are added up into one record per GPU and holder (schema 3). A multiple "
-        "of exporter.interval_seconds; equal to it writes the per-cycle trail (schema 2, "
+        "of exporter.interval_seconds; left unset, 60 s rounded to the nearest multiple of "
+        "it (the sampling interval itself when longer), said once in the log. Equal to it "
+        "writes the per-cycle trail (schema 2, "
         "one gpu/process/unattributed record per sample). Events (process start/end, XID, "
         "GPU lost/recovered, exporter start/stop) are written when they happen.",
     )

@@ -197,3 +197,58 @@ def test_the_audit_interval_is_a_multiple_of_the_sampling_interval(
         load_settings(None, opts, environ={})
     assert "audit.interval_seconds" in str(exc.value)
     assert "exporter.interval_seconds" in str(exc.value)
+
+
+@pytest.mark.parametrize(("sample", "audit"), [
+    (5, 60), (7, 63), (25, 50), (45, 45), (60, 60), (120, 120), (0.2, 60), (3600, 3600)])
+def test_an_unset_audit_interval_follows_the_sampling_interval(
+    sample: float, audit: float
+) -> None:
+    """With audit.interval_seconds left unset, any valid sampling interval starts: the audit
+    interval is 60 s rounded to a multiple of it, or the sampling interval when longer (a
+    default must never contradict a choice the user made), and the configuration says so
+    in one line for the log."""
+    from gpu_audit_app.config import load_settings
+
+    config = load_settings(None, {("exporter", "interval_seconds"): sample}, environ={})
+    assert config.audit.interval_seconds == pytest.approx(audit)
+    note = config.audit_interval_note
+    assert note is not None
+    assert f"{audit:g} s" in note
+    assert f"exporter.interval_seconds {sample:g}" in note
+
+
+def test_an_explicit_audit_interval_is_kept_and_not_noted() -> None:
+    """A value the user set is used as given, never replaced by the derived default."""
+    from gpu_audit_app.config import load_settings
+
+    opts = {("audit", "interval_seconds"): 120, ("exporter", "interval_seconds"): 7}
+    with pytest.raises(ConfigError):  # 120 is not a multiple of 7: the user's contradiction
+        load_settings(None, opts, environ={})
+    config = load_settings(None, {("audit", "interval_seconds"): 30}, environ={})
+    assert config.audit.interval_seconds == 30
+    assert config.audit_interval_note is None
+
+
+def test_run_with_an_interval_that_does_not_divide_60_starts(tmp_path: Path) -> None:
+    """`gpu-audit run --interval 7` starts (here on the simulator, named) and says once in
+    its log which audit interval it chose, instead of stopping with exit 2 on a setting
+    the user never made."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_audit_app", "run", "--backend", "sim", "--scenario",
+         "busy", "--interval", "7", "--listen", "127.0.0.1:0",
+         "--spool-dir", str(tmp_path / "spool")],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving http://" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    notes = [ln for ln in lines if "audit.interval_seconds not set: 63 s" in ln]
+    assert len(notes) == 1, "".join(lines)
+    assert any("serving http://" in ln for ln in lines), "".join(lines)
