@@ -89,7 +89,6 @@ def _usable(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
     from gpu_audit.spool.config import SpoolConfig
-    from shipper.config_check import check_engine, check_sink
 
     problems: list[Problem] = []
     sections = _usable(data)
@@ -127,23 +126,21 @@ def _machine_problems(data: dict[str, Any], layers: Layers) -> list[Problem]:
                                 layers)
     if not shipper.get("enabled", True):
         return problems
-    if "deadletter_dir" in shipper:
-        problems += [layers.locate(loc, msg)
-                     for loc, msg in check_engine(shipper["deadletter_dir"], spool)]
+    from shipper.config_check import check_shipper
+
     raw_sinks = data.get("shipper", {}).get("sinks") if isinstance(
         data.get("shipper"), dict) else None
     if "sinks" in shipper:
         sinks = list(enumerate(shipper["sinks"]))
-        if not sinks:
-            problems.append(layers.locate(("shipper", "sinks"),
-                                          "empty; records would pile up in the spool unsent"))
     else:
         from shipper.sinks.config import SinkConfig
 
         sinks = [(i, s) for i, raw in enumerate(raw_sinks if isinstance(raw_sinks, list) else [])
                  if (s := _valid(SinkConfig, raw)) is not _INVALID]
-    for i, sink in sinks:
-        problems += [layers.locate(loc, msg) for loc, msg in check_sink(i, sink, spool)]
+    findings = check_shipper(sinks, spool, sinks_listed="sinks" in shipper,
+                             deadletter_dir=shipper.get("deadletter_dir"),
+                             deadletter_valid="deadletter_dir" in shipper)
+    problems += [layers.locate(loc, msg) for loc, msg in findings]
     return problems
 
 

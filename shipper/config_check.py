@@ -12,6 +12,7 @@ or logs a secret's value: problems name the variable or the file only.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -110,12 +111,34 @@ def check_engine(deadletter_dir: Path | None, spool: SpoolConfig | None) -> list
     return [] if directory is None else _dir_problem(("shipper", "deadletter_dir"), directory)
 
 
-def check_shipper(config: ShipperConfig, spool: SpoolConfig) -> list[Finding]:
-    """Every problem the shipper would meet at start, as (key path, message)."""
+def check_shipper(
+    sinks: Sequence[tuple[int, SinkConfig]],
+    spool: SpoolConfig | None,
+    *,
+    deadletter_dir: Path | None = None,
+    deadletter_valid: bool = True,
+    sinks_listed: bool = True,
+) -> list[Finding]:
+    """Every problem the shipper would meet at start, as (key path, message): the one
+    path both `check-config` and its tests take.
+
+    `sinks`: each sink that validated, with its index in the file (check-config still
+    checks the valid sinks of a list whose other entries failed). `sinks_listed`: the
+    list itself validated, so an empty one is a problem. `deadletter_valid`: that setting
+    validated (else there is nothing of it to check on the machine)."""
     problems: list[Finding] = []
-    if config.enabled and not config.sinks:
+    if sinks_listed and not sinks:
         problems.append((_SINKS, "empty; records would pile up in the spool unsent"))
-    problems += check_engine(config.deadletter_dir, spool)
-    for i, sink in enumerate(config.sinks):
+    if deadletter_valid:
+        problems += check_engine(deadletter_dir, spool)
+    for i, sink in sinks:
         problems += check_sink(i, sink, spool)
     return problems
+
+
+def check_shipper_config(config: ShipperConfig, spool: SpoolConfig) -> list[Finding]:
+    """check_shipper for a section that validated whole."""
+    if not config.enabled:
+        return []
+    return check_shipper(list(enumerate(config.sinks)), spool,
+                         deadletter_dir=config.deadletter_dir)

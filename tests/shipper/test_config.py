@@ -11,7 +11,7 @@ from gpu_audit.errors import ConfigError
 from gpu_audit.spool.config import SpoolConfig
 from gpu_audit_app.config import load_config
 from shipper.config import ShipperConfig
-from shipper.config_check import check_shipper
+from shipper.config_check import check_shipper_config
 from shipper.sinks.archive.config import ArchiveSinkConfig
 
 
@@ -74,7 +74,7 @@ def test_check_names_missing_secrets_and_bad_urls_never_values(
         }
     )
     spool = SpoolConfig(directory=tmp_path / "spool")
-    findings = check_shipper(cfg, spool)
+    findings = check_shipper_config(cfg, spool)
     problems = [f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in findings]
     text = "\n".join(problems)
     assert "MISSING_PASSWORD is not set" in text
@@ -93,4 +93,5 @@ def test_check_names_missing_secrets_and_bad_urls_never_values(
 
 def test_check_passes_for_the_default(tmp_path: Path) -> None:
     """The default configuration has nothing to report on a writable machine."""
-    assert check_shipper(ShipperConfig(), SpoolConfig(directory=tmp_path / "spool")) == []
+    assert check_shipper_config(ShipperConfig(),
+                                SpoolConfig(directory=tmp_path / "spool")) == []
