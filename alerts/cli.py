@@ -1,10 +1,12 @@
-"""`gpu-audit rules render --params FILE --out DIR`: write the rule files of a params file."""
+"""`gpu-audit rules render --params FILE --out DIR`: write the rule files of a params file.
+
+The arguments and the command only; the app layer's parser owns the entry point (there is
+no `python -m alerts`: one command line, one place)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from alerts.params import load_params
@@ -29,8 +31,3 @@ def render_command(args: argparse.Namespace) -> int:
         print(path)
     return EXIT_OK
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alerts", description=__doc__)
-    add_render_args(parser)
-    return render_command(parser.parse_args(argv))

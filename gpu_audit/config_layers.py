@@ -4,10 +4,10 @@
 All layers are merged as plain data first and validated once, so a bad value from any
 layer is reported with every other problem, each blamed on where it came from: the
 file and line, the environment variable, or the command-line option. Every command that
-reads the configuration (`gpu-audit run/exporter/shipper/check-config`, `python -m
-gpu_audit_app.shipper_main`) goes through `load_layered` with the root model the app
-layer assembles (gpu_audit_app.config), so they all see the same values. This module
-knows no section: it merges and locates, the model validates.
+reads the configuration (`gpu-audit run/exporter/shipper/check-config`) goes through
+`load_layered` with the root model the app layer assembles (gpu_audit_app.config), so
+they all see the same values. This module knows no section: it merges and locates, the
+model validates.
 """
 
 from __future__ import annotations

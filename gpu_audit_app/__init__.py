@@ -4,6 +4,6 @@ It assembles the root configuration from each component's section (`config.py`),
 the `gpu-audit` command line (`cli.py`, `python -m gpu_audit_app`), checks the whole
 configuration (`check_config.py`), wires the exporter and the shipper into one process
 for `gpu-audit run` (`run.py`), and runs each component alone (`gpu-audit exporter`,
-`gpu-audit shipper`, `python -m gpu_audit_app.shipper_main`). Components never import
+`gpu-audit shipper`). Components never import
 it; import-linter's contracts in pyproject.toml enforce that (docs/ARCHITECTURE.md).
 """

@@ -300,8 +300,3 @@ def read_last_record_file(directory: Path) -> tuple[int, bytes] | None:
         return None
     return offset, payload
 
-
-def read_last_payload(directory: Path, segments: list[LiveSegment]) -> bytes | None:
-    """The newest record's payload (see read_last_record)."""
-    found = read_last_record(directory, segments)
-    return found[1] if found is not None else None

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.cli import main as render_main
 from alerts.params import Params, load_params
 from alerts.render import ALERTS_FILE, RECORDING_FILE, render
 from gpu_audit.errors import ConfigError
@@ -91,7 +90,8 @@ def test_promtool_check_rules_is_clean(tmp_path: Path) -> None:
     """`promtool check rules` accepts the committed files and the fast rendering, with
     no warning."""
     promtool = _promtool()
-    assert render_main(["--params", str(PARAMS / "fast.yaml"), "--out", str(tmp_path)]) == 0
+    assert gpu_audit_main(["rules", "render", "--params", str(PARAMS / "fast.yaml"),
+                           "--out", str(tmp_path)]) == 0
     files = [str(RULES / RECORDING_FILE), str(RULES / ALERTS_FILE),
              str(tmp_path / RECORDING_FILE), str(tmp_path / ALERTS_FILE)]
     res = subprocess.run([promtool, "check", "rules", *files], capture_output=True,

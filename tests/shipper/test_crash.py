@@ -3,7 +3,7 @@ sink going down and coming back; every sink ends with exactly the produced recor
 
 Sinks: the local archive, the in-process Elasticsearch bulk server, the real InfluxDB 1.x
 (v1 write API) and the real VictoriaMetrics (the v2 write API). The shipper runs as its
-own process (`python -m gpu_audit_app.shipper_main --config ...`), reading a spool the
+own process (`gpu-audit shipper --config ...`), reading a spool the
 producer process writes. The run ends with a SIGTERM, which must exit 0 with every cursor committed.
 """
 
@@ -62,7 +62,7 @@ def _config(tmp: Path, es: str, influx: str, vm: str) -> Path:
 def _shipper(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "gpu_audit_app.shipper_main", "--config", str(config)],
+            [sys.executable, "-m", "gpu_audit_app", "shipper", "--config", str(config)],
             cwd=ROOT, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT,
         )
 

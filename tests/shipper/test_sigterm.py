@@ -39,7 +39,7 @@ def test_sigterm_commits_cursors_and_exits_zero(tmp_path: Path) -> None:
 
     def start(log: Path) -> tuple[subprocess.Popen[bytes], int]:
         with log.open("ab") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
+            proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "shipper",
                                      "--config", str(config)],
                                     cwd=ROOT, env=subprocess_env(), stderr=err)
         port = bound_port(log, proc)
@@ -86,7 +86,7 @@ def test_sigterm_delivers_the_spooled_backlog_before_exiting(tmp_path: Path) -> 
                     "sinks": [{"type": "archive", "name": "archive", "compress": False,
                                "directory": str(tmp_path / "archive")}]},
     }))
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app.shipper_main",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_audit_app", "shipper",
                              "--config", str(config)],
                             cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE)
     wait_for_signal_handler(proc.pid)

@@ -74,13 +74,14 @@ def test_standalone_shipper_metrics_need_basic_auth(tmp_path: Path) -> None:
     assert proc.returncode == 0, log.read_text(errors="replace")[-2000:]
 
 
-def test_python_m_shipper_applies_the_environment_overrides(
+def test_gpu_audit_shipper_applies_the_environment_overrides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`python -m gpu_audit_app.shipper_main` reads the configuration as `gpu-audit
-    shipper` does: the GPU_AUDIT__* variables override the file, and a bad one is
-    reported by name."""
-    import gpu_audit_app.shipper_main as entry
+    """`gpu-audit shipper` reads the configuration through the same layers as every
+    command: the GPU_AUDIT__* variables override the file, and a bad one is a
+    configuration error (exit 2)."""
+    import shipper.standalone as entry
+    from gpu_audit_app.cli import main
 
     seen: list[Config] = []
 
@@ -93,12 +94,12 @@ def test_python_m_shipper_applies_the_environment_overrides(
     config.write_text(f"spool:\n  directory: {tmp_path / 'from-file'}\n")
     monkeypatch.setenv("GPU_AUDIT__SPOOL__DIRECTORY", str(tmp_path / "from-env"))
     monkeypatch.setenv("GPU_AUDIT__SHIPPER__BATCH_MAX_RECORDS", "7")
-    assert entry.main(["--config", str(config)]) == 0
+    assert main(["shipper", "--config", str(config)]) == 0
     assert seen[0].spool.directory == tmp_path / "from-env"
     assert seen[0].shipper.batch_max_records == 7
 
     monkeypatch.setenv("GPU_AUDIT__SHIPPER__BATCH_MAX_RECORDS", "0")
-    assert entry.main(["--config", str(config)]) == 2
+    assert main(["shipper", "--config", str(config)]) == 2
     assert len(seen) == 1
 
 

@@ -5,7 +5,7 @@
 The archive sink's `os` is wrapped so that the Nth disk-changing call labelled LABEL
 ("write:part", "replace:state", "replace:gz", "unlink:part", "ftruncate:part", ...; see
 FaultyOs in test_archive_crash) kills the process with SIGKILL before the call runs.
-Everything else is the ordinary `python -m gpu_audit_app.shipper_main --config CONFIG`.
+Everything else is the ordinary `gpu-audit shipper --config CONFIG`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import shipper.sinks.archive.sink as archive_mod
-from gpu_audit_app.shipper_main import main
+from gpu_audit_app.cli import main
 from tests.shipper.sinks.archive.test_crash import FaultyOs
 
 
@@ -41,4 +41,4 @@ class KillingOs(FaultyOs):
 if __name__ == "__main__":
     config, label, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
     archive_mod.os = KillingOs(label, nth)  # type: ignore[assignment]
-    sys.exit(main(["--config", str(Path(config))]))
+    sys.exit(main(["shipper", "--config", str(Path(config))]))

@@ -1,7 +1,7 @@
 """The real shipper process SIGKILLed at archive boundaries, several times in a row.
 
 A spool is prefilled with a sealed trail that crosses midnight; the standalone shipper
-(`python -m gpu_audit_app.shipper_main`, through tests/shipper/sinks/archive/crasher.py) ships it
+(`gpu-audit shipper`, through tests/shipper/sinks/archive/crasher.py) ships it
 to an archive of
 8 KB parts and SIGKILLs itself at a chosen boundary: a torn line, the truncation that
 recovery does next, a compression's rename, the unlink after it, the state's rename.
@@ -99,7 +99,7 @@ def test_sigkill_at_archive_boundaries_in_a_row_leaves_an_exact_archive(
         assert rc == -signal.SIGKILL, (label, rc, log.read_text()[-2000:])
     assert cursors.get("archive") < N, "the kills came too late to test anything"
 
-    final = _run(["gpu_audit_app.shipper_main", "--config", str(config)], log)
+    final = _run(["gpu_audit_app", "shipper", "--config", str(config)], log)
     deadline = time.monotonic() + 120
     while cursors.get("archive") < N and time.monotonic() < deadline:
         time.sleep(0.1)
