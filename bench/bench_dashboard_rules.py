@@ -41,7 +41,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dashboards import build, queries  # noqa: E402
+from dashboards import build  # noqa: E402
+from tests.dashboards import queries  # noqa: E402
 from tests.netutil import free_port, http_get, wait_for  # noqa: E402
 
 RULES = ROOT / "alerts" / "rules" / "recording.yaml"

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from dashboards import build, queries
+from dashboards import build
+from tests.dashboards import queries
 from tests.dashboards.promstack import PromError, Stack, prometheus_stack
 
 ROOT = Path(__file__).resolve().parents[2]

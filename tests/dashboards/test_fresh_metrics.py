@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboards import build, queries
+from dashboards import build
+from tests.dashboards import queries
 from tests.netutil import free_port, http_get, wait_for
 from tests.promstack import stop
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from dashboards import build, queries
+from dashboards import build
+from tests.dashboards import queries
 
 EXPECTED_UIDS = {
     "fleet": "gpu-audit-fleet", "node": "gpu-audit-node", "users": "gpu-audit-users",

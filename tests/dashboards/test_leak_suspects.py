@@ -16,7 +16,8 @@ import pytest
 
 from alerts.params import load_params
 from alerts.render import write_rules
-from dashboards import build, queries
+from dashboards import build
+from tests.dashboards import queries
 from tests.dashboards.promstack import Stack, prometheus_stack
 from tests.netutil import wait_for
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import build, queries
+from dashboards import build
+from tests.dashboards import queries
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
                                 reason="promtool not installed (apt-get install prometheus)")

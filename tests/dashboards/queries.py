@@ -1,5 +1,6 @@
 """Read the queries back out of generated dashboard JSON and substitute Grafana's
-variables, so they can be run against a real Prometheus (tests, bench).
+variables, so they can be run against a real Prometheus (the tests and the bench; test
+code, so it does not ship in the dashboards package).
 
 This is the part of Grafana's behaviour the end-to-end test needs: `$var` and `${var}`
 replaced by a value (a multi-value "All" by the variable's allValue), `$__range`,
