@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from dashboards import build  # noqa: E402
 from tests.dashboards import queries  # noqa: E402
-from tests.netutil import free_port, http_get, wait_for  # noqa: E402
+from tests.netutil import free_port, http_get  # noqa: E402
+from tests.polling import wait_for  # noqa: E402
 
 RULES = ROOT / "alerts" / "rules" / "recording.yaml"
 STEP_S = 60

@@ -37,7 +37,8 @@ from gpu_audit.spool.config import SpoolConfig  # noqa: E402
 from shipper.config import ShipperConfig  # noqa: E402
 from shipper.engine import Shipper  # noqa: E402
 from shipper.sinks.base import ItemResult, Outcome, SinkRecord  # noqa: E402
-from tests.netutil import http_get, wait_for  # noqa: E402
+from tests.netutil import http_get  # noqa: E402
+from tests.polling import wait_for  # noqa: E402
 from tests.realservers import influxd_server, victoria_metrics_server  # noqa: E402
 
 GPUS, PROCS, INTERVAL_S, WINDOW_S = 8, 64, 5.0, 600.0

@@ -6,11 +6,11 @@ import os
 import re
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
+
+from tests.polling import wait_for
 
 
 def free_port() -> int:
@@ -19,15 +19,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -48,16 +39,14 @@ _SERVING = re.compile(rb"(?:serving|shipper metrics on) https?://\S+:(\d+)/metri
 def bound_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
     """The port a process of ours started with `--listen 127.0.0.1:0` bound, read from
     its log file (stderr redirected to `log`; log level info or lower)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = _SERVING.search(log.read_bytes()) if log.exists() else None
-        if found:
-            return int(found.group(1))
+    def exited() -> None:
         if proc.poll() is not None:
             raise AssertionError(f"exited with {proc.returncode} before listening: "
                                  f"{log.read_bytes()[-3000:].decode(errors='replace')}")
-        time.sleep(0.05)
-    raise AssertionError(f"no 'serving ...' line in {log} after {timeout}s")
+
+    found = wait_for(lambda: _SERVING.search(log.read_bytes()) if log.exists() else None,
+                     timeout, f"a 'serving ...' line in {log}", check=exited)
+    return int(found.group(1))
 
 
 def owns_listener(pid: int, port: int) -> bool:

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 
 
 def need(binary: str) -> str:

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.netutil import free_port, http_get, owns_listener, wait_for
+from tests.netutil import free_port, http_get, owns_listener
+from tests.polling import wait_for
 
 _ServerT = TypeVar("_ServerT", bound="_Server")
 

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from tests.chargeback.month import Month, write_openmetrics_file
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "rules" / "recording.yaml"

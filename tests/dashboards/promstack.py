@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 from tests.promstack import prometheus, stop
 
 

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards import build
 from tests.dashboards import queries
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 from tests.promstack import stop
 
 ROOT = Path(__file__).resolve().parents[2]

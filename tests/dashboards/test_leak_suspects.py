@@ -19,7 +19,7 @@ from alerts.render import write_rules
 from dashboards import build
 from tests.dashboards import queries
 from tests.dashboards.promstack import Stack, prometheus_stack
-from tests.netutil import wait_for
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ("busy", "leak", "large")

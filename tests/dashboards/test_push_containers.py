@@ -15,7 +15,8 @@ import pytest
 
 from dashboards import build, kibana
 from gpu_audit_app.cli import main
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 from tests.shipper.sinks.test_containers import _docker_reason
 
 _REASON = _docker_reason()

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 from tests.promstack import (
     need,
     prometheus_with_config,

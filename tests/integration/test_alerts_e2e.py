@@ -41,7 +41,8 @@ import yaml
 from alerts.params import load_params
 from alerts.render import write_rules
 from exporter.sim.scenario import load_scenario
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 from tests.promstack import (
     Exporter,
     Prometheus,

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from exporter.sim.scenario import load_scenario
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v prometheus"], capture_output=True,

@@ -12,7 +12,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sim.scenario import load_scenario
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 from tests.promstack import Exporter, scenario_without_gpu, start_exporter, wait_ready
 
 

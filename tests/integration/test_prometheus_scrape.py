@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netutil import bound_port, free_port, http_get, wait_for
+from tests.netutil import bound_port, free_port, http_get
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,

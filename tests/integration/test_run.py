@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_audit.spool import CursorStore, spool_stats
 from gpu_audit_app.cli import main
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 
 
 def _config(tmp: Path, segment_bytes: int = 64 * 1024 * 1024) -> Path:

@@ -29,7 +29,8 @@ from gpu_audit import logredact
 from gpu_audit.spool import SpoolWriter
 from gpu_audit_app.config import load_config
 from shipper.engine import Shipper
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 from tests.shipper.producer import chained
 from tests.shipper.sinks.servers.forward import ForwardServer
 from tests.shipper.sinks.servers.influx import InfluxServer

@@ -16,7 +16,8 @@ import orjson
 import yaml
 
 from gpu_audit.spool import spool_stats
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

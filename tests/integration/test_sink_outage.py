@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 from tests.realservers import influxd_server
 
 ROOT = Path(__file__).resolve().parents[2]

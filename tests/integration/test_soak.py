@@ -34,7 +34,8 @@ import yaml
 from gpu_audit.archive import read_records
 from gpu_audit.spool import CursorStore, spool_stats
 from gpu_audit_app.cli import main
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 from tests.realservers import Influxd, VictoriaMetrics, influxd_server, victoria_metrics_server
 from tests.smallfs import small_filesystem
 

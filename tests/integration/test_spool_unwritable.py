@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 
 
 def _metric(body: bytes, pattern: str) -> float:

@@ -15,7 +15,8 @@ import pytest
 from exporter.app import ExporterApp
 from gpu_audit_app.config import Config
 from gpu_audit_app.run import exporter_app
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 
 
 def make_config(tmp: Path, **spool: int) -> Config:

@@ -12,7 +12,7 @@ from exporter.app import ExporterApp
 from gpu_audit_app.config import Config
 from gpu_audit_app.run import exporter_app
 from launcher.gpustate import ExporterStatusSource
-from tests.netutil import wait_for
+from tests.polling import wait_for
 
 
 @pytest.fixture

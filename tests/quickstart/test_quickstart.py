@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_COMMAND = 'make run ARGS="--backend sim --scenario busy"'

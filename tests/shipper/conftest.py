@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,10 +51,3 @@ def produce(writer: SpoolWriter, start: int, count: int, size: int = 0) -> None:
     writer.commit([record(i, size=size) for i in range(start, start + count)])
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")

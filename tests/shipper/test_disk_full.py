@@ -11,7 +11,7 @@ from gpu_audit.spool import SpoolFull, SpoolWriter
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
-from tests.shipper.conftest import eventually
+from tests.polling import wait_for
 from tests.shipper.memsinks import MemorySink, record
 
 
@@ -60,7 +60,7 @@ def test_full_spool_refuses_counts_alerts_and_recovers_after_gc(
         assert shipper.stats()["spool"]["full_reason"] == "max_bytes"
 
         sink.down = False
-        eventually(lambda: sink.count() == len(acked), what="backlog delivered")
+        wait_for(lambda: sink.count() == len(acked), what="backlog delivered")
 
         next_seq = [seq]
 
@@ -75,13 +75,13 @@ def test_full_spool_refuses_counts_alerts_and_recovers_after_gc(
             next_seq[0] = first + 5
             return True
 
-        eventually(accepted, what="the spool accepting records after GC")
+        wait_for(accepted, what="the spool accepting records after GC")
         # the alert clears once appends succeed with no refusal since the last look
-        eventually(
+        wait_for(
             lambda: accepted() and _value(shipper, "gpu_audit_spool_full", {"reason": ""}) == 0,
             what="the spool_full alert clearing",
         )
-        eventually(lambda: sink.count() == len(acked), what="last record delivered")
+        wait_for(lambda: sink.count() == len(acked), what="last record delivered")
         assert shipper.stats()["spool"]["gc_freed_bytes"] > 0
         ok = _value(shipper, "gpu_audit_shipper_conservation_ok", {"sink": "archive"})
         assert ok == 1

@@ -17,7 +17,8 @@ from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
 from shipper.sinks.base import ItemResult, Outcome, Sink, SinkRecord
-from tests.shipper.conftest import eventually, produce
+from tests.polling import wait_for
+from tests.shipper.conftest import produce
 from tests.shipper.memsinks import MemorySink
 
 
@@ -53,7 +54,7 @@ def test_delivers_every_record_once_and_commits_the_cursor(
     produce(writer, 0, 500)
     sink = MemorySink("a")
     with running(fast_config, spool_config, writer, [sink]):
-        eventually(lambda: sink.count() == 500, what="500 delivered")
+        wait_for(lambda: sink.count() == 500, what="500 delivered")
     assert sink.duplicates() == 0
     assert CursorStore(Path(spool_config.directory)).get("a") == 500
     assert sink.closed
@@ -69,14 +70,14 @@ def test_dead_sink_does_not_stall_or_resend_to_a_healthy_one(
     with running(fast_config, spool_config, writer, [healthy, dead]) as shipper:
         for start in range(0, 3000, 300):
             produce(writer, start, 300)
-        eventually(lambda: healthy.count() == 3000, what="healthy sink complete")
+        wait_for(lambda: healthy.count() == 3000, what="healthy sink complete")
         assert dead.count() == 0
         assert len(dead.sends) > 1  # it kept retrying
         lag = sample(shipper, "gpu_audit_shipper_cursor_lag_records", {"sink": "dead"})
         assert lag == 3000
         before = len(healthy.received)
         dead.down = False
-        eventually(lambda: dead.count() == 3000, what="dead sink caught up")
+        wait_for(lambda: dead.count() == 3000, what="dead sink caught up")
         assert len(healthy.received) == before
     assert healthy.duplicates() == 0
     assert dead.duplicates() == 0
@@ -95,7 +96,7 @@ def test_only_the_retried_items_are_sent_again(
     produce(writer, 0, 100)
     sink = MemorySink("es", script=script)
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: sink.count() == 100, what="all delivered")
+        wait_for(lambda: sink.count() == 100, what="all delivered")
         assert shipper.stats()["sinks"]["es"]["retried"] == 10
     assert sink.duplicates() == 0
     assert sink.sends[0] == list(range(100))
@@ -128,7 +129,7 @@ def test_dead_letters_are_durable_before_the_cursor_passes_them(
     produce(writer, 0, 200)
     sink = MemorySink("es", script=script)
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: shipper.stats()["sinks"]["es"]["position"] == 200, what="position")
+        wait_for(lambda: shipper.stats()["sinks"]["es"]["position"] == 200, what="position")
     rejected = {o for o in range(200) if o % 7 == 0}
     assert commits
     for offset, on_disk in commits:
@@ -150,7 +151,7 @@ def test_undecodable_records_are_dead_lettered_and_counted(
     produce(writer, 3, 3)
     sink = MemorySink("a")
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: shipper.stats()["sinks"]["a"]["position"] == 9, what="position 9")
+        wait_for(lambda: shipper.stats()["sinks"]["a"]["position"] == 9, what="position 9")
         stats = shipper.stats()["sinks"]["a"]
     assert sink.count() == 6
     assert stats["dead_lettered"] == 3
@@ -170,17 +171,17 @@ def test_hold_keeps_the_data_and_raises_the_blocked_alert(
     sink.hold = "401 unauthorized"
     with running(fast_config, spool_config, writer, [sink]) as shipper:
         labels = {"sink": "influx", "reason": "401 unauthorized"}
-        eventually(
+        wait_for(
             lambda: sample(shipper, "gpu_audit_shipper_sink_blocked", labels) == 1,
             what="blocked alert",
         )
-        eventually(lambda: len(sink.sends) >= 3, what="retries while held")
+        wait_for(lambda: len(sink.sends) >= 3, what="retries while held")
         assert sink.count() == 0
         assert shipper.stats()["sinks"]["influx"]["committed"] == 0
         sink.hold = None
-        eventually(lambda: sink.count() == 50, what="delivered after the fix")
+        wait_for(lambda: sink.count() == 50, what="delivered after the fix")
         cleared = {"sink": "influx", "reason": ""}
-        eventually(
+        wait_for(
             lambda: sample(shipper, "gpu_audit_shipper_sink_blocked", cleared) == 0,
             what="alert cleared",
         )
@@ -202,7 +203,7 @@ def test_retry_after_is_a_floor_for_the_backoff(
     produce(writer, 0, 5)
     sink = MemorySink("a", script=script)
     with running(fast_config, spool_config, writer, [sink], sleep=waits.append):
-        eventually(lambda: sink.count() == 5, what="delivered")
+        wait_for(lambda: sink.count() == 5, what="delivered")
     retry_waits = [w for w in waits if w >= 1]
     assert len(retry_waits) == 2
     assert all(7.0 <= w <= 7.05 for w in retry_waits)
@@ -219,14 +220,14 @@ def test_gc_deletes_a_segment_only_after_every_cursor_passed_it(
     with running(fast_config, spool_config, writer, [fast, slow]) as shipper:
         for start in range(0, 2000, 200):
             produce(writer, start, 200, size=300)
-        eventually(lambda: fast.count() == 2000, what="fast sink complete")
+        wait_for(lambda: fast.count() == 2000, what="fast sink complete")
         first = segments()
         assert len(first) > 5
         shipper.gc()
         assert segments() == first
         slow.down = False
-        eventually(lambda: slow.count() == 2000, what="slow sink caught up")
-        eventually(lambda: len(segments()) <= 2, what="segments deleted")
+        wait_for(lambda: slow.count() == 2000, what="slow sink caught up")
+        wait_for(lambda: len(segments()) <= 2, what="segments deleted")
     assert fast.duplicates() == 0 and slow.duplicates() == 0
 
 
@@ -253,7 +254,7 @@ def test_conservation_holds_across_restarts_and_fails_when_facts_disagree(
     produce(writer, 0, 300)
     sink = MemorySink("a", script=script)
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: shipper.stats()["sinks"]["a"]["position"] == 300, what="drained")
+        wait_for(lambda: shipper.stats()["sinks"]["a"]["position"] == 300, what="drained")
         assert _conservation(shipper, "a") == (1, 294, 6, 0)
 
     # a crash after the ledger was written but before the cursor commit: the cursor is
@@ -264,7 +265,7 @@ def test_conservation_holds_across_restarts_and_fails_when_facts_disagree(
     produce(writer, 300, 100)
     again = MemorySink("a", script=script)
     with running(fast_config, spool_config, writer, [again]) as shipper:
-        eventually(lambda: shipper.stats()["sinks"]["a"]["position"] == 400, what="drained")
+        wait_for(lambda: shipper.stats()["sinks"]["a"]["position"] == 400, what="drained")
         assert _conservation(shipper, "a") == (1, 392, 8, 0)
         assert shipper.stats()["sinks"]["a"]["redelivered"] == 100
 
@@ -282,7 +283,7 @@ def test_pending_counts_records_not_yet_delivered(
     sink = MemorySink("a")
     sink.down = True
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: len(sink.sends) >= 2, what="a failed send")
+        wait_for(lambda: len(sink.sends) >= 2, what="a failed send")
         ok, delivered, dead, pending = _conservation(shipper, "a")
         assert (ok, delivered, dead, pending) == (1, 0, 0, 40)
         lag = sample(shipper, "gpu_audit_shipper_cursor_lag_seconds", {"sink": "a"})
@@ -336,7 +337,7 @@ def test_a_failing_dead_letter_write_holds_the_cursor_and_is_retried(
     produce(writer, 0, 30)
     sink = MemorySink("a", script=script)
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: shipper.stats()["sinks"]["a"]["committed"] == 30, what="drained")
+        wait_for(lambda: shipper.stats()["sinks"]["a"]["committed"] == 30, what="drained")
     assert failures[0] == 0
     assert all(p <= 10 for p in positions)
     assert [e["offset"] for e in deadletters(spool_config, "a")] == [10]
@@ -357,8 +358,8 @@ def test_a_removed_sinks_cursor_is_ignored_for_gc_with_a_warning(
     with running(fast_config, spool_config, writer, [sink]):
         for start in range(0, 1000, 200):
             produce(writer, start, 200, size=300)
-        eventually(lambda: sink.count() == 1000, what="delivered")
-        eventually(lambda: len(segments()) <= 2, what="segments deleted")
+        wait_for(lambda: sink.count() == 1000, what="delivered")
+        wait_for(lambda: len(segments()) <= 2, what="segments deleted")
     assert any("'old-es'" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     assert CursorStore(Path(spool_config.directory)).get("old-es") == 0
 
@@ -373,12 +374,12 @@ def test_standalone_mode_reads_a_spool_written_elsewhere(
     sink = MemorySink("a")
     sink.down = True
     with running(fast_config, spool_config, None, [sink]) as shipper:
-        eventually(lambda: len(sink.sends) >= 2, what="a failed send")
+        wait_for(lambda: len(sink.sends) >= 2, what="a failed send")
         assert _conservation(shipper, "a") == (1, 0, 0, 700)
         assert sample(shipper, "gpu_audit_records_produced_total") == 700
         sink.down = False
         produce(writer, 700, 300)
-        eventually(lambda: sink.count() == 1000, what="all delivered")
+        wait_for(lambda: sink.count() == 1000, what="all delivered")
         assert shipper.gc() == 0
     assert sink.duplicates() == 0
 
@@ -396,7 +397,7 @@ def test_backlog_read_ahead_keeps_order_across_partial_retries(
 
     sink = MemorySink("a", script=flaky, latency=0.005)
     with running(fast_config, spool_config, writer, [sink]):
-        eventually(lambda: sink.count() == 1000, what="1000 delivered")
+        wait_for(lambda: sink.count() == 1000, what="1000 delivered")
     assert sink.duplicates() == 0
     # full sends are first attempts (one per batch, in spool order); each retry of a
     # batch's refused records follows its own batch and precedes the next batch

@@ -16,7 +16,8 @@ from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.deadletter import DeadLetter, DeadLetterFile
 from shipper.engine import Shipper
-from tests.shipper.conftest import eventually, produce
+from tests.polling import wait_for
+from tests.shipper.conftest import produce
 from tests.shipper.memsinks import MemorySink
 
 
@@ -32,7 +33,7 @@ def test_exposition_passes_promtool(
     shipper = Shipper(fast_config, spool_config, writer=writer, sinks=[sink])
     shipper.start()
     try:
-        eventually(lambda: sink.count() == 20, what="delivered")
+        wait_for(lambda: sink.count() == 20, what="delivered")
         reg = CollectorRegistry()
         reg.register(shipper.collector())
         text = generate_latest(reg)

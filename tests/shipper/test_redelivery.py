@@ -18,7 +18,8 @@ from shipper import deadletter
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
 from shipper.sinks.base import ItemResult, Outcome, SinkRecord
-from tests.shipper.conftest import eventually, produce
+from tests.polling import wait_for
+from tests.shipper.conftest import produce
 
 
 class ScriptedSink:
@@ -67,7 +68,7 @@ def running(cfg: ShipperConfig, spool: SpoolConfig, writer: SpoolWriter,
 
 
 def _drained(shipper: Shipper, n: int) -> dict[str, Any]:
-    eventually(lambda: shipper.stats()["sinks"]["s"]["position"] == n, what=f"{n} final")
+    wait_for(lambda: shipper.stats()["sinks"]["s"]["position"] == n, what=f"{n} final")
     stats: dict[str, Any] = shipper.stats()["sinks"]["s"]
     return stats
 

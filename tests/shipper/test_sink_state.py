@@ -17,7 +17,8 @@ from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
 from shipper.sinks.base import Outcome, SinkError
-from tests.shipper.conftest import eventually, produce
+from tests.polling import wait_for
+from tests.shipper.conftest import produce
 from tests.shipper.memsinks import MemorySink
 
 # record(seq) carries time_ns = 1_700_000_000 s + seq ms; a fixed clock makes lag exact
@@ -70,18 +71,18 @@ def test_sink_down_at_start_shows_the_real_lag_and_a_down_state(
     sink = StartFailingSink("influx", start_error=SinkError(Outcome.RETRY, "connection refused"))
     labels = {"sink": "influx"}
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: sink.start_attempts >= 3, what="three start attempts")
+        wait_for(lambda: sink.start_attempts >= 3, what="three start attempts")
         assert value(shipper, "gpu_audit_shipper_cursor_lag_seconds", labels) == pytest.approx(
             100.0)
         assert value(shipper, "gpu_audit_shipper_cursor_lag_records", labels) == 1631
         assert value(shipper, "gpu_audit_shipper_sink_up", labels) == 0
-        eventually(lambda: (value(shipper, "gpu_audit_shipper_records_retried_total",
+        wait_for(lambda: (value(shipper, "gpu_audit_shipper_records_retried_total",
                                   labels) or 0) > 0, what="retries counted")
         assert shipper.stats()["sinks"]["influx"]["state"] == "down"
         with sink.lock:
             sink.start_error = None
-        eventually(lambda: sink.count() == 1631, what="backlog delivered")
-        eventually(lambda: value(shipper, "gpu_audit_shipper_cursor_lag_seconds", labels) == 0,
+        wait_for(lambda: sink.count() == 1631, what="backlog delivered")
+        wait_for(lambda: value(shipper, "gpu_audit_shipper_cursor_lag_seconds", labels) == 0,
                    what="lag back to 0")
         assert value(shipper, "gpu_audit_shipper_sink_up", labels) == 1
         assert shipper.stats()["sinks"]["influx"]["state"] == "up"
@@ -95,7 +96,7 @@ def test_sink_held_at_start_raises_the_blocked_alert_with_the_real_lag(
     produce(writer, 0, 10)
     sink = StartFailingSink("es", start_error=SinkError(Outcome.HOLD, "401 unauthorized"))
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: sink.start_attempts >= 2, what="two start attempts")
+        wait_for(lambda: sink.start_attempts >= 2, what="two start attempts")
         blocked = {"sink": "es", "reason": "401 unauthorized"}
         assert value(shipper, "gpu_audit_shipper_sink_blocked", blocked) == 1
         assert value(shipper, "gpu_audit_shipper_cursor_lag_seconds",
@@ -112,18 +113,18 @@ def test_lag_follows_the_oldest_undelivered_record_while_the_sink_is_down(
     sink = MemorySink("a")
     labels = {"sink": "a"}
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: sink.count() == 500, what="first 500 delivered")
+        wait_for(lambda: sink.count() == 500, what="first 500 delivered")
         with sink.lock:
             sink.down = True
         produce(writer, 500, 300)
-        eventually(lambda: len(sink.sends) > 8, what="retries")
+        wait_for(lambda: len(sink.sends) > 8, what="retries")
         # record 500 is 1_700_000_000.5 s; the clock says 1_700_000_100
         assert value(shipper, "gpu_audit_shipper_cursor_lag_seconds", labels) == pytest.approx(
             99.5)
         assert value(shipper, "gpu_audit_shipper_sink_up", labels) == 0
         with sink.lock:
             sink.down = False
-        eventually(lambda: sink.count() == 800, what="all delivered")
+        wait_for(lambda: sink.count() == 800, what="all delivered")
 
 
 def _state_lines(caplog: pytest.LogCaptureFixture, sink: str) -> tuple[list[str], list[str]]:
@@ -144,13 +145,13 @@ def test_each_state_change_is_logged_once_each_way(
     produce(writer, 0, 200)
     sink = StartFailingSink("influx", start_error=SinkError(Outcome.RETRY, "connection refused"))
     with running(fast_config, spool_config, writer, [sink]):
-        eventually(lambda: sink.start_attempts >= 5, what="five failed starts")
+        wait_for(lambda: sink.start_attempts >= 5, what="five failed starts")
         down, up = _state_lines(caplog, "influx")
         assert len(down) == 1 and "connection refused" in down[0]
         assert up == []
         with sink.lock:
             sink.start_error = None
-        eventually(lambda: sink.count() == 200, what="delivered")
+        wait_for(lambda: sink.count() == 200, what="delivered")
         down, up = _state_lines(caplog, "influx")
         assert len(down) == 1 and len(up) == 1
         assert "200 records" in up[0] and "down for" in up[0]
@@ -158,10 +159,10 @@ def test_each_state_change_is_logged_once_each_way(
         with sink.lock:
             sink.down = True
         produce(writer, 200, 50)
-        eventually(lambda: len(sink.sends) > 10, what="retries mid-stream")
+        wait_for(lambda: len(sink.sends) > 10, what="retries mid-stream")
         with sink.lock:
             sink.down = False
-        eventually(lambda: sink.count() == 250, what="delivered again")
+        wait_for(lambda: sink.count() == 250, what="delivered again")
     down, up = _state_lines(caplog, "influx")
     assert len(down) == 2 and len(up) == 2, (down, up)
     assert "50 records" in up[1]
@@ -183,7 +184,7 @@ def test_an_unexpected_start_error_is_a_retry_not_a_dead_worker(
     produce(writer, 0, 5)
     sink = CrashingStartSink("odd")
     with running(fast_config, spool_config, writer, [sink]) as shipper:
-        eventually(lambda: (value(shipper, "gpu_audit_shipper_records_retried_total",
+        wait_for(lambda: (value(shipper, "gpu_audit_shipper_records_retried_total",
                                   {"sink": "odd"}) or 0) >= 10, what="retries")
         assert shipper.stats()["sinks"]["odd"]["state"] == "down"
         assert value(shipper, "gpu_audit_shipper_cursor_lag_records", {"sink": "odd"}) == 5

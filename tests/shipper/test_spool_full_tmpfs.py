@@ -20,7 +20,7 @@ from gpu_audit.spool.config import SpoolConfig
 from gpu_audit.spool.recovery import list_segments
 from shipper.config import ShipperConfig
 from shipper.engine import Shipper
-from tests.shipper.conftest import eventually
+from tests.polling import wait_for
 from tests.shipper.memsinks import MemorySink, record
 from tests.smallfs import small_filesystem
 
@@ -109,8 +109,8 @@ def test_full_filesystem_recovers_without_restart(
         # Phase 0: the sink keeps up over several segments, and GC deletes them behind it.
         while len(list_segments(spool_dir)) < 6:
             assert producer.batch()
-        eventually(lambda: sink.count() == len(producer.acked), what="first records delivered")
-        eventually(lambda: shipper.gc() >= 0 and len(list_segments(spool_dir)) <= 2,
+        wait_for(lambda: sink.count() == len(producer.acked), what="first records delivered")
+        wait_for(lambda: shipper.gc() >= 0 and len(list_segments(spool_dir)) <= 2,
                    what="delivered segments collected")
         assert _deleted_segments_open(spool_dir) == []
 
@@ -138,15 +138,15 @@ def test_full_filesystem_recovers_without_restart(
         # Phase 2: the sink returns; the backlog is delivered, GC frees it, and with no
         # restart the spool accepts records again.
         sink.down = False
-        eventually(lambda: _caught_up(shipper, writer), what="backlog delivered")
-        eventually(lambda: shipper.gc() >= 0 and _deleted_segments_open(spool_dir) == [],
+        wait_for(lambda: _caught_up(shipper, writer), what="backlog delivered")
+        wait_for(lambda: shipper.gc() >= 0 and _deleted_segments_open(spool_dir) == [],
                    what=f"no deleted segment held open ({_deleted_segments_open(spool_dir)})")
         before = len(producer.acked)
-        eventually(producer.batch, what="the spool accepting records again")
+        wait_for(producer.batch, what="the spool accepting records again")
         for _ in range(20):
             assert producer.batch()
         assert len(producer.acked) == before + 21 * BATCH
-        eventually(lambda: _caught_up(shipper, writer), what="the new records delivered")
+        wait_for(lambda: _caught_up(shipper, writer), what="the new records delivered")
         assert _used(spool_dir) <= _live_bytes(spool_dir) + 64 * 1024
     finally:
         shipper.stop(5)
@@ -194,14 +194,14 @@ def test_a_full_filesystem_with_one_default_segment_writes_again(
         assert len(list_segments(spool_dir)) == 1
         last = writer.last_payload()
         sink.down = False
-        eventually(lambda: _caught_up(shipper, writer), what="backlog delivered")
+        wait_for(lambda: _caught_up(shipper, writer), what="backlog delivered")
         before = len(producer.acked)
-        eventually(lambda: shipper.gc() >= 0 and producer.batch(),
+        wait_for(lambda: shipper.gc() >= 0 and producer.batch(),
                    what="the spool accepting records again")
         for _ in range(20):
             assert producer.batch()
         assert len(producer.acked) == before + 21 * BATCH
-        eventually(lambda: _caught_up(shipper, writer), what="the new records delivered")
+        wait_for(lambda: _caught_up(shipper, writer), what="the new records delivered")
         assert last is not None
     finally:
         shipper.stop(5)

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from gpu_audit_app.config import Config
-from tests.netutil import bound_port, wait_for
+from tests.netutil import bound_port
+from tests.polling import wait_for
 from tests.shipper.helpers import ROOT, subprocess_env, wait_for_signal_handler
 
 

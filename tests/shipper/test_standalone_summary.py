@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.shipper.helpers import ROOT, subprocess_env, wait_for_signal_handler
 
 

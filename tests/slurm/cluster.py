@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_audit.slurmcmd import key_values
+from tests.polling import WaitTimeout, wait_for
 from tests.slurm import config
 from tests.slurm.config import CPUS_PER_NODE, DB_NAME, GPUS_PER_NODE, NODES, REPO, gpu_uuid
 
@@ -126,17 +127,19 @@ class Daemon:
 
 def _wait(pred: Callable[[], bool], timeout: float, what: str,
           daemons: Sequence[Daemon] = (), step: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """wait_for, failing at once (ClusterError) when one of `daemons` exits, and with
+    every daemon's log tail when the time runs out."""
+    def alive() -> None:
         for d in daemons:
             if d.proc is not None and d.proc.poll() is not None:
                 raise ClusterError(f"{d.name} exited with {d.proc.returncode} while waiting "
                                    f"for {what}:\n{d.tail()}")
-        if pred():
-            return
-        time.sleep(step)
-    tails = "\n".join(f"--- {d.name}\n{d.tail()}" for d in daemons)
-    raise ClusterError(f"timed out after {timeout:g}s waiting for {what}\n{tails}")
+
+    try:
+        wait_for(pred, timeout, what, step=step, check=alive,
+                 detail=lambda: "\n".join(f"--- {d.name}\n{d.tail()}" for d in daemons))
+    except WaitTimeout as exc:
+        raise ClusterError(str(exc)) from None
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> Path:

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 from tests.promstack import Prometheus, prometheus
 from tests.slurm.cluster import (
     GPUS_PER_NODE,

@@ -20,7 +20,7 @@ from exporter.attribution.config import AttributionConfig
 from exporter.attribution.resolver import Resolver
 from gpu_audit.model.samples import GpuInfo, GpuSample, ProcessSample
 from gpu_audit.spool import SpoolReader
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.slurm.cluster import SlurmCluster, gpu_uuid
 from tests.slurm.conftest import JobEnv, NodeExporter
 

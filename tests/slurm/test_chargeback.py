@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 
 from gpu_audit.audit.config import AuditConfig
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.slurm.cluster import NODES, REPO, SlurmCluster, User
 from tests.slurm.conftest import SAMPLE_INTERVAL_S, TRAIL_INTERVAL_S, JobEnv, NodeExporter
 from tests.slurm.training import submit_training, wait_step

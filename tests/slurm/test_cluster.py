@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.slurm.cluster import SlurmCluster, gpu_uuid
 from tests.slurm.conftest import JobEnv
 

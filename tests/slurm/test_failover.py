@@ -15,7 +15,8 @@ import json
 import time
 from typing import Any
 
-from tests.netutil import http_get, wait_for
+from tests.netutil import http_get
+from tests.polling import wait_for
 from tests.promstack import Prometheus
 from tests.slurm.cluster import NODES, SlurmCluster, gpu_uuid
 from tests.slurm.conftest import JobEnv, NodeExporter

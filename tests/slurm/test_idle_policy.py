@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.promstack import Prometheus
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.conftest import JobEnv, NodeExporter

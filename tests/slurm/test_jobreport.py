@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_audit import slurmcmd
 from gpu_audit.audit.verify import verify_spool_dir
-from tests.netutil import wait_for
+from tests.polling import wait_for
 from tests.slurm.cluster import SlurmCluster, gpu_uuid
 from tests.slurm.conftest import JobEnv, NodeExporter
 

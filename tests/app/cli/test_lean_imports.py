@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netutil import free_port, http_get, wait_for
+from tests.netutil import free_port, http_get
+from tests.polling import wait_for
 
 # Packages (and app modules) an exporter process must never import.
 FOREIGN = ("launcher", "chargeback", "alerts", "dashboards",

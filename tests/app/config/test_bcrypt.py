@@ -21,7 +21,7 @@ from gpu_audit.errors import ConfigError
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from gpu_audit.http.webconfig import BasicAuth, WebConfig, load_web_config
-from tests.netutil import wait_for
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 GOOD = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()

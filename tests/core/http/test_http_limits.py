@@ -19,15 +19,7 @@ from gpu_audit.http.config import HttpLimitsConfig
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
 from tests.exporter.exposition.snapshots import small_snapshot
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from tests.polling import wait_for
 
 
 def closed_by_server(sock: socket.socket) -> bool:
@@ -97,13 +89,13 @@ def test_idle_connections_never_hold_more_threads_than_the_cap_and_are_closed(
             peak_conns = max(peak_conns, srv.connections()["connections"])
             return all(closed_by_server(c) for c in clients)
 
-        wait_until(all_closed, 30, "the server to close every idle connection")
+        wait_for(all_closed, 30, "the server to close every idle connection")
     finally:
         for c in clients:
             c.close()
     assert peak_conns <= cap
     assert peak_threads <= 2 * cap, f"{peak_threads} threads for {cap} connection slots"
-    wait_until(lambda: threading.active_count() <= baseline, 10, "connection threads to end")
+    wait_for(lambda: threading.active_count() <= baseline, 10, "connection threads to end")
 
 
 def test_slowloris_trickling_a_head_is_cut_at_the_deadline(
@@ -171,7 +163,7 @@ def test_scrape_succeeds_while_idle_clients_fill_every_slot(
     srv = make_server(max_connections=cap, header_timeout_seconds=60)
     idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(cap)]
     try:
-        wait_until(lambda: srv.connections()["connections"] == cap, 10, "the slots to fill")
+        wait_for(lambda: srv.connections()["connections"] == cap, 10, "the slots to fill")
         response = scrape(srv.port)
         assert response.startswith(b"HTTP/1.1 200") and b"gpu_up" in response
         assert srv.connections()["evicted"] >= 1
@@ -188,9 +180,9 @@ def test_kept_alive_connection_is_closed_after_the_idle_timeout(
     srv = make_server(idle_timeout_seconds=0.5)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
-        wait_until(lambda: b"ok\n" in s.recv(65536, socket.MSG_PEEK), 5, "the answer")
+        wait_for(lambda: b"ok\n" in s.recv(65536, socket.MSG_PEEK), 5, "the answer")
         s.recv(65536)
-        wait_until(lambda: closed_by_server(s), 10, "the idle connection to be closed")
+        wait_for(lambda: closed_by_server(s), 10, "the idle connection to be closed")
     assert srv.connections()["connections"] == 0
 
 

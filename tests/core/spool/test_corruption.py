@@ -204,7 +204,7 @@ def test_sink_gets_every_valid_record_and_counts_exactly_the_damaged_one(
     are counted as dropped{reason=spool_skipped}."""
     from shipper.config import ShipperConfig
     from shipper.engine import Shipper
-    from tests.shipper.conftest import eventually
+    from tests.polling import wait_for
     from tests.shipper.memsinks import MemorySink, record
 
     directory = tmp_path / "spool"
@@ -224,13 +224,13 @@ def test_sink_gets_every_valid_record_and_counts_exactly_the_damaged_one(
     shipper.start()
     try:
         writer.commit([record(1000)])
-        eventually(lambda: shipper.statuses()[0].position >= writer.durable_offset,
+        wait_for(lambda: shipper.statuses()[0].position >= writer.durable_offset,
                    what="sink caught up")
         status = shipper.statuses()[0]
         assert status.dropped == {"spool_skipped": 2}
         # the spool's own count reaches 2 too: at recovery (full scan, or the newest
         # segment) or when gc checks the older segment before deleting it (tail scan)
-        eventually(lambda: _metric(shipper, "gpu_audit_spool_corrupt_records_total") == 2,
+        wait_for(lambda: _metric(shipper, "gpu_audit_spool_corrupt_records_total") == 2,
                    what="gpu_audit_spool_corrupt_records_total == 2")
     finally:
         shipper.stop(5)

@@ -24,7 +24,8 @@ from exporter.exposition.compat import COMPAT_NAMES
 from exporter.exposition.families import FAMILIES
 from gpu_audit.model.fields import CATALOGUE
 from gpu_audit.selfmetrics import SELF_METRICS
-from tests.netutil import bound_port, http_get, wait_for
+from tests.netutil import bound_port, http_get
+from tests.polling import wait_for
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "METRICS.md"
 _DOC_NAME = re.compile(r"^\| `([A-Za-z_:][A-Za-z0-9_:]*)` \|", re.MULTILINE)

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.netutil import wait_for
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
