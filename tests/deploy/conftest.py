@@ -20,11 +20,10 @@ def need_tool(name: str, hint: str = "scripts/setup --test installs it") -> str:
 
 
 def exit_preempted() -> int:
-    """gpu_audit_ckpt's "checkpointed after a preemption request" exit code; skip while the
-    helper in this checkout does not define it yet."""
+    """gpu_audit_ckpt's "checkpointed after a preemption request" exit code, which the
+    deploy files (Slurm requeue, systemd) rely on: missing is a failure, never a skip."""
     import gpu_audit_ckpt
 
     code = getattr(gpu_audit_ckpt, "EXIT_PREEMPTED", None)
-    if not isinstance(code, int):
-        pytest.skip("gpu_audit_ckpt.EXIT_PREEMPTED is not in this checkout yet")
+    assert isinstance(code, int), "gpu_audit_ckpt.EXIT_PREEMPTED is gone: the deploy files use it"
     return code
