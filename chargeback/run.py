@@ -24,12 +24,12 @@ from chargeback.directory import Directory, load_directory
 from chargeback.model import Bill, Request, SourceData
 from chargeback.outputs import write_outputs
 from chargeback.rates import Rates, load_rates
-from gpu_audit.errors import ConfigError
+from gpu_audit.errors import ConfigError, GpuAuditError
 
 SOURCES = ("prometheus", "archive", "elasticsearch", "opensearch")
 
 
-class NoDataError(RuntimeError):
+class NoDataError(GpuAuditError, RuntimeError):
     """The source had nothing for the period: no bill is written."""
 
 
@@ -69,7 +69,7 @@ Reader = Callable[[Request, bool], SourceData]
 raising SourceError when the source cannot be read."""
 
 
-class SourceError(RuntimeError):
+class SourceError(GpuAuditError, RuntimeError):
     """A source could not be read (unreachable, refused, broken trail): exit 1."""
 
 

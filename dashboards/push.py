@@ -33,11 +33,12 @@ from grafana_client.client import GrafanaClientError, GrafanaException, TokenAut
 from dashboards.build import GRAFANA_DIR
 from dashboards.defaults import DEFAULT_FOLDER, DEFAULT_FOLDER_UID
 from dashboards.kibana import NDJSON
+from gpu_audit.errors import GpuAuditError
 
 TIMEOUT_S = 30.0
 
 
-class PushError(Exception):
+class PushError(GpuAuditError):
     """A push failed; the message names what and never holds a secret."""
 
 

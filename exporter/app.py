@@ -42,7 +42,7 @@ from gpu_audit import selfmetrics as selfm
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.metrics import AuditCollector
 from gpu_audit.audit.producer import AuditProducer
-from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, LockHeld
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, GpuAuditError, LockHeld
 from gpu_audit.http.config import parse_listen
 from gpu_audit.http.server import MetricsServer
 from gpu_audit.http.state import LatestState
@@ -115,7 +115,7 @@ class Companion(Protocol):
         """Its state for /status and the summary line (after `open`)."""
 
 
-class ListenError(Exception):
+class ListenError(GpuAuditError):
     """The endpoint's socket could not be bound (port in use, address not local, ...)."""
 
     def __init__(self, listen: str, cause: OSError) -> None:

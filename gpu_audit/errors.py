@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -54,8 +55,18 @@ class Problem:
         return f"{head}{self.path}: {self.message}" if self.path else head + self.message
 
 
-class ConfigError(Exception):
+class GpuAuditError(Exception):
+    """The base of every error gpu-audit raises on purpose (one hierarchy: `except
+    GpuAuditError` catches all of ours and nothing of Python's or a library's).
+    `exit_code`: what the command line ends with when one reaches it."""
+
+    exit_code: ClassVar[int] = EXIT_FAILURE
+
+
+class ConfigError(GpuAuditError):
     """Bad configuration or input file. Carries every problem found, not just the first."""
+
+    exit_code: ClassVar[int] = EXIT_USAGE
 
     def __init__(self, source: str, problems: Sequence[str | Problem]) -> None:
         self.source = source
@@ -73,7 +84,7 @@ class ConfigError(Exception):
         return "\n".join([head, *(f"  - {p}" for p in self.problems)])
 
 
-class LockHeld(Exception):
+class LockHeld(GpuAuditError):
     """Another live process holds a lock this one needs: a spool, an archive or a
     dead-letter directory has one owner at a time. `holder` is what the owner wrote in
     the lock file ("pid N", or "pid unknown")."""

@@ -16,10 +16,12 @@ import subprocess
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from gpu_audit.errors import GpuAuditError
+
 DEFAULT_TIMEOUT_S = 60.0
 
 
-class SlurmCommandError(RuntimeError):
+class SlurmCommandError(GpuAuditError, RuntimeError):
     """A Slurm client could not be run, or said no."""
 
 

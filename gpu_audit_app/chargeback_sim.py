@@ -38,6 +38,7 @@ from exporter.sim.scenario import load_scenario
 from gpu_audit import __version__
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.model.samples import BackendInfo
 from gpu_audit.model.snapshot import Snapshot
 from shipper.sinks.archive.config import ArchiveSinkConfig
@@ -48,7 +49,7 @@ CONFIG_NAME = "gpu-audit-sim.yaml"
 HOST = "sim-node"
 
 
-class SimulationError(RuntimeError):
+class SimulationError(GpuAuditError, RuntimeError):
     """The simulated archive could not be written (the sink refused a record)."""
 
 

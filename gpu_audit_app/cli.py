@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_audit import __version__
-from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, GpuAuditError
 
 log = logging.getLogger("gpu_audit")
 
@@ -222,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpu-audit: configuration error in {exc.render()}", file=sys.stderr)
         return EXIT_USAGE
+    except GpuAuditError as exc:  # one of ours that no command handled: its line, no trace
+        print(f"gpu-audit {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_OK
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit.errors import GpuAuditError
 from launcher import procfs
 from launcher.audit import fingerprint_from
 from launcher.engine import Exit, Report
@@ -77,7 +78,7 @@ _STDERR_TAIL_BYTES = 16 * 1024
 _EVENTS_READ_LIMIT = 1024 * 1024
 
 
-class ExecutorError(Exception):
+class ExecutorError(GpuAuditError):
     """An attempt could not be started; the message says why and what to do."""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from gpu_audit.errors import GpuAuditError
 from launcher.limits import MAX_ATTEMPT, MAX_JOB_ID, MAX_LOG_OFFSET, MAX_RESPONSE_BYTES
 
 OPS = frozenset({"submit", "queue", "status", "logs", "cancel", "hold", "release", "retry",
@@ -52,7 +53,7 @@ REQUIRED: dict[str, frozenset[str]] = {
 }
 
 
-class ProtocolError(Exception):
+class ProtocolError(GpuAuditError):
     """The daemon could not be reached or answered something that is not the protocol."""
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
+from gpu_audit.errors import GpuAuditError
 from launcher import reasons as r
 from launcher.admission import FAILED_STATES, queued_problems, submission_problems
 from launcher.config import LauncherCoreConfig
@@ -30,7 +31,7 @@ from launcher.waiting import retry_chain
 RETRYABLE = frozenset({"failed", "timed_out", "cancelled"})
 
 
-class LauncherError(Exception):
+class LauncherError(GpuAuditError):
     """A request the engine refuses; the message says why, `problems` lists each reason."""
 
     def __init__(self, message: str, problems: Sequence[str] = ()) -> None:

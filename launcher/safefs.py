@@ -30,17 +30,19 @@ import shutil
 import stat
 from pathlib import Path
 
+from gpu_audit.errors import GpuAuditError
+
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
-class UnsafePath(Exception):
+class UnsafePath(GpuAuditError):
     """A directory the daemon must write in could be changed by another user: the
     message names the component and what to do."""
 
 
-class RefusedFile(Exception):
+class RefusedFile(GpuAuditError):
     """A file the daemon was about to read is not what it created (a link, a FIFO,
     another owner, a hard link, another filesystem)."""
 

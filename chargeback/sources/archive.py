@@ -55,6 +55,7 @@ from gpu_audit.archive.seal import Seal, Summary, file_sha256
 from gpu_audit.archive.verify import PartResult, check_seal, group_series, read_part
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import Verifier
+from gpu_audit.errors import GpuAuditError
 
 # Duplicate record ids are looked for within this many recent records per stream: a
 # sample chained twice sits within a few cycles of itself. Streams are read one after
@@ -72,7 +73,7 @@ _ENERGY_SOURCES = {"counter": "the energy counter",
 Progress = Callable[[int, int], None]  # (bytes of parts done so far, bytes of all parts)
 
 
-class ArchiveRefused(Exception):
+class ArchiveRefused(GpuAuditError):
     """The archive cannot be billed from: the trail is broken or incomplete, or holds
     no data for the period."""
 

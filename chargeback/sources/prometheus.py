@@ -56,6 +56,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
+from gpu_audit.errors import GpuAuditError
 
 DEFAULT_INTERVAL = 60.0
 _SEL = '{simulated!="true"}'
@@ -152,7 +153,7 @@ QUERIES: dict[str, tuple[str, bool]] = {
 }
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(GpuAuditError, RuntimeError):
     """The query API could not be reached or refused a query (the message names the URL)."""
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import orjson
 
 from chargeback.model import Request, SourceData
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.tls import TlsConfig
 
 IDLE_UTILIZATION = 0.05
@@ -24,7 +25,7 @@ POWER_SCRIPT = (
 )
 
 
-class SearchUnavailable(Exception):
+class SearchUnavailable(GpuAuditError):
     """The search backend could not be asked, or answered with an error."""
 
 

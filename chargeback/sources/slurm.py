@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpu_audit import slurmcmd
+from gpu_audit.errors import GpuAuditError
 
 FIELDS = ("JobIDRaw", "User", "Account", "Partition", "AllocTRES", "Start", "End", "State",
           "NodeList")
@@ -28,7 +29,7 @@ _NEVER_RAN = frozenset({"PENDING", "CANCELLED"})
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
 
 
-class SacctError(RuntimeError):
+class SacctError(GpuAuditError, RuntimeError):
     """sacct could not be read (not installed, no slurmdbd, refused)."""
 
 

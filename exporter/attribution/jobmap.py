@@ -26,6 +26,7 @@ import orjson
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.sanitize import clean_text
 from exporter.attribution.sources import NO_ANSWER, Query
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.model.attribution import SOURCE_JOBMAP
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ _STRING_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-class JobFileError(ValueError):
+class JobFileError(GpuAuditError, ValueError):
     """A job-mapping file that does not follow the format; the message names the problem."""
 
 

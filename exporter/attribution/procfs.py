@@ -13,6 +13,8 @@ import errno
 import os
 from dataclasses import dataclass
 
+from gpu_audit.errors import GpuAuditError
+
 # Kinds of failure, as counted in Resolver.stats().
 VANISHED = "proc_vanished"
 DENIED = "proc_denied"
@@ -26,7 +28,7 @@ _DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 SMALL_FILE_LIMIT = 64 * 1024
 
 
-class ProcError(Exception):
+class ProcError(GpuAuditError):
     """A /proc read failed; `kind` is one of the kinds above, `err` the errno (or 0)."""
 
     def __init__(self, kind: str, err: int = 0) -> None:

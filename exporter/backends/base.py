@@ -21,10 +21,11 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from exporter.attribution.config import AttributionConfig
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.model.samples import BackendInfo, GpuSample
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(GpuAuditError, RuntimeError):
     """The backend cannot start at all. The message says why and what to check."""
 
     def __init__(self, message: str, hint: str = "") -> None:

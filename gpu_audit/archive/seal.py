@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from gpu_audit.archive.rollup import Rollup
+from gpu_audit.errors import GpuAuditError
 
 SEAL_FORMAT = "gpu-audit.seal/1"
 ZERO_DIGEST = "0" * 64
@@ -147,7 +148,7 @@ class Seal:
         return Rollup.from_json(self.rollup_json)
 
 
-class BadSeal(ValueError):
+class BadSeal(GpuAuditError, ValueError):
     """A seal file that is not one (the message says what is wrong)."""
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.http.config import HttpLimitsConfig
 
 # A connection whose head is not complete this long after it started may be evicted when
@@ -179,17 +180,17 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-class HeadTooLarge(Exception):
+class HeadTooLarge(GpuAuditError):
     def __init__(self, status: int) -> None:
         super().__init__(status)
         self.status = status
 
 
-class HeadTimeout(Exception):
+class HeadTimeout(GpuAuditError):
     """The request head did not arrive in time."""
 
 
-class ConnectionEnded(Exception):
+class ConnectionEnded(GpuAuditError):
     """The client closed the connection (or it was evicted) before a complete head."""
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from gpu_audit.errors import LockHeld
+from gpu_audit.errors import GpuAuditError, LockHeld
 
 
-class SpoolError(Exception):
+class SpoolError(GpuAuditError):
     """Base class of every spool error."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_audit.errors import GpuAuditError
+
 
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
@@ -46,7 +48,7 @@ class ItemResult:
     sends: int = 1
 
 
-class SinkError(Exception):
+class SinkError(GpuAuditError):
     """A whole-batch failure, classified like an item outcome."""
 
     def __init__(self, outcome: Outcome, reason: str, retry_after: float | None = None) -> None:

@@ -5,6 +5,8 @@ Must never be used to signal a delivery failure: those are ItemResult / SinkErro
 
 from __future__ import annotations
 
+from gpu_audit.errors import GpuAuditError
 
-class ReadBackUnsupported(NotImplementedError):
+
+class ReadBackUnsupported(GpuAuditError, NotImplementedError):
     """This backend cannot give the records back (a router, or a store without strings)."""

@@ -12,10 +12,11 @@ from __future__ import annotations
 import datetime as dt
 
 from gpu_audit.archive import day_of
+from gpu_audit.errors import GpuAuditError
 from shipper.sinks.base import SinkRecord
 
 
-class NotArchivable(ValueError):
+class NotArchivable(GpuAuditError, ValueError):
     """This record cannot be an archive line; the message is the dead-letter reason."""
 
 

@@ -26,11 +26,12 @@ from typing import Any
 from gpu_audit import atomicfile
 from gpu_audit.archive import PartLines, seal_name
 from gpu_audit.archive.seal import Summary, digest, file_sha256, make, summarize
+from gpu_audit.errors import GpuAuditError
 
 _CHUNK = 1 << 20
 
 
-class CannotSeal(Exception):
+class CannotSeal(GpuAuditError):
     """The part could not be read whole (the message says why): it stays unsealed."""
 
 

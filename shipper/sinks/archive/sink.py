@@ -77,6 +77,7 @@ import orjson
 from gpu_audit import atomicfile
 from gpu_audit.archive import Part, list_parts, parse_name, part_name, read_records
 from gpu_audit.archive.seal import ZERO_DIGEST
+from gpu_audit.errors import GpuAuditError
 from shipper.sinks.archive import sealer
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.encode import NotArchivable, archive_line
@@ -88,7 +89,7 @@ STATE_FILE = ".archive-state.json"
 _VERSION = 2
 
 
-class ArchiveInconsistent(Exception):
+class ArchiveInconsistent(GpuAuditError):
     """The files do not match the journal in a way no crash of this sink can cause."""
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_audit.errors import GpuAuditError
 from shipper.sinks.base import ItemResult, Outcome
 from shipper.sinks.httputil import redact
 
@@ -25,7 +26,7 @@ _RETRY_TYPES = frozenset(
 )
 
 
-class HttpFailure(Exception):
+class HttpFailure(GpuAuditError):
     """A non-2xx answer, with what classification needs."""
 
     def __init__(self, status: int, headers: Mapping[str, str], body: Any) -> None:
@@ -35,7 +36,7 @@ class HttpFailure(Exception):
         self.body = body
 
 
-class ConnFailure(Exception):
+class ConnFailure(GpuAuditError):
     """No answer: refused, reset, timed out, TLS failure."""
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 from pydantic import SecretStr
 
+from gpu_audit.errors import GpuAuditError
 from gpu_audit.tls import ssl_context
 from shipper.sinks.fluentd.config import FluentdSinkConfig
 from shipper.sinks.fluentd.encode import as_bytes
@@ -35,7 +36,7 @@ from shipper.sinks.fluentd.encode import as_bytes
 _UNIX = "unix://"
 
 
-class HandshakeError(Exception):
+class HandshakeError(GpuAuditError):
     """The shared_key handshake failed (wrong key, wrong user, unexpected server)."""
 
 

@@ -49,6 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_audit.errors import GpuAuditError
+
 MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit on one string field value (bytes)
 
 _MEAS_SPECIAL = frozenset(", ")
@@ -62,7 +64,7 @@ _USAGE_FLOATS = ("dt", "n", "s", "c", "b", "i", "e", "pe", "ms", "gs", "gd", "gi
                  "gpe", "gms", "gmx", "gmt", "gua", "gux")
 
 
-class EncodeError(ValueError):
+class EncodeError(GpuAuditError, ValueError):
     """The record cannot become a point (missing time, too large): a dead letter."""
 
 

@@ -46,6 +46,7 @@ import orjson
 import urllib3
 from pydantic import SecretStr
 
+from gpu_audit.errors import GpuAuditError
 from shipper.sinks.base import ItemResult, Outcome, SinkError, SinkRecord
 from shipper.sinks.errors import ReadBackUnsupported
 from shipper.sinks.httputil import exception_reason, header, make_pool, parse_retry_after
@@ -82,7 +83,7 @@ class _Send:
         self.requests = 0
 
 
-class _Unsettled(Exception):
+class _Unsettled(GpuAuditError):
     """A follow-up request failed as a whole: stop sending, settle what is left with it."""
 
     def __init__(self, error: SinkError) -> None:
