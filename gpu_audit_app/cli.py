@@ -27,7 +27,7 @@ EXIT_SIGPIPE = 128 + signal.SIGPIPE  # what a shell reports for a process ended 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
-                   help="YAML configuration file (every key has a default; see README).")
+                   help="YAML configuration file (every key has a default: docs/CONFIGURATION.md).")
 
 
 def _add_exporter_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,13 @@ def _add_exporter_args(p: argparse.ArgumentParser) -> None:
                    help="Fast sampling interval (exporter.interval_seconds).")
     p.add_argument("--spool-dir", type=Path, metavar="DIR",
                    help="Spool directory (spool.directory).")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    _add_log_level_arg(p)
+
+
+def _add_log_level_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   metavar="LEVEL", help="Least severe level written to stderr: debug, info, "
+                   "warning or error (log_level; default info).")
 
 
 # Commands whose arguments need no component module: their parser leaves out the options
@@ -84,8 +90,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("shipper", help="Ship spooled audit records to the configured sinks.",
                        description="Deliver the spool written by an exporter in another process.")
     _add_config_args(p)
-    p.add_argument("--spool-dir", type=Path, metavar="DIR")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--spool-dir", type=Path, metavar="DIR",
+                   help="Spool directory the exporter writes (spool.directory).")
+    _add_log_level_arg(p)
 
     p = sub.add_parser("check-config", help="Validate the configuration and say what is wrong.",
                        description="Validate the configuration (exporter, attribution, audit, "
@@ -99,7 +106,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         description="Verify the hash chain and sequence of audit records in a "
                         "spool directory, a JSON Lines file (.jsonl/.jsonl.gz) or an archive "
                         "directory, or read back from a configured sink with --sink.")
-    v.add_argument("path", nargs="?", type=Path, help="Spool dir, archive dir or JSONL file.")
+    v.add_argument("path", nargs="?", type=Path, metavar="PATH",
+                   help="Spool directory, archive directory or JSON Lines file.")
     v.add_argument("--hmac-key-file", type=Path, help="Secret the chain was keyed with.")
     v.add_argument("--sink", metavar="NAME", help="Read back from this configured sink.")
     v.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start of range (--sink).")
@@ -118,9 +126,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("spool", help="Spool tools (fsck and statistics).")
     ssub = p.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
     sv = ssub.add_parser("verify", help="Check every segment, frame and cursor (an fsck).")
-    sv.add_argument("directory", type=Path)
+    sv.add_argument("directory", type=Path, metavar="DIR", help="The spool directory.")
     ss = ssub.add_parser("stats", help="Segments, bytes, offsets and per-sink lag.")
-    ss.add_argument("directory", type=Path)
+    ss.add_argument("directory", type=Path, metavar="DIR", help="The spool directory.")
     ss.add_argument("--json", action="store_true", help="Machine-readable output.")
 
     p = sub.add_parser("rules", help="Prometheus recording and alerting rules.")

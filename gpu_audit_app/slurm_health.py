@@ -11,7 +11,8 @@ checkpoint. Jobs on the node's healthy GPUs keep running; resuming the node afte
 repair is the admin's (`scontrol update NodeName=... State=RESUME`).
 
 It never drains on a guess: an exporter it cannot read is reported and nothing is done.
-`--dry-run` prints what it would do.
+Like every command that changes a system, it only prints what it would do unless
+`--apply` (healthcheck.sh passes it).
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def health(args: argparse.Namespace) -> int:
         print(f"gpu-audit slurm health: cannot read {url}/metrics ({exc}); node {node} "
               "left as it is", file=sys.stderr)
         return EXIT_FAILURE
+    if args.dry_run:
+        print("gpu-audit slurm health: --dry-run is deprecated (a dry run is the default; "
+              "--apply acts)", file=sys.stderr)
     if not lost:
         return EXIT_OK
-    act = "would" if args.dry_run else "will"
+    dry_run = not args.apply
+    act = "would" if dry_run else "will"
     ok = True
     reason = "; ".join(g.reason() for g in lost)
     print(f"node {node}: {reason}")
@@ -128,7 +133,7 @@ def health(args: argparse.Namespace) -> int:
         print(f"node {node}: already drained ({current.get('Reason')})")
     else:
         print(f"node {node}: {act} drain")
-        if not args.dry_run:
+        if not dry_run:
             try:
                 slurmcmd.run("scontrol", ["update", f"NodeName={node}", "State=DRAIN",
                                           f"Reason={reason}"])
@@ -138,7 +143,7 @@ def health(args: argparse.Namespace) -> int:
     if not args.no_requeue:
         for job, uuids in sorted(jobs_on(jobmap_dir, {g.uuid for g in lost}).items()):
             print(f"job {job} holds {', '.join(sorted(uuids))}: {act} requeue")
-            if args.dry_run:
+            if dry_run:
                 continue
             try:
                 slurmcmd.run("scontrol", ["requeue", job])
@@ -146,4 +151,6 @@ def health(args: argparse.Namespace) -> int:
                 ok = False
                 print(f"gpu-audit slurm health: requeue of job {job} failed: {exc}",
                       file=sys.stderr)
+    if dry_run:
+        print("dry run: nothing changed (--apply acts)", file=sys.stderr)
     return EXIT_OK if ok else EXIT_FAILURE

@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = sub.add_parser("store-comment", help="Store a finished job's reports in its "
                        "AdminComment once slurmdbd has its end (started by `epilog "
                        "--admin-comment`).")
-    c.add_argument("job_id", metavar="JOBID")
-    c.add_argument("--slurm-dir", type=Path, metavar="DIR")
+    c.add_argument("job_id", metavar="JOBID", help="The Slurm job whose report to store.")
+    c.add_argument("--slurm-dir", type=Path, metavar="DIR",
+                   help="Where the epilog left the job's report (the epilog's --slurm-dir).")
     c.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
                    help="Give up when sacct has not shown the run's end by then.")
 
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="The GPU report of every run of a job: GPU-hours "
                        "allocated and used, busy share, idle-held time, peak memory, energy, "
                        "and notes on what to change.")
-    r.add_argument("job_id", metavar="JOBID")
+    r.add_argument("job_id", metavar="JOBID", help="The Slurm job (its runs and requeues).")
     r.add_argument("--slurm-dir", type=Path, metavar="DIR",
                    help="This node's stored reports (GPU_AUDIT_SLURM_DIR; default "
                    "/var/lib/gpu-audit/slurm).")
@@ -78,10 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--json", action="store_true", help="JSON instead of text.")
 
     _health_arguments(sub.add_parser("health", help="Drain a node whose GPU is lost; requeue its "
-                              "jobs (HealthCheckProgram).",
+                              "jobs (HealthCheckProgram; dry run unless --apply).",
                               description="Ask this node's exporter which GPUs are down; "
                               "for each, drain the node with the reason and requeue the jobs "
-                              "holding it, so they resume from their checkpoints elsewhere."))
+                              "holding it, so they resume from their checkpoints elsewhere; "
+                              "prints what it would do, and does it with --apply."))
     _idle_arguments(sub.add_parser("idle", help="Flag or requeue jobs holding GPUs idle while "
                             "others wait (dry run unless --apply).",
                             description="The optional idle-GPU policy: from Prometheus, "
@@ -102,7 +104,11 @@ def _health_arguments(p: argparse.ArgumentParser) -> None:
                    "GPU (GPU_AUDIT_JOBMAP_DIR; default /run/gpu-audit/jobs).")
     p.add_argument("--no-requeue", action="store_true",
                    help="Drain only; leave the jobs on the lost GPU alone.")
-    p.add_argument("--dry-run", action="store_true", help="Say what would be done; do nothing.")
+    p.add_argument("--apply", action="store_true",
+                   help="Drain and requeue (default: a dry run that only prints; "
+                   "healthcheck.sh passes --apply).")
+    p.add_argument("--dry-run", action="store_true",
+                   help="Deprecated, the default now: say what would be done.")
 
 
 def _idle_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,8 +122,10 @@ def _idle_arguments(p: argparse.ArgumentParser) -> None:
                    help="Leave younger jobs alone (default: the window).")
     p.add_argument("--action", choices=("flag", "requeue"), default="flag",
                    help="flag: set the job's Comment; requeue: requeue it (default flag).")
-    p.add_argument("--exempt-account", action="append", default=[], metavar="ACCOUNT")
-    p.add_argument("--exempt-partition", action="append", default=[], metavar="PARTITION")
+    p.add_argument("--exempt-account", action="append", default=[], metavar="ACCOUNT",
+                   help="Never flag or requeue this account's jobs (repeatable).")
+    p.add_argument("--exempt-partition", action="append", default=[], metavar="PARTITION",
+                   help="Never flag or requeue jobs in this partition (repeatable).")
     p.add_argument("--even-without-waiters", action="store_true",
                    help="Act even when no GPU job is waiting.")
     p.add_argument("--include-simulated", action="store_true",

@@ -35,7 +35,7 @@ bin=()
 read -r -a bin <<<"${GPU_AUDIT_BIN:-gpu-audit}"
 extra=()
 read -r -a extra <<<"${GPU_AUDIT_HEALTH_ARGS:-}"
-args=(slurm health --exporter "$url")
+args=(slurm health --apply --exporter "$url")
 if [[ -n ${GPU_AUDIT_JOBMAP_DIR:-} ]]; then
   args+=(--jobmap-dir "$GPU_AUDIT_JOBMAP_DIR")
 fi

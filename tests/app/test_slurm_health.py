@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
+from gpu_audit_app.cli import main
 from gpu_audit_app.slurm_health import jobs_on, lost_gpus
 
 METRICS = """\
@@ -48,3 +53,68 @@ def test_jobs_on_lost_gpus_come_from_live_job_mapping_files(tmp_path: Path) -> N
     (tmp_path / "evil.json").symlink_to(tmp_path / "slurm-5.json")
     assert jobs_on(tmp_path, {"GPU-b", "GPU-c"}) == {"5": {"GPU-b"}}
     assert jobs_on(tmp_path / "missing", {"GPU-b"}) == {}
+
+
+def _served(body: str) -> ThreadingHTTPServer:
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _health(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str
+            ) -> tuple[int, list[str]]:
+    """`gpu-audit slurm health` against an exporter reporting GPU-b lost, a job holding
+    it, and a stand-in scontrol (the Slurm boundary) that records each call."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        f"#!/bin/sh\necho \"$@\" >> {calls}\necho 'NodeName=n1 State=IDLE Reason=none'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("GPU_AUDIT_SLURM_BIN_DIR", str(bin_dir))
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "42.json").write_text(json.dumps({"slurm_job_id": "42", "gpus": ["GPU-b"]}))
+    server = _served(METRICS)
+    try:
+        code = main(["slurm", "health", "--exporter",
+                     f"http://127.0.0.1:{server.server_address[1]}", "--node", "n1",
+                     "--jobmap-dir", str(jobs), *flags])
+    finally:
+        server.shutdown()
+    return code, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_health_is_a_dry_run_unless_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Like every command that changes a system (`slurm idle` too): without --apply it
+    only says what it would do: scontrol is asked about the node and told nothing."""
+    code, calls = _health(tmp_path, monkeypatch)
+    assert code == 0
+    assert calls == ["-o show node n1"]
+    out, err = capsys.readouterr()
+    assert "n1: would drain" in out
+    assert "job 42 holds GPU-b: would requeue" in out
+    assert "dry run: nothing changed (--apply acts)" in err
+
+
+def test_health_with_apply_drains_and_requeues(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """--apply acts: the node is drained with the lost GPUs in the reason, the job on
+    the lost GPU requeued."""
+    code, calls = _health(tmp_path, monkeypatch, "--apply")
+    assert code == 0
+    assert calls[0] == "-o show node n1"
+    assert calls[1].startswith("update NodeName=n1 State=DRAIN Reason=gpu-audit: GPU 1")
+    assert calls[2] == "requeue 42"
