@@ -127,6 +127,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ssub = p.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
     sv = ssub.add_parser("verify", help="Check every segment, frame and cursor (an fsck).")
     sv.add_argument("directory", type=Path, metavar="DIR", help="The spool directory.")
+    sv.add_argument("--json", action="store_true",
+                    help="The report as one JSON document (same exit code).")
     ss = ssub.add_parser("stats", help="Segments, bytes, offsets and per-sink lag.")
     ss.add_argument("directory", type=Path, metavar="DIR", help="The spool directory.")
     ss.add_argument("--json", action="store_true", help="Machine-readable output.")
@@ -310,7 +312,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return EXIT_USAGE
         if args.spool_command == "verify":
             report = verify_spool(args.directory)
-            print(report.render())
+            if args.json:
+                print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+            else:
+                print(report.render())
             return EXIT_OK if report.ok else EXIT_FAILURE
         stats = spool_stats(args.directory)
         if args.json:

@@ -40,6 +40,14 @@ class SpoolReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as data (`spool verify --json`)."""
+        return {"directory": str(self.directory), "ok": self.ok, "segments": self.segments,
+                "records": self.records, "first_offset": self.first_offset,
+                "next_offset": self.next_offset, "cursors": dict(self.cursors),
+                "quarantined": list(self.quarantined), "problems": list(self.problems),
+                "warnings": list(self.warnings)}
+
     def render(self) -> str:
         lines = [
             f"spool {self.directory}: {'OK' if self.ok else 'PROBLEMS FOUND'}",

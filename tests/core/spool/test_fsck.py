@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from gpu_audit.spool import CursorStore, SpoolConfig, SpoolWriter, spool_stats, verify_spool
 from gpu_audit.spool.format import FRAME_HEAD_SIZE, HEADER_SIZE
@@ -75,3 +78,27 @@ def test_deleted_segment_gap_and_bad_cursor(tmp_path: Path) -> None:
     list_segments(directory)[0][1].unlink()
     report = verify_spool(directory)
     assert any("old.json: cursor 10 is behind the oldest record" in p for p in report.problems)
+
+
+def test_spool_verify_json_is_the_report_as_data(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpu-audit spool verify --json` prints the report as one JSON document (ok, counts,
+    offsets, cursors, problems) and keeps the exit code: 0 clean, 1 with a problem."""
+    from gpu_audit_app.cli import main
+
+    directory = _spool(tmp_path)
+    assert main(["spool", "verify", "--json", str(directory)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["problems"] == []
+    assert (doc["segments"], doc["records"], doc["next_offset"]) == (4, 120, 120)
+    assert doc["cursors"] == {"es": 45}
+    assert doc["directory"] == str(directory)
+
+    _base, path = list_segments(directory)[1]
+    with path.open("r+b") as handle:
+        handle.seek(HEADER_SIZE + FRAME_HEAD_SIZE + 5)
+        handle.write(b"X")
+    assert main(["spool", "verify", "--json", str(directory)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False
+    assert any("CRC mismatch" in p for p in doc["problems"])
