@@ -87,3 +87,30 @@ def test_every_command_and_option_the_docs_show_exists() -> None:
 def test_the_check_catches_what_it_must(line: str, expected: list[str]) -> None:
     """The scanner itself: an unknown option or action is reported, prose is not."""
     assert _problems_of(line.split(), build_parser())[1] == expected
+
+
+def _actions(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[str]:
+    """Every command and action of the parser tree, as `gpu-audit a b` paths' last words
+    under their group: ['run', 'audit verify', ..., 'launcher replay', ...]."""
+    sub = _subparsers(parser)
+    if sub is None:
+        return [" ".join(path)] if path else []
+    out: list[str] = []
+    for name, child in sub.choices.items():
+        out += _actions(child, (*path, name))
+    return out
+
+
+def test_the_readme_command_table_names_every_command_and_action() -> None:
+    """A newcomer finds every command from the README: each top-level command and each
+    action of a group appears in its Commands table."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for action in _actions(build_parser()):
+        group, _, verb = action.rpartition(" ")
+        rows = [r for r in table.splitlines() if f"`gpu-audit {group or verb}" in r]
+        if not any(not group or re.search(rf"`(gpu-audit {group} )?{re.escape(verb)}\b", r)
+                   for r in rows):
+            missing.append(action)
+    assert missing == []
