@@ -60,7 +60,7 @@ def _maps(exe: str, ident: ProcessIdentity | None) -> bytes:
             "torch") else "/usr/local/cuda/lib64"
         lines.append(f"{where}/{file_name(short, version)}")
     lines.append("/usr/lib/x86_64-linux-gnu/libc.so.6")
-    out = []
+    out: list[str] = []
     addr = 0x400000
     for path in lines:
         # start-end perms offset dev inode path: one read-only and one executable mapping

@@ -290,9 +290,10 @@ class ProcessSpec(Section):
     @classmethod
     def _known_libraries(cls, v: dict[str, str | None]) -> dict[str, str | None]:
         problems = []
+        known = ", ".join(sorted(SHORT_NAMES))
         for name, version in v.items():
             if name not in SHORT_NAMES:
-                problems.append(f"{name!r} is not a known library ({', '.join(sorted(SHORT_NAMES))})")
+                problems.append(f"{name!r} is not a known library ({known})")
             if version is not None and not valid_version(version):
                 problems.append(f"{name}: version {version!r} is not 1-4 dot-separated numbers")
         if problems:
