@@ -83,8 +83,9 @@ class AttributionConfig(Section):
     software: bool = Field(
         default=True,
         description="Read each new GPU process's /proc/<pid>/maps once and record the CUDA "
-        "and framework libraries it has loaded (and their versions) in its process_start "
-        "audit event.",
+        "and framework libraries it has loaded (and their versions), and the container "
+        "image its environment names (APPTAINER_NAME, SINGULARITY_NAME, CONTAINER_IMAGE; "
+        "needs the environ source), in its process_start audit event.",
     )
     maps_max_bytes: int = Field(
         default=4 * 1024 * 1024, ge=4096, le=64 * 1024 * 1024,

@@ -46,7 +46,7 @@ from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
 from exporter.attribution.registry import build_sources
-from exporter.attribution.software import parse_maps
+from exporter.attribution.software import image_from_environ, parse_maps
 from exporter.attribution.sources import (
     PROC_CGROUP,
     PROC_ENVIRON,
@@ -88,6 +88,7 @@ class _ProcEntry:
     memo: dict[_MemoKey, Attribution] = field(default_factory=dict)
     # Recognised libraries from its maps file (read once), None when unknown.
     software: Software | None = None
+    image: str = ""  # the container image its environment names (software on)
 
 
 _Generation = tuple[int, ...]
@@ -334,7 +335,7 @@ class Resolver:
         if entry is not None and start is not None:
             if self._want_software:
                 # Only for an entry that will be cached: once per process lifetime.
-                entry.software = self._read_software(pid, start)
+                entry.software = self._read_software(pid, start, entry.image)
             entry.stat_path = stat_path
             entry.stat_key = trusted
             self._cache[pid] = entry
@@ -346,6 +347,7 @@ class Resolver:
         uid: int | None = None
         environ: dict[str, str] = {}
         cgroup: dict[str, str] = {}
+        image = ""
         try:
             if self._want_owner:
                 try:
@@ -355,7 +357,7 @@ class Resolver:
                         raise
                     self._proc_failed(pid, exc)
             if self._want_environ:
-                environ = self._read_environ(pid, paths)
+                environ, image = self._read_environ(pid, paths)
             if self._want_cgroup:
                 try:
                     cgroup = parse_cgroup(procfs.read_cgroup(paths)).fields()
@@ -366,27 +368,38 @@ class Resolver:
         except procfs.ProcError as exc:
             self._proc_failed(pid, exc)
             return None
-        return _ProcEntry(start, uid, environ, cgroup)
+        return _ProcEntry(start, uid, environ, cgroup, image=image)
 
-    def _read_environ(self, pid: int, paths: procfs.ProcPaths) -> dict[str, str]:
+    def _read_environ(self, pid: int, paths: procfs.ProcPaths) -> tuple[dict[str, str], str]:
+        """(allow-listed identity fields, the container image it names or "")."""
         try:
             data, complete = procfs.read_bounded(paths.environ, self._config.environ_max_bytes)
         except procfs.ProcError as exc:
             if exc.kind == procfs.DENIED:
                 # Expected without CAP_SYS_PTRACE for other users' processes: quiet.
                 self._counters["environ_denied"] += 1
-                return {}
+                return {}, ""
             if exc.kind == procfs.VANISHED:
                 raise
             self._proc_failed(pid, exc)
-            return {}
+            return {}, ""
         if not complete:
             self._counters["environ_truncated"] += 1
-        return self._environ.extract(data, complete=complete)
+        image = image_from_environ(data, complete=complete) if self._want_software else ""
+        return self._environ.extract(data, complete=complete), image
 
-    def _read_software(self, pid: int, start: int) -> Software | None:
-        """The libraries in the maps file of the process (pid, start), or None. Never
-        raises: what runs is a record's detail, never a reason to lose the process."""
+    def _read_software(self, pid: int, start: int, image: str) -> Software | None:
+        """The libraries in the maps file of the process (pid, start) and the `image` its
+        environment named, or None when neither is known. Never raises: what runs is a
+        record's detail, never a reason to lose the process."""
+        libraries = self._read_libraries(pid, start)
+        if not image:
+            return libraries
+        if libraries is None:
+            return Software(image=image)
+        return Software(libraries.loaded, libraries.libraries, image)
+
+    def _read_libraries(self, pid: int, start: int) -> Software | None:
         limit = self._config.maps_max_bytes
         try:
             data, complete = procfs.read_maps(self._root, pid, start, limit)

@@ -1,4 +1,5 @@
-"""What a GPU process runs: the CUDA runtime and framework libraries it has mapped.
+"""What a GPU process runs: the CUDA runtime and framework libraries it has mapped, and
+the container image its environment names.
 
 Read from /proc/<pid>/maps once per process lifetime (the resolver caches it with the
 process's other /proc facts under (pid, start time)) and recorded only in the
@@ -11,9 +12,16 @@ version is digits and dots only, so nothing a job chose (its paths, its own libr
 names) reaches a record: what is recorded is always one of a few dozen names and a
 short dotted number.
 
-The maps file belongs to a job and is hostile input: this module parses bytes it is
-given and must never raise on garbage (odd lines are simply not matched), never keep or
-log the text, and never return a name or version outside the allow-list and charset.
+The image comes from the environment Apptainer and Singularity set inside a container
+(APPTAINER_NAME / SINGULARITY_NAME: the image's name) or a site's CONTAINER_IMAGE (the
+keys the launcher's job fingerprint reads), only when it is an image reference (letters,
+digits and ._:/@+- , at most 200 characters); no other source on these hosts knows the
+image (docs/ATTRIBUTION.md).
+
+The maps file and the environment belong to a job and are hostile input: this module
+parses bytes it is given and must never raise on garbage (odd lines are simply not
+matched), never keep or log the text, and never return a name, version or image outside
+the allow-list and charset, nor any environment key's value but the image keys'.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ LIBRARIES: Mapping[str, str] = {
     "libonnxruntime": "onnxruntime",
 }
 SHORT_NAMES: frozenset[str] = frozenset(LIBRARIES.values())
-_BY_STEM = {stem.encode(): short for stem, short in LIBRARIES.items()}
+# Keyed by the stem without "lib", which the pattern below matches as a literal prefix.
+_BY_STEM = {stem.encode()[3:]: short for stem, short in LIBRARIES.items()}
 
 MAX_VERSION_PARTS = 4
 MAX_VERSION_PART_DIGITS = 8
@@ -53,12 +62,13 @@ MAX_VERSION_PART_DIGITS = 8
 VERSION_PATTERN = r"^[0-9]{1,8}(\.[0-9]{1,8}){0,3}$"
 _VERSION = re.compile(VERSION_PATTERN)
 
-# One mapped file whose base name is a recognised library: `/<stem>[-<8 hex>].so[.N...]`
+# One mapped file whose base name is a recognised library: `/lib<stem>[-<8 hex>].so[.N...]`
 # at the end of a line (the kernel appends " (deleted)" to a file removed since it was
-# mapped). Longer stems first, so libcudart is not read as libcuda + "rt".
+# mapped). Longer stems first, so libcudart is not read as libcuda + "rt". The literal
+# "/lib" prefix lets the regex engine skip to candidates (~25 % faster than "/(lib...)").
 _STEMS = b"|".join(re.escape(s) for s in sorted(_BY_STEM, key=len, reverse=True))
 _MAPPED = re.compile(
-    rb"/(" + _STEMS + rb")(?:-[0-9a-f]{8})?\.so((?:\.[0-9]{1,8}){0,4})(?: \(deleted\))?$",
+    rb"/lib(" + _STEMS + rb")(?:-[0-9a-f]{8})?\.so((?:\.[0-9]{1,8}){0,4})(?: \(deleted\))?$",
     re.MULTILINE,
 )
 
@@ -96,9 +106,34 @@ def parse_maps(data: bytes, *, complete: bool = True) -> Software | None:
     return Software(loaded=tuple(sorted(loaded)), libraries=versions)
 
 
+IMAGE_ENVIRON_KEYS: tuple[str, ...] = ("APPTAINER_NAME", "SINGULARITY_NAME", "CONTAINER_IMAGE")
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
+_IMAGE = re.compile(IMAGE_PATTERN.encode())
+_IMAGE_KEYS = tuple(k.encode() + b"=" for k in IMAGE_ENVIRON_KEYS)
+
+
+def image_from_environ(buffer: bytes, *, complete: bool = True) -> str:
+    """The container image a NUL-separated environ buffer names, or "". The first key
+    of IMAGE_ENVIRON_KEYS present wins (the first occurrence of it, as getenv); a value
+    that is not an image reference gives nothing rather than a cleaned guess."""
+    entries = buffer.split(b"\0")
+    if not complete:
+        entries = entries[:-1]
+    found: dict[bytes, bytes] = {}
+    for entry in entries:
+        if entry.startswith(_IMAGE_KEYS):
+            key, _, value = entry.partition(b"=")
+            found.setdefault(key, value)
+    for key in _IMAGE_KEYS:
+        named = found.get(key[:-1])
+        if named is not None:
+            return named.decode("ascii") if _IMAGE.fullmatch(named) else ""
+    return ""
+
+
 def valid_version(version: str) -> bool:
     """Whether `version` is a version as this module records them (digits and dots)."""
-    return _VERSION.match(version) is not None
+    return _VERSION.fullmatch(version) is not None
 
 
 def file_name(short: str, version: str = "") -> str:

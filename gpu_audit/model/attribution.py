@@ -83,23 +83,28 @@ UNKNOWN = Attribution()
 
 @dataclass(frozen=True, slots=True)
 class Software:
-    """The recognised CUDA runtime and framework libraries a process has mapped, read
-    once per process lifetime from /proc/<pid>/maps (exporter.attribution.software).
+    """What a process runs, read once per process lifetime (exporter.attribution.software).
 
-    `loaded`: every recognised library (short names such as `cudart`, `nccl`, `torch`),
-    sorted; `libraries`: name -> version for those whose file name carries one
-    (libcudart.so.12.4.127 -> "12.4.127"). Both hold only allow-listed names and
-    versions made of digits and dots, so they are safe in records as they are.
+    `loaded`: every recognised CUDA or framework library it has mapped (short names such
+    as `cudart`, `nccl`, `torch`), sorted; `libraries`: name -> version for those whose
+    file name carries one (libcudart.so.12.4.127 -> "12.4.127"); `image`: the container
+    image its environment names (Apptainer/Singularity), "" when unknown. All hold only
+    allow-listed names and charsets, so they are safe in records as they are.
     """
 
-    loaded: tuple[str, ...]
+    loaded: tuple[str, ...] = ()
     libraries: Mapping[str, str] = field(default_factory=dict)
+    image: str = ""
 
     def record_part(self) -> dict[str, object]:
         """The `software` object of a process_start record: unknown is absent."""
-        part: dict[str, object] = {"loaded": list(self.loaded)}
+        part: dict[str, object] = {}
+        if self.loaded:
+            part["loaded"] = list(self.loaded)
         if self.libraries:
             part["libraries"] = dict(sorted(self.libraries.items()))
+        if self.image:
+            part["image"] = self.image
         return part
 
 

@@ -85,13 +85,17 @@ def test_schema_refuses_software_elsewhere_and_bad_values() -> None:
     start = next(r for r in records if "software" in r)
     base = orjson.loads(seal(start, 1, ZERO_HASH, None))
     assert VALIDATOR.is_valid(base)
+    assert VALIDATOR.is_valid({**base, "software": {"image": "nvcr.io/nvidia/pytorch:24.01-py3"}})
     bad: list[dict[str, Any]] = [
         {**base, "event": "process_end"},
         {**base, "software": {"loaded": ["evil"]}},
         {**base, "software": {"loaded": []}},
         {**base, "software": {"loaded": ["cudart"], "libraries": {"cudart": "12; rm"}}},
         {**base, "software": {"loaded": ["cudart"], "libraries": {}}},
-        {**base, "software": {"loaded": ["cudart"], "image": "x"}},
+        {**base, "software": {"loaded": ["cudart"], "image": "bad image"}},
+        {**base, "software": {"image": ""}},
+        {**base, "software": {}},
+        {**base, "software": {"loaded": ["cudart"], "os": "x"}},
     ]
     for rec in bad:
         assert not VALIDATOR.is_valid(rec), rec["software"]

@@ -25,10 +25,12 @@ from hypothesis import strategies as st
 from exporter.attribution import procfs
 from exporter.attribution.resolver import Resolver
 from exporter.attribution.software import (
+    IMAGE_PATTERN,
     LIBRARIES,
     SHORT_NAMES,
     VERSION_PATTERN,
     file_name,
+    image_from_environ,
     parse_maps,
     valid_version,
 )
@@ -335,6 +337,11 @@ def test_maps_of_a_reused_pid_is_not_read(tmp_path: Path) -> None:
     assert procfs.read_maps(str(root), 30, 500, 4096)[1] is True
 
 
+def test_valid_version_is_whole() -> None:
+    assert valid_version("12.4.127") and not valid_version("12.4.127\n")
+    assert not valid_version("12.") and not valid_version("1.2.3.4.5")
+
+
 def test_file_name_round_trips_through_the_parser() -> None:
     """What the simulator writes for a short name is read back as that name."""
     for short in SHORT_NAMES:
@@ -349,3 +356,44 @@ def test_schema_names_exactly_the_recognised_libraries() -> None:
     assert set(sw["loaded"]["items"]["enum"]) == SHORT_NAMES
     assert set(sw["libraries"]["propertyNames"]["enum"]) == SHORT_NAMES
     assert sw["libraries"]["additionalProperties"]["pattern"] == VERSION_PATTERN
+    assert sw["image"]["pattern"] == IMAGE_PATTERN
+
+
+def test_container_image_from_the_environment(tmp_path: Path) -> None:
+    """Apptainer's APPTAINER_NAME (or SINGULARITY_NAME, CONTAINER_IMAGE) names the
+    image, with or without libraries; a value that is not an image reference gives
+    none; other keys stay unread; off with `software: false` or without the environ
+    source."""
+    root = tmp_path / "proc"
+    with_libs = proc(40, environ={"APPTAINER_NAME": "pytorch_24.04-py3.sif", "TOKEN": "s3cr3t"},
+                     software={"cudart": "12.4.127"})
+    image_only = proc(41, environ={"CONTAINER_IMAGE": "nvcr.io/nvidia/pytorch:24.01-py3"})
+    hostile = proc(42, environ={"SINGULARITY_NAME": "x\x1b[31m; rm -rf /"})
+    too_long = proc(43, environ={"APPTAINER_NAME": "a" * 201})
+    procs = (with_libs, image_only, hostile, too_long)
+    make_tree(root, *procs)
+    out = resolver(config(tmp_path)).attribute([gpu(GPU0, *procs)])[GPU0]
+    assert [ap.software for ap in out] == [
+        Software(("cudart",), {"cudart": "12.4.127"}, "pytorch_24.04-py3.sif"),
+        Software(image="nvcr.io/nvidia/pytorch:24.01-py3"), None, None]
+    assert out[0].software is not None and "s3cr3t" not in repr(out[0].software)
+    for cfg in (config(tmp_path, software=False),
+                config(tmp_path, sources=("jobmap", "cgroup", "owner"))):
+        (ap,) = resolver(cfg).attribute([gpu(GPU0, image_only)])[GPU0]
+        assert ap.software is None
+
+
+@pytest.mark.parametrize(("buffer", "image"), [
+    (b"APPTAINER_NAME=a.sif\0SINGULARITY_NAME=b.sif\0", "a.sif"),
+    (b"SINGULARITY_NAME=b.sif\0APPTAINER_NAME=a.sif\0", "a.sif"),  # key order, not file
+    (b"APPTAINER_NAME=a.sif\0APPTAINER_NAME=z.sif\0", "a.sif"),  # first, as getenv
+    (b"XAPPTAINER_NAME=a.sif\0", ""),
+    (b"APPTAINER_NAME=\0", ""),
+    (b"APPTAINER_NAME=-leading-dash\0", ""),
+    (b"APPTAINER_NAME=caf\xc3\xa9.sif\0", ""),
+    (b"APPTAINER_NAME=a.sif\n\0", ""),  # "$" would match before a final newline
+    (b"APPTAINER_NAME=cut", ""),  # checked with complete=False below
+])
+def test_image_values(buffer: bytes, image: str) -> None:
+    complete = not buffer.endswith(b"cut")
+    assert image_from_environ(buffer, complete=complete) == image

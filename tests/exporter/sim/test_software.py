@@ -38,7 +38,8 @@ def test_busy_scenario_records_what_each_process_runs(tmp_path: Path) -> None:
               for r in records if r.get("event") == "process_start"}
     ddp = {"loaded": ["cublas", "cuda", "cudart", "cudnn", "nccl", "torch", "torch_cuda"],
            "libraries": {"cublas": "12.4.5.8", "cuda": "550.54.15", "cudart": "12.4.127",
-                         "cudnn": "9.1.0", "nccl": "2.21.5"}}
+                         "cudnn": "9.1.0", "nccl": "2.21.5"},
+           "image": "pytorch_24.04-py3.sif"}
     assert [starts[(g, 81200 + g)] for g in range(4)] == [ddp] * 4
     notebook = [sw for (g, pid), sw in starts.items() if g == 3 and pid >= 90311]
     assert notebook == [{"loaded": ["cublas", "cuda", "cudart", "cudnn", "torch"],

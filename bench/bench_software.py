@@ -1,0 +1,161 @@
+"""Cost of the software fingerprint (/proc/<pid>/maps, once per process), side by side
+with attribution without it.
+
+The fake /proc of bench_attribution.py (8 GPUs x 64 processes, realistic environ and
+Kubernetes cgroups) gets a maps file per process shaped like a PyTorch CUDA training
+process's (3,000 mappings, ~390 KiB: the CUDA runtime, cuBLAS, cuDNN, NCCL and libtorch
+among a few hundred other shared objects). Measured, CPU milliseconds, interleaved so
+machine noise hits both alike:
+  - a cold cycle (every process new: the cost paid once per process lifetime), with
+    `attribution.software` on and off; the difference / 512 is the per-new-process cost;
+  - warm cycles (the steady state), on and off: should be the same (nothing re-read);
+  - read_maps + parse_maps of a real process through the real /proc (this benchmark's
+    own interpreter), the kernel's cost of generating the text included.
+
+    .venv/bin/python bench/bench_software.py [--cold 15] [--cycles 200] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench.bench_attribution import GPUS, PROCS_PER_GPU, build
+from exporter.attribution import procfs
+from exporter.attribution.config import AttributionConfig
+from exporter.attribution.resolver import Resolver
+from exporter.attribution.software import parse_maps
+from gpu_audit.model.samples import GpuSample
+
+MAPPINGS = 3000
+LIBS = ("/usr/local/cuda/lib64/libcudart.so.12.4.127",
+        "/opt/venv/lib/python3.12/site-packages/nvidia/cublas/lib/libcublas.so.12",
+        "/opt/venv/lib/python3.12/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
+        "/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2.21.5",
+        "/opt/venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+
+
+def torch_like_maps() -> bytes:
+    lines = []
+    for i in range(MAPPINGS):
+        if i % 500 == 0 and i // 500 < len(LIBS):
+            path = LIBS[i // 500]
+        elif i % 4 == 3:
+            path = ""  # anonymous mappings
+        else:
+            path = (f"/opt/venv/lib/python3.12/site-packages/pkg{i % 300}/"
+                    f"_ext{i % 7}.cpython-312-x86_64-linux-gnu.so")
+        lines.append(f"{0x7f0000000000 + i * 0x1000:012x}-{0x7f0000001000 + i * 0x1000:012x} "
+                     f"r-xp 00000000 08:01 {100000 + i:<10d} {path}\n")
+    return "".join(lines).encode()
+
+
+def cpu_ms(fn: Callable[[], object]) -> float:
+    start = time.process_time()
+    fn()
+    return (time.process_time() - start) * 1000
+
+
+def median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 3)
+
+
+def p95(xs: list[float]) -> float:
+    return round(sorted(xs)[int(0.95 * len(xs))], 3)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cold", type=int, default=15, help="cold cycles per setting")
+    parser.add_argument("--cycles", type=int, default=200, help="warm cycles per setting")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-sw-") as tmp:
+        samples, base = build(Path(tmp))
+        maps = torch_like_maps()
+        for s in samples:
+            for p in s.processes:
+                (Path(tmp) / "proc" / str(p.pid) / "maps").write_bytes(maps)
+        on: AttributionConfig = base
+        off = base.model_copy(update={"software": False})
+
+        def cold(cfg: AttributionConfig) -> float:
+            r = Resolver(cfg)
+            try:
+                return cpu_ms(lambda: r.attribute(samples))
+            finally:
+                r.close()
+
+        cold_on: list[float] = []
+        cold_off: list[float] = []
+        for _ in range(args.cold):
+            cold_on.append(cold(on))
+            cold_off.append(cold(off))
+        warm_on_r, warm_off_r = Resolver(on), Resolver(off)
+        first = warm_on_r.attribute(samples)
+        warm_off_r.attribute(samples)
+        sw = first[samples[0].info.uuid][0].software
+        warm_on: list[float] = []
+        warm_off: list[float] = []
+        att: Callable[[Resolver, list[GpuSample]], object] = Resolver.attribute
+        for _ in range(args.cycles):
+            warm_on.append(cpu_ms(lambda: att(warm_on_r, samples)))
+            warm_off.append(cpu_ms(lambda: att(warm_off_r, samples)))
+        reads = warm_on_r.stats()["software_reads"]
+    # A real process through the real /proc: this interpreter.
+    pid = os.getpid()
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        start = procfs.parse_start_time(f.read())
+    real: list[float] = []
+    size = 0
+    for _ in range(200):
+        def one() -> None:
+            nonlocal size
+            data, complete = procfs.read_maps("/proc", pid, start, 4 << 20)
+            size = len(data)
+            parse_maps(data, complete=complete)
+        real.append(cpu_ms(one))
+    n = GPUS * PROCS_PER_GPU
+    result = {
+        "gpus": GPUS, "processes": n, "maps_bytes": len(maps), "maps_lines": MAPPINGS,
+        "software_example": {"loaded": list(sw.loaded), "libraries": dict(sw.libraries)}
+        if sw else None,
+        "cold_cycle_cpu_ms_median_software_on": median(cold_on),
+        "cold_cycle_cpu_ms_median_software_off": median(cold_off),
+        "per_new_process_cpu_ms": round((median(cold_on) - median(cold_off)) / n, 4),
+        "warm_cycle_cpu_ms_median_software_on": median(warm_on),
+        "warm_cycle_cpu_ms_p95_software_on": p95(warm_on),
+        "warm_cycle_cpu_ms_median_software_off": median(warm_off),
+        "warm_cycle_cpu_ms_p95_software_off": p95(warm_off),
+        "maps_reads_after_warm_cycles": reads,
+        "real_proc_self_maps_bytes": size,
+        "real_proc_read_and_parse_cpu_ms_median": median(real),
+    }
+    print(f"software fingerprint, {GPUS} GPUs x {PROCS_PER_GPU} processes, maps "
+          f"{len(maps) // 1024} KiB / {MAPPINGS} lines each (CPU ms)")
+    print("  cold cycle (all new), software on / off: "
+          f"{result['cold_cycle_cpu_ms_median_software_on']}"
+          f" / {result['cold_cycle_cpu_ms_median_software_off']}"
+          f"  -> {result['per_new_process_cpu_ms']} ms per new process")
+    print(f"  warm cycle median (p95), on: {result['warm_cycle_cpu_ms_median_software_on']} "
+          f"({result['warm_cycle_cpu_ms_p95_software_on']}), off: "
+          f"{result['warm_cycle_cpu_ms_median_software_off']} "
+          f"({result['warm_cycle_cpu_ms_p95_software_off']}); maps reads after "
+          f"{args.cycles + 1} cycles: {reads} (one per process)")
+    print(f"  real /proc/self/maps ({size} bytes) read + parse: "
+          f"{result['real_proc_read_and_parse_cpu_ms_median']} ms")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
