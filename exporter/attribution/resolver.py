@@ -29,7 +29,8 @@ never an input to attribution: a maps file that cannot be read or parsed leaves
 
 This module must never raise out of attribute() because of a process (vanished,
 unreadable, garbage in its files), never block on the kubelet, and never store or log
-any environment variable other than the allow-listed ones' cleaned values.
+any environment variable other than the allow-listed ones' cleaned values (and, with
+`software` on, the image keys' values that are image references).
 """
 
 from __future__ import annotations
@@ -385,8 +386,19 @@ class Resolver:
             return {}, ""
         if not complete:
             self._counters["environ_truncated"] += 1
-        image = image_from_environ(data, complete=complete) if self._want_software else ""
-        return self._environ.extract(data, complete=complete), image
+        return self._environ.extract(data, complete=complete), self._image(pid, data, complete)
+
+    def _image(self, pid: int, data: bytes, complete: bool) -> str:
+        if not self._want_software:
+            return ""
+        try:
+            return image_from_environ(data, complete=complete)
+        except Exception as exc:  # noqa: BLE001 - the image must never cost attribution
+            self._count_and_log_once(
+                "software_errors", "reading the image of pid %d failed (%s)",
+                pid, type(exc).__name__,
+            )
+            return ""
 
     def _read_software(self, pid: int, start: int, image: str) -> Software | None:
         """The libraries in the maps file of the process (pid, start) and the `image` its

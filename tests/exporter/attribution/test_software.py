@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.attribution import procfs
+from exporter.attribution import resolver as resolver_module
 from exporter.attribution.resolver import Resolver
 from exporter.attribution.software import (
     IMAGE_PATTERN,
@@ -397,3 +398,22 @@ def test_container_image_from_the_environment(tmp_path: Path) -> None:
 def test_image_values(buffer: bytes, image: str) -> None:
     complete = not buffer.endswith(b"cut")
     assert image_from_environ(buffer, complete=complete) == image
+
+
+def test_a_bug_in_the_fingerprint_never_costs_attribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should parsing the maps file or the image ever raise, the process is attributed
+    as before, software is absent and the failure is counted."""
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(resolver_module, "parse_maps", broken)
+    monkeypatch.setattr(resolver_module, "image_from_environ", broken)
+    p = proc(50, environ={"USER": "carol", "APPTAINER_NAME": "a.sif"},
+             software={"cudart": "12.4.127"})
+    make_tree(tmp_path / "proc", p)
+    r = resolver(config(tmp_path))
+    (ap,) = r.attribute([gpu(GPU0, p)])[GPU0]
+    assert ap.software is None and ap.attribution.user == "carol"
+    assert r.stats()["software_errors"] == 2 and r.stats()["attribution_errors"] == 0
