@@ -7,6 +7,7 @@ the real resolver reads it and the audit builder puts it in the process_start ev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,8 +22,10 @@ from gpu_audit.model.snapshot import Snapshot
 from tests.exporter.sim.conftest import open_backend
 
 
-def test_busy_scenario_records_what_each_process_runs(tmp_path: Path) -> None:
-    backend, clock = open_backend("busy")
+def _first_cycle(scenario: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The records of a scenario's first cycle, attributed through its fake /proc as
+    `--backend sim` does (exporter/sim/harness.py)."""
+    backend, clock = open_backend(scenario)
     procfs = SimProcfs()
     try:
         gpus = tuple(backend.sample(clock(), slow=True))
@@ -34,6 +37,11 @@ def test_busy_scenario_records_what_each_process_runs(tmp_path: Path) -> None:
         records = build_records(snap, None, stream="exporter", exporter_version="t")
     finally:
         procfs.remove()
+    return records
+
+
+def test_busy_scenario_records_what_each_process_runs(tmp_path: Path) -> None:
+    records = _first_cycle("busy", tmp_path)
     starts = {(r["gpu"]["index"], r["process"]["pid"]): r.get("software")
               for r in records if r.get("event") == "process_start"}
     ddp = {"loaded": ["cublas", "cuda", "cudart", "cudnn", "nccl", "torch", "torch_cuda"],
@@ -59,3 +67,13 @@ def test_bad_software_is_refused_naming_every_problem(tmp_path: Path) -> None:
     message = str(err.value)
     assert "'evil' is not a known library" in message
     assert "cudart: version '12.x'" in message
+
+
+def test_mig_scenario_triton_pod(tmp_path: Path) -> None:
+    """The MIG scenario's Triton pod records TensorRT and its CUDA runtime."""
+    records = _first_cycle("mig", tmp_path)
+    (triton,) = [r["software"] for r in records
+                 if r.get("event") == "process_start" and r["process"]["pid"] == 12002]
+    assert triton["libraries"]["tensorrt"] == "8.6.1"
+    assert triton["loaded"] == ["cublas", "cuda", "cudart", "onnxruntime", "tensorrt"]
+    assert "image" not in triton
