@@ -9,8 +9,10 @@ machine noise hits both alike:
   - a cold cycle (every process new: the cost paid once per process lifetime), with
     `attribution.software` on and off; the difference / 512 is the per-new-process cost;
   - warm cycles (the steady state), on and off: should be the same (nothing re-read);
-  - read_maps + parse_maps of a real process through the real /proc (this benchmark's
-    own interpreter), the kernel's cost of generating the text included.
+  - read_maps + parse_maps of real processes through the real /proc, the kernel's cost
+    of generating the text included: this benchmark's own interpreter; a child with
+    3,000 file mappings (as many maps lines as a PyTorch CUDA process has), 12 of them
+    CUDA library names; and a hostile child whose 3,000 mappings all name libcudart.
 
     .venv/bin/python bench/bench_software.py [--cold 15] [--cycles 200] [--json PATH]
 """
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +59,54 @@ def torch_like_maps() -> bytes:
         lines.append(f"{0x7f0000000000 + i * 0x1000:012x}-{0x7f0000001000 + i * 0x1000:012x} "
                      f"r-xp 00000000 08:01 {100000 + i:<10d} {path}\n")
     return "".join(lines).encode()
+
+
+# Maps each file named on the command line `count` times (argv: count path count path
+# ...); mappings of one file at offset 0 never merge, so each is a maps line.
+_MANY_MAPPINGS = (
+    "import mmap, sys\n"
+    "keep = []\n"
+    "args = sys.argv[1:]\n"
+    "for count, path in zip(args[::2], args[1::2]):\n"
+    "    f = open(path, 'rb')\n"
+    "    keep += [mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ) for _ in range(int(count))]\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def real_read_ms(pid: int, runs: int = 200) -> tuple[float, int]:
+    """Median CPU ms of read_maps + parse_maps of `pid` through /proc, and its size."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        start = procfs.parse_start_time(f.read())
+    times: list[float] = []
+    size = 0
+    for _ in range(runs):
+        def one() -> None:
+            nonlocal size
+            data, complete = procfs.read_maps("/proc", pid, start, 4 << 20)
+            size = len(data)
+            parse_maps(data, complete=complete)
+        times.append(cpu_ms(one))
+    return median(times), size
+
+
+def many_mappings_ms(tmp: Path, *, hostile: bool) -> tuple[float, int]:
+    args: list[str] = []
+    libs = [] if hostile else [Path(p).name for p in LIBS]
+    for name in [*libs, "libcudart.so.12.4.127" if hostile else "_ext.cpython-312.so"]:
+        path = tmp / name
+        path.write_bytes(b"\0" * 4096)
+        args += ["2" if name in libs else str(MAPPINGS - 2 * len(libs)), str(path)]
+    child = subprocess.Popen([sys.executable, "-c", _MANY_MAPPINGS, *args],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        return real_read_ms(child.pid)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
 
 
 def cpu_ms(fn: Callable[[], object]) -> float:
@@ -110,19 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             warm_on.append(cpu_ms(lambda: att(warm_on_r, samples)))
             warm_off.append(cpu_ms(lambda: att(warm_off_r, samples)))
         reads = warm_on_r.stats()["software_reads"]
-    # A real process through the real /proc: this interpreter.
-    pid = os.getpid()
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        start = procfs.parse_start_time(f.read())
-    real: list[float] = []
-    size = 0
-    for _ in range(200):
-        def one() -> None:
-            nonlocal size
-            data, complete = procfs.read_maps("/proc", pid, start, 4 << 20)
-            size = len(data)
-            parse_maps(data, complete=complete)
-        real.append(cpu_ms(one))
+        # Real processes through the real /proc: this interpreter, and a child with
+        # 3,000 mappings.
+        real, size = real_read_ms(os.getpid())
+        many, many_size = many_mappings_ms(Path(tmp), hostile=False)
+        hostile, hostile_size = many_mappings_ms(Path(tmp), hostile=True)
     n = GPUS * PROCS_PER_GPU
     result = {
         "gpus": GPUS, "processes": n, "maps_bytes": len(maps), "maps_lines": MAPPINGS,
@@ -137,7 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warm_cycle_cpu_ms_p95_software_off": p95(warm_off),
         "maps_reads_after_warm_cycles": reads,
         "real_proc_self_maps_bytes": size,
-        "real_proc_read_and_parse_cpu_ms_median": median(real),
+        "real_proc_read_and_parse_cpu_ms_median": real,
+        "real_proc_3000_mappings_maps_bytes": many_size,
+        "real_proc_3000_mappings_read_and_parse_cpu_ms_median": many,
+        "real_proc_3000_libcudart_mappings_maps_bytes": hostile_size,
+        "real_proc_3000_libcudart_mappings_read_and_parse_cpu_ms_median": hostile,
     }
     print(f"software fingerprint, {GPUS} GPUs x {PROCS_PER_GPU} processes, maps "
           f"{len(maps) // 1024} KiB / {MAPPINGS} lines each (CPU ms)")
@@ -150,8 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{result['warm_cycle_cpu_ms_median_software_off']} "
           f"({result['warm_cycle_cpu_ms_p95_software_off']}); maps reads after "
           f"{args.cycles + 1} cycles: {reads} (one per process)")
-    print(f"  real /proc/self/maps ({size} bytes) read + parse: "
-          f"{result['real_proc_read_and_parse_cpu_ms_median']} ms")
+    print(f"  real /proc/<pid>/maps read + parse, this interpreter ({size} bytes): "
+          f"{real} ms;\n    a child with {MAPPINGS} mappings ({many_size} bytes): {many} ms; "
+          f"a hostile child with {MAPPINGS} libcudart mappings ({hostile_size} bytes): "
+          f"{hostile} ms")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

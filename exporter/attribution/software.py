@@ -91,10 +91,11 @@ def parse_maps(data: bytes, *, complete: bool = True) -> Software | None:
         data = data[: cut + 1] if cut >= 0 else b""
     loaded: set[str] = set()
     versions: dict[str, str] = {}
-    for match in _MAPPED.finditer(data):
-        short = _BY_STEM[match.group(1)]
+    # findall and a set: a library has several mappings (one line each), and a hostile
+    # process may map one file thousands of times; only distinct names cost Python work.
+    for stem, suffix in set(_MAPPED.findall(data)):
+        short = _BY_STEM[stem]
         loaded.add(short)
-        suffix = match.group(2)
         if not suffix:
             continue
         version = suffix[1:].decode("ascii")
