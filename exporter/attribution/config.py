@@ -80,6 +80,18 @@ class AttributionConfig(Section):
     jobmap_max_file_bytes: int = Field(
         default=64 * 1024, ge=256, description="Job-mapping files larger than this are skipped."
     )
+    software: bool = Field(
+        default=True,
+        description="Read each new GPU process's /proc/<pid>/maps once and record the CUDA "
+        "and framework libraries it has loaded (and their versions), and the container "
+        "image its environment names (APPTAINER_NAME, SINGULARITY_NAME, CONTAINER_IMAGE; "
+        "needs the environ source), in its process_start audit event.",
+    )
+    maps_max_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=4096, le=64 * 1024 * 1024,
+        description="Read at most this much of a process's maps file (a process with "
+        "very many mappings has a huge one); libraries listed past it are not seen.",
+    )
     passwd_file: Path | None = Field(
         default=None,
         description="Map uids to names from this passwd-format file instead of the "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat as statmod
 from dataclasses import dataclass
 
 from gpu_audit.errors import GpuAuditError
@@ -26,6 +27,12 @@ _VANISHED_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH, errno.ENOTDIR})
 _DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 
 SMALL_FILE_LIMIT = 64 * 1024
+
+# A pid directory is opened as a directory, never through a symlink, and its files are
+# opened relative to that descriptor, never through a symlink, without blocking (a FIFO
+# planted in a fake tree must not hang the cycle).
+_O_PID_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_PID_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class ProcError(GpuAuditError):
@@ -54,6 +61,11 @@ def read_bounded(path: str, limit: int) -> tuple[bytes, bool]:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise classify(exc) from None
+    return _read_fd(fd, limit)
+
+
+def _read_fd(fd: int, limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` bytes from `fd` (which it closes), and whether EOF was reached."""
     try:
         chunks: list[bytes] = []
         size = 0
@@ -122,6 +134,46 @@ def read_start_time(stat_path: str) -> int:
     finally:
         os.close(fd)
     return parse_start_time(data)
+
+
+def read_maps(root: str, pid: int, start: int, limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` bytes of /proc/<pid>/maps of the process that started at `start`
+    (clock ticks, stat field 22), and whether the whole file was read.
+
+    Through a descriptor of the pid directory: the start time is read from its `stat`
+    and checked first, and on procfs a directory descriptor stays bound to its task
+    (reads fail with ESRCH once it exits), so the maps read is that very process's even
+    if the pid was reused since the cache entry was made. A different start time is
+    VANISHED (the process the caller means is gone). Neither the directory nor `maps`
+    is followed through a symlink, and `maps` must be a regular file (procfs files are).
+    """
+    try:
+        dfd = os.open(f"{root}/{pid}", _O_PID_DIR)
+    except OSError as exc:
+        raise classify(exc) from None
+    try:
+        data, _ = _read_fd(_open_at(dfd, "stat"), 4096)
+        if parse_start_time(data) != start:
+            raise ProcError(VANISHED)
+        return _read_fd(_open_at(dfd, "maps"), limit)
+    finally:
+        os.close(dfd)
+
+
+def _open_at(dfd: int, name: str) -> int:
+    try:
+        fd = os.open(name, _O_PID_FILE, dir_fd=dfd)
+    except OSError as exc:
+        raise classify(exc) from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise classify(exc) from None
+    if not statmod.S_ISREG(mode):
+        os.close(fd)
+        raise ProcError(OTHER)
+    return fd
 
 
 def parse_real_uid(status: bytes) -> int:

@@ -21,9 +21,16 @@ Answers are memoised per process until the job map or kubelet map changes: the s
 Attribution object is handed out each cycle, which lets the audit builder reuse its
 serialised form.
 
+What a process runs (the CUDA and framework libraries in /proc/<pid>/maps,
+exporter.attribution.software) is read with the rest, once per (pid, start time), with
+the byte cap `maps_max_bytes`, and handed out as AttributedProcess.software. It is
+never an input to attribution: a maps file that cannot be read or parsed leaves
+`software` None and changes no answer.
+
 This module must never raise out of attribute() because of a process (vanished,
 unreadable, garbage in its files), never block on the kubelet, and never store or log
-any environment variable other than the allow-listed ones' cleaned values.
+any environment variable other than the allow-listed ones' cleaned values (and, with
+`software` on, the image keys' values that are image references).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
 from exporter.attribution.registry import build_sources
+from exporter.attribution.software import image_from_environ, parse_maps
 from exporter.attribution.sources import (
     PROC_CGROUP,
     PROC_ENVIRON,
@@ -50,7 +58,7 @@ from exporter.attribution.sources import (
     proc_needs,
 )
 from exporter.attribution.users import UserLookup
-from gpu_audit.model.attribution import AttributedProcess, Attribution
+from gpu_audit.model.attribution import AttributedProcess, Attribution, Software
 from gpu_audit.model.samples import GpuSample, ProcessSample
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,9 @@ class _ProcEntry:
     # Identity of the stat file when `start` was read from it; None: read it again.
     stat_key: _StatKey | None = None
     memo: dict[_MemoKey, Attribution] = field(default_factory=dict)
+    # Recognised libraries from its maps file (read once), None when unknown.
+    software: Software | None = None
+    image: str = ""  # the container image its environment names (software on)
 
 
 _Generation = tuple[int, ...]
@@ -120,6 +131,7 @@ class Resolver:
         self._want_environ = PROC_ENVIRON in needs
         self._want_cgroup = PROC_CGROUP in needs
         self._want_owner = PROC_UID in needs
+        self._want_software = config.software
         self._environ = EnvironMapping.build(
             config.environ_keys, config.environ_fields, config.environ_value_max_length
         )
@@ -186,6 +198,7 @@ class Resolver:
                         attribution = entry.memo.get(key) if entry is not None else None
                         if attribution is None:
                             attribution = self._resolve(proc, entry, uuids, generation, key)
+                        software = entry.software if entry is not None else None
                     except Exception as exc:  # noqa: BLE001 - one process must not cost the cycle
                         self._count_and_log_once(
                             "attribution_errors",
@@ -194,7 +207,8 @@ class Resolver:
                             type(exc).__name__,
                         )
                         attribution = Attribution()
-                    append(AttributedProcess(uuid, proc, attribution))
+                        software = None
+                    append(AttributedProcess(uuid, proc, attribution, software))
                 out[uuid] = tuple(results)
         finally:
             self._counters["cache_hits"] += hits
@@ -236,6 +250,10 @@ class Resolver:
             "kubelet_errors": 0,
             "kubelet_refreshes": 0,
             "attribution_errors": 0,
+            "software_reads": 0,
+            "software_truncated": 0,
+            "software_denied": 0,
+            "software_errors": 0,
         }
         out.update(self._counters)
         for source in self._sources:
@@ -316,6 +334,9 @@ class Resolver:
         self._counters["cache_misses"] += 1
         entry = self._read(pid, procfs.ProcPaths.for_pid(self._root, pid), start)
         if entry is not None and start is not None:
+            if self._want_software:
+                # Only for an entry that will be cached: once per process lifetime.
+                entry.software = self._read_software(pid, start, entry.image)
             entry.stat_path = stat_path
             entry.stat_key = trusted
             self._cache[pid] = entry
@@ -327,6 +348,7 @@ class Resolver:
         uid: int | None = None
         environ: dict[str, str] = {}
         cgroup: dict[str, str] = {}
+        image = ""
         try:
             if self._want_owner:
                 try:
@@ -336,7 +358,7 @@ class Resolver:
                         raise
                     self._proc_failed(pid, exc)
             if self._want_environ:
-                environ = self._read_environ(pid, paths)
+                environ, image = self._read_environ(pid, paths)
             if self._want_cgroup:
                 try:
                     cgroup = parse_cgroup(procfs.read_cgroup(paths)).fields()
@@ -347,23 +369,79 @@ class Resolver:
         except procfs.ProcError as exc:
             self._proc_failed(pid, exc)
             return None
-        return _ProcEntry(start, uid, environ, cgroup)
+        return _ProcEntry(start, uid, environ, cgroup, image=image)
 
-    def _read_environ(self, pid: int, paths: procfs.ProcPaths) -> dict[str, str]:
+    def _read_environ(self, pid: int, paths: procfs.ProcPaths) -> tuple[dict[str, str], str]:
+        """(allow-listed identity fields, the container image it names or "")."""
         try:
             data, complete = procfs.read_bounded(paths.environ, self._config.environ_max_bytes)
         except procfs.ProcError as exc:
             if exc.kind == procfs.DENIED:
                 # Expected without CAP_SYS_PTRACE for other users' processes: quiet.
                 self._counters["environ_denied"] += 1
-                return {}
+                return {}, ""
             if exc.kind == procfs.VANISHED:
                 raise
             self._proc_failed(pid, exc)
-            return {}
+            return {}, ""
         if not complete:
             self._counters["environ_truncated"] += 1
-        return self._environ.extract(data, complete=complete)
+        return self._environ.extract(data, complete=complete), self._image(pid, data, complete)
+
+    def _image(self, pid: int, data: bytes, complete: bool) -> str:
+        if not self._want_software:
+            return ""
+        try:
+            return image_from_environ(data, complete=complete)
+        except Exception as exc:  # noqa: BLE001 - the image must never cost attribution
+            self._count_and_log_once(
+                "software_errors", "reading the image of pid %d failed (%s)",
+                pid, type(exc).__name__,
+            )
+            return ""
+
+    def _read_software(self, pid: int, start: int, image: str) -> Software | None:
+        """The libraries in the maps file of the process (pid, start) and the `image` its
+        environment named, or None when neither is known. Never raises: what runs is a
+        record's detail, never a reason to lose the process."""
+        libraries = self._read_libraries(pid, start)
+        if not image:
+            return libraries
+        if libraries is None:
+            return Software(image=image)
+        return Software(libraries.loaded, libraries.libraries, image)
+
+    def _read_libraries(self, pid: int, start: int) -> Software | None:
+        limit = self._config.maps_max_bytes
+        try:
+            data, complete = procfs.read_maps(self._root, pid, start, limit)
+            self._counters["software_reads"] += 1
+            if not complete:
+                self._count_and_log_once(
+                    "software_truncated",
+                    "the maps file of pid %d is over maps_max_bytes (%d): libraries listed "
+                    "after it are not seen",
+                    pid,
+                    limit,
+                )
+            return parse_maps(data, complete=complete)
+        except procfs.ProcError as exc:
+            if exc.kind == procfs.VANISHED:
+                self._counters[procfs.VANISHED] += 1
+            elif exc.kind == procfs.DENIED:
+                # Reading another user's maps needs ptrace read access (root has it).
+                self._counters["software_denied"] += 1
+            else:
+                self._count_and_log_once(
+                    "software_errors", "cannot read the maps file of pid %d (%s, errno %d)",
+                    pid, exc.kind, exc.err,
+                )
+        except Exception as exc:  # noqa: BLE001 - a parsing bug must not cost attribution
+            self._count_and_log_once(
+                "software_errors", "reading the maps file of pid %d failed (%s)",
+                pid, type(exc).__name__,
+            )
+        return None
 
     # -- merging ----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 For `--backend sim` runs and tests: the simulator gives each ProcessSample a
 ProcessIdentity (uid, start time, environment, cgroup path), and this module writes what
 the kernel would show for it under <root>/<pid>/ (stat, status, environ, cgroup, comm,
-cmdline) plus <root>/stat with the boot time, so the Resolver reads simulated processes
+cmdline, and maps listing the libraries the scenario says it loaded) plus <root>/stat
+with the boot time, so the Resolver reads simulated processes
 through exactly the code path it uses on a real host. It must never be pointed at a real
 /proc (it refuses a root that holds a live kernel's self/ link) and never writes outside
 `root`.
@@ -17,7 +18,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gpu_audit.model.samples import GpuSample, ProcessSample
+from exporter.attribution.software import file_name
+from gpu_audit.model.samples import GpuSample, ProcessIdentity, ProcessSample
 
 DEFAULT_BOOT_TIME = 1_700_000_000.0
 
@@ -46,6 +48,28 @@ def _status(comm: str, pid: int, uid: int | None) -> str:
         lines.append(f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}")
     lines.append("Threads:\t1")
     return "\n".join(lines) + "\n"
+
+
+def _maps(exe: str, ident: ProcessIdentity | None) -> bytes:
+    """A maps file as the kernel shows it for a process that loaded the identity's
+    libraries (each library's file under a CUDA toolkit or wheel directory), between its
+    executable and libc."""
+    lines = [f"{exe if exe.startswith('/') else '/usr/bin/' + exe}"]
+    for short, version in sorted((ident.software if ident else {}).items()):
+        where = "/opt/venv/lib/python3.12/site-packages/torch/lib" if short.startswith(
+            "torch") else "/usr/local/cuda/lib64"
+        lines.append(f"{where}/{file_name(short, version)}")
+    lines.append("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    out: list[str] = []
+    addr = 0x400000
+    for path in lines:
+        # start-end perms offset dev inode path: one read-only and one executable mapping
+        for perms in ("r--p", "r-xp"):
+            out.append(f"{addr:08x}-{addr + 0x1000:08x} {perms} 00000000 08:01 {1000 + len(out)}"
+                       f"{' ' * 19}{path}\n")
+            addr += 0x1000
+    out.append(f"{addr:08x}-{addr + 0x21000:08x} rw-p 00000000 00:00 0{' ' * 26}[heap]\n")
+    return "".join(out).encode("utf-8", errors="surrogateescape")
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
@@ -100,6 +124,7 @@ def write_fake_proc(
         _write_if_changed(pid_dir / "cmdline", (proc.name or comm).encode() + b"\0")
         _write_if_changed(pid_dir / "environ", environ)
         _write_if_changed(pid_dir / "cgroup", (cgroup.rstrip("\n") + "\n").encode())
+        _write_if_changed(pid_dir / "maps", _maps(proc.name or comm, ident))
         written.add(pid)
     if prune:
         for child in root.iterdir():

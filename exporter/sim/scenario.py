@@ -407,6 +407,8 @@ class _Checker:
                             environ={key: _fill_placeholders(text, values)
                                      for key, text in spec.environ.items()},
                             cgroup=_fill_placeholders(spec.cgroup, values),
+                            software={name: version or ""
+                                      for name, version in spec.software.items()},
                         ),
                         source_index=pi,
                         pod=spec.pod,

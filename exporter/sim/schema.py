@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from exporter.attribution.software import SHORT_NAMES, valid_version
 from gpu_audit.config_section import Section
 from gpu_audit.model.fields import BY_KEY
 
@@ -278,6 +279,26 @@ class ProcessSpec(Section):
     pod: PodSpec | None = Field(
         default=None, description="Kubernetes pod/container the simulated kubelet reports."
     )
+    software: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="Libraries it has loaded: short name (cudart, cublas, cudnn, nccl, "
+        "torch, ...) -> the version its file name carries, or null for none. Written into "
+        "its fake /proc/<pid>/maps, so the exporter reads them as on a real host.",
+    )
+
+    @field_validator("software")
+    @classmethod
+    def _known_libraries(cls, v: dict[str, str | None]) -> dict[str, str | None]:
+        problems = []
+        known = ", ".join(sorted(SHORT_NAMES))
+        for name, version in v.items():
+            if name not in SHORT_NAMES:
+                problems.append(f"{name!r} is not a known library ({known})")
+            if version is not None and not valid_version(version):
+                problems.append(f"{name}: version {version!r} is not 1-4 dot-separated numbers")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> ProcessSpec:

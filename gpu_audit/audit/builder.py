@@ -12,7 +12,10 @@ not on the first snapshot after a start):
   one `unattributed` record for the usage no attributed process explains;
 - events: `gpu_lost` / `gpu_recovered` (up transitions; a GPU missing from the snapshot
   counts as lost), `process_end` / `process_start` (the set of visible (GPU, pid, start
-  time) keys changed), `xid` (GpuSample.new_xids).
+  time) keys changed), `xid` (GpuSample.new_xids). A `process_start` also carries
+  `software`, the libraries the process has loaded, when the resolver found any
+  (AttributedProcess.software); no other record does, so what a process runs costs one
+  record's bytes per process lifetime.
 
 Records of one cycle share nested objects (the GPU part, an owner's attribution part):
 treat them as read-only; the producer only ever sets top-level `seq` / `prev_hash` /
@@ -72,6 +75,8 @@ def _process_event(
     rec["attributed"] = owned
     if owned:
         rec["attribution"] = part
+    if ap.software is not None and event == "process_start":
+        rec["software"] = ap.software.record_part()
     return rec
 
 

@@ -1,7 +1,9 @@
 """What attribution answers about one GPU process, and where each answer came from.
 
 Pure data. The resolver (exporter.attribution.resolver) fills it; the renderer, the audit
-record builder and the allocation view read it.
+record builder and the allocation view read it. `Software` (the CUDA and framework
+libraries a process has mapped) rides along with the owner but is not part of it: only
+the `process_start` event records it, never a usage record or a label.
 """
 
 from __future__ import annotations
@@ -79,6 +81,33 @@ class Attribution:
 UNKNOWN = Attribution()
 
 
+@dataclass(frozen=True, slots=True)
+class Software:
+    """What a process runs, read once per process lifetime (exporter.attribution.software).
+
+    `loaded`: every recognised CUDA or framework library it has mapped (short names such
+    as `cudart`, `nccl`, `torch`), sorted; `libraries`: name -> version for those whose
+    file name carries one (libcudart.so.12.4.127 -> "12.4.127"); `image`: the container
+    image its environment names (Apptainer/Singularity), "" when unknown. All hold only
+    allow-listed names and charsets, so they are safe in records as they are.
+    """
+
+    loaded: tuple[str, ...] = ()
+    libraries: Mapping[str, str] = field(default_factory=dict)
+    image: str = ""
+
+    def record_part(self) -> dict[str, object]:
+        """The `software` object of a process_start record: unknown is absent."""
+        part: dict[str, object] = {}
+        if self.loaded:
+            part["loaded"] = list(self.loaded)
+        if self.libraries:
+            part["libraries"] = dict(sorted(self.libraries.items()))
+        if self.image:
+            part["image"] = self.image
+        return part
+
+
 @dataclass(slots=True)
 class AttributedProcess:
     """One GPU process with its owner.
@@ -91,3 +120,5 @@ class AttributedProcess:
     gpu_uuid: str
     process: ProcessSample
     attribution: Attribution
+    # What it runs, when /proc/<pid>/maps could be read and named any known library.
+    software: Software | None = None

@@ -74,6 +74,8 @@ class ProcessIdentity:
     start_time_ticks: int | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
     cgroup: str = ""
+    # Simulator only: library short name -> version ("" for none) for its fake maps file.
+    software: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

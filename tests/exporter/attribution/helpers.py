@@ -26,6 +26,7 @@ def proc(
     start: int | None = None,
     name: str = "python3",
     gpu_instance_id: int | None = None,
+    software: Mapping[str, str] | None = None,
 ) -> ProcessSample:
     return ProcessSample(
         pid=pid,
@@ -38,6 +39,7 @@ def proc(
             start_time_ticks=start,
             environ=dict(environ or {}),
             cgroup=cgroup,
+            software=dict(software or {}),
         ),
     )
 

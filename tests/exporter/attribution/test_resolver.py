@@ -238,10 +238,10 @@ def test_environ_permission_denied_is_quiet(
     make_tree(root, p)
     real_open = os.open
 
-    def guarded_open(path: str, flags: int, *args: int) -> int:
+    def guarded_open(path: str, flags: int, *args: int, **kwargs: int) -> int:
         if str(path).endswith("/environ"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(procfs.os, "open", guarded_open)
     r = resolver(config(tmp_path))
@@ -261,10 +261,10 @@ def test_unexpected_errno_is_counted_and_logged_once(
     make_tree(root, p)
     real_open = os.open
 
-    def eio_open(path: str, flags: int, *args: int) -> int:
+    def eio_open(path: str, flags: int, *args: int, **kwargs: int) -> int:
         if str(path).endswith("/cgroup"):
             raise OSError(errno.EIO, "I/O error", path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(procfs.os, "open", eio_open)
     r = resolver(config(tmp_path))
