@@ -271,9 +271,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _setup_logging(config.log_level)
         _refuse_wrong_spool_path(cmd, config)
         if cmd == "shipper":
+            from gpu_audit_app.config import config_seal_key
             from shipper.standalone import run_shipper
 
-            return run_shipper(config)
+            return run_shipper(config, seal_key=config_seal_key(config))
         from gpu_audit_app.run import run
 
         return run(config, with_shipper=(cmd == "run"))

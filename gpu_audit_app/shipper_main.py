@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpu_audit.errors import EXIT_USAGE, ConfigError
 from gpu_audit.logredact import setup_logging
-from gpu_audit_app.config import load_settings
+from gpu_audit_app.config import config_seal_key, load_settings
 from shipper.standalone import run_shipper
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_settings(args.config)
         setup_logging(config.log_level)
-        return run_shipper(config)
+        return run_shipper(config, seal_key=config_seal_key(config))
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE

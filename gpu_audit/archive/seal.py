@@ -12,7 +12,15 @@ what the part holds and chains the parts of one host's stream together:
   `.jsonl.gz`), so `sha256sum PART` checks it;
 - `prev_seal`: SHA-256 of the previous part's seal file (64 zeros for a series' first
   sealed part): a chain of seals, so a part removed, replaced or reordered shows;
-- `rollup`: the sums a bill needs per day, model, GPU and holder (gpu_audit.archive.rollup).
+- `rollup`: the sums a bill needs per day, model, GPU and holder (gpu_audit.archive.rollup);
+- `mac` (format `gpu-audit.seal/2`, only when the trail is keyed, `audit.hmac_key_file`):
+  HMAC-SHA256 under the records' key over the seal's canonical bytes without `mac` (and
+  without the newline): every member above, the rollup included. Without it a seal is
+  only as good as a checksum: anyone who can write the archive can rewrite one (and the
+  `prev_seal` of every later one), so a reader that cannot check a MAC must recompute
+  what the seal says from the part's records (`authentic`).
+
+Format `gpu-audit.seal/1` (written before the MAC) is still read: it is never authentic.
 
 `summarize` reads a part's lines (parsing every record: the rollup needs them); `make`
 turns a summary into the seal's bytes; `load` reads one back, checking its shape. The
@@ -25,6 +33,7 @@ part is good: verification is gpu_audit.archive.verify's.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +43,9 @@ import orjson
 
 from gpu_audit.archive.rollup import Rollup
 
-SEAL_FORMAT = "gpu-audit.seal/1"
+SEAL_FORMAT = "gpu-audit.seal/2"
+SEAL_FORMAT_V1 = "gpu-audit.seal/1"
+_FORMATS = frozenset({SEAL_FORMAT, SEAL_FORMAT_V1})
 ZERO_DIGEST = "0" * 64
 _HEX64 = frozenset("0123456789abcdef")
 
@@ -97,8 +108,10 @@ def summarize(lines: Iterable[bytes]) -> Summary:
 
 
 def make(*, host: str, stream: str, part: str, day: str, number: int, summary: Summary,
-         part_sha256: str, part_bytes: int, prev_seal: str) -> bytes:
-    """The seal's bytes (canonical JSON and a newline)."""
+         part_sha256: str, part_bytes: int, prev_seal: str,
+         key: bytes | None = None) -> bytes:
+    """The seal's bytes (canonical JSON and a newline); with `key` (the trail's HMAC key)
+    it carries `mac`, the HMAC-SHA256 of its bytes without it."""
     doc = {
         "format": SEAL_FORMAT,
         "host": host, "stream": stream, "part": part, "day": day, "number": number,
@@ -110,7 +123,16 @@ def make(*, host: str, stream: str, part: str, day: str, number: int, summary: S
         "part_sha256": part_sha256, "part_bytes": part_bytes, "prev_seal": prev_seal,
         "rollup": summary.rollup.to_json(),
     }
+    body = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    if key is None:
+        return body + b"\n"
+    doc["mac"] = mac_of(body, key)
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def mac_of(body: bytes, key: bytes) -> str:
+    """The MAC of a seal's canonical bytes without `mac`."""
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 def digest(data: bytes) -> str:
@@ -142,9 +164,20 @@ class Seal:
     part_bytes: int
     prev_seal: str
     rollup_json: Mapping[str, Any]
+    format: str = SEAL_FORMAT
+    mac: str | None = None
+    body: bytes = b""  # canonical bytes without `mac`: what the MAC covers
 
     def rollup(self) -> Rollup:
         return Rollup.from_json(self.rollup_json)
+
+    def authentic(self, key: bytes | None) -> bool:
+        """Whether the key proves every member of this seal (its sums included): False
+        without a key, for a seal without a MAC (format 1, or an unkeyed trail's) and for
+        one whose MAC does not match."""
+        if key is None or self.mac is None:
+            return False
+        return hmac.compare_digest(mac_of(self.body, key), self.mac)
 
 
 class BadSeal(ValueError):
@@ -166,8 +199,11 @@ def load(path: Path) -> Seal:
     except orjson.JSONDecodeError as exc:
         raise BadSeal(f"{path.name}: not JSON ({exc})") from None
     problems: list[str] = []
-    if not isinstance(doc, dict) or doc.get("format") != SEAL_FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in _FORMATS:
         raise BadSeal(f"{path.name}: not a seal (format {SEAL_FORMAT!r} expected)")
+    mac = doc.pop("mac", None)
+    if mac is not None and (doc["format"] == SEAL_FORMAT_V1 or not _hex64(mac)):
+        problems.append("mac is not 64 hex digits of a gpu-audit.seal/2")
     for k in ("host", "stream", "part", "day"):
         if not isinstance(doc.get(k), str) or not doc.get(k):
             problems.append(f"{k} missing")
@@ -201,7 +237,8 @@ def load(path: Path) -> Seal:
         last_time_ns=doc.get("last_time_ns"),
         restarts=tuple((r[0], r[1], r[2]) for r in restarts),
         part_sha256=doc["part_sha256"], part_bytes=doc["part_bytes"],
-        prev_seal=doc["prev_seal"], rollup_json=doc["rollup"])
+        prev_seal=doc["prev_seal"], rollup_json=doc["rollup"], format=doc["format"],
+        mac=mac, body=orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
 
 
 def file_sha256(path: Path) -> tuple[str, int]:
