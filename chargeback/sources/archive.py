@@ -51,8 +51,14 @@ from typing import Any
 from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.archive import Part, day_of, list_parts
 from gpu_audit.archive.rollup import Rollup
-from gpu_audit.archive.seal import Seal, Summary, file_sha256
-from gpu_audit.archive.verify import PartResult, check_seal, group_series, read_part
+from gpu_audit.archive.seal import ZERO_DIGEST, Seal, Summary, file_sha256
+from gpu_audit.archive.verify import (
+    PartResult,
+    SeriesSeals,
+    compare_seal,
+    group_series,
+    read_part,
+)
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import Verifier
 
@@ -146,6 +152,7 @@ class _Reader:
         self.rollup = Rollup()  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
+        self.key = key
         self.v = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
         self.inputs: dict[str, str] = {}
         self.queries: list[str] = []
@@ -221,7 +228,7 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
     expect = (host, stream)
     v = r.v
     # From the names alone: the last part wholly before the period and the first wholly
-    # after it (a part of day D holds records of [D 00:00, D+1 00:00)).
+    # after it (a part of day D holds records of (D 00:00, D+1 00:00]).
     lo, hi = 0, len(parts) - 1
     for i, p in enumerate(parts):
         if _day_start_ns(p.day) + _DAY_NS <= r.start_ns:
@@ -229,31 +236,31 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
     for i in range(len(parts) - 1, -1, -1):
         if _day_start_ns(parts[i].day) > r.end_ns:
             hi = i
+    # the seal rules are audit verify's (SeriesSeals): from the window's first part on,
+    # its prev_seal checked against the seal before it
+    before_seal: str | None = ZERO_DIGEST
+    if lo > 0:
+        sp = parts[lo - 1].seal_path
+        before_seal = file_sha256(sp)[0] if sp.exists() else None
+    seals = SeriesSeals(v, r.key, host, stream, prev_seal=before_seal,
+                        number=parts[lo].number if lo > 0 else None)
     prev: tuple[int, str] | None = None  # (seq, hash) where the chain stands
-    prev_seal: str | None = None  # the previous part's seal's digest (None: unknown)
-    number: int | None = None
     for p in parts[lo:hi + 1]:
         size = p.path.stat().st_size
-        if number is not None and p.number != number:
-            chain.gaps.append(f"{chain.name}: part(s) {number}..{p.number - 1} are not in "
-                              f"the archive (before {p.path.name})")
-        number = p.number + 1
-        s, ok = check_seal(v, p)
+        verdict = seals.check(p, newest=p is parts[-1])
+        s, ok = verdict.seal, verdict.ok
         if s is not None:
             r.inputs[p.path.name] = s.part_sha256 if ok else file_sha256(p.path)[0]
             r.inputs[s.path.name] = s.digest
-            if prev_seal is not None and s.prev_seal != prev_seal:
-                v.problem("seal_chain", s.path.name, "its prev_seal is not the digest of the "
-                          "seal before it: a part was removed, replaced or reordered",
-                          stream=chain.name)
-        prev_seal = s.digest if s is not None else None
         first_t = s.first_time_ns if ok and s is not None else None
         last_t = s.last_time_ns if ok and s is not None else None
         before = last_t is not None and last_t <= r.start_ns
         after = first_t is not None and first_t > r.end_ns
         inside = (first_t is not None and last_t is not None
                   and first_t > r.start_ns and last_t <= r.end_ns)
-        if s is not None and (before or after or (inside and not r.verify_records)):
+        # only a seal the key proves is billed or followed without reading its part
+        if (s is not None and verdict.authentic and not r.verify_records
+                and (before or after or inside)):
             _follow(r, chain, p, s, prev)
             if s.last_seq is not None and s.last_hash is not None:
                 prev = (s.last_seq, s.last_hash)
@@ -273,22 +280,25 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
             if after:
                 break
             continue
-        # record by record, the chain going on from where it stands
+        # record by record, the chain going on from where it stands; a seal is checked
+        # against the records as audit verify checks it
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if r.verify_records and ok and s is not None else None
+        summary = Summary() if s is not None else None
         result = r.read(p, chain, live=p is parts[-1], expect=expect, summary=summary)
         if s is None:
             r.inputs[p.path.name] = file_sha256(p.path)[0]
-        if (summary is not None and s is not None
-                and summary.rollup.finish().to_json() != dict(s.rollup_json)):
-            v.problem("seal_rollup", s.path.name, "the sums its seal carries are not those "
-                      "of the part's records", stream=chain.name)
+        else:
+            compare_seal(v, result, s)
+            if summary is not None and not result.damaged:
+                seals.rollup(s, summary)
         if result.records:
             end = v.chain_end(host, stream)
             if end is not None:
                 prev = end
         r.advance(size)
+        if after:
+            break
     v.forget(host, stream)
     if not chain.proven_before and (chain.first_in is not None or chain.end is not None):
         if chain.first_seq == 1 and chain.first_prev == ZERO_HASH:

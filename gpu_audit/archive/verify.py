@@ -34,7 +34,15 @@ import orjson
 
 from gpu_audit.archive.layout import Part, list_parts, parse_name
 from gpu_audit.archive.reader import PartLines
-from gpu_audit.archive.seal import ZERO_DIGEST, BadSeal, Seal, Summary, file_sha256, load
+from gpu_audit.archive.seal import (
+    SEAL_FORMAT_V1,
+    ZERO_DIGEST,
+    BadSeal,
+    Seal,
+    Summary,
+    file_sha256,
+    load,
+)
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import (
     MAX_LISTED,
@@ -101,6 +109,90 @@ def check_seal(v: Verifier, p: Part) -> tuple[Seal | None, bool]:
     return s, ok
 
 
+@dataclass(frozen=True, slots=True)
+class SealVerdict:
+    """What one part's seal is worth.
+
+    `ok`: the seal reads, names the part and the part's bytes are the ones it sealed.
+    `authentic`: `ok`, and its MAC checks under the trail's key, so everything it says
+    (record count, first and last seq and hash, the rollup) is the key holder's word and
+    may be used without reading the part. Without a key no seal is authentic: its claims
+    must be checked against the part's records."""
+
+    seal: Seal | None
+    ok: bool
+    authentic: bool
+
+
+class SeriesSeals:
+    """The archive rules of one host's stream, part after part, in part-number order: one
+    code for `audit verify` and the bill, so both find the same problems.
+
+    - `missing_part`: a part number skipped;
+    - `bad_seal`, `part_digest`: check_seal;
+    - `seal_mac` (keyed trail): a seal whose MAC does not match, or a `gpu-audit.seal/2`
+      seal without one (a seal written under the key always carries one);
+    - `seal_chain`: a seal's `prev_seal` is not the digest of the seal before it;
+    - `unsealed`: a closed part without a seal (every part but the newest of its series,
+      and a compressed one even when newest: the live part is never compressed);
+    - `seal_rollup`, `seal_mismatch` (`rollup`, `compare`): the seal against its records.
+
+    `prev_seal` None: the seal before the first part checked is not known (a bill starts
+    at the part before its period), so the first `prev_seal` is not checked."""
+
+    def __init__(self, v: Verifier, key: bytes | None, host: str, stream: str, *,
+                 prev_seal: str | None = ZERO_DIGEST, number: int | None = None) -> None:
+        self.v, self.key = v, key
+        self.chain = f"{stream}@{host}"
+        self.prev_seal: str | None = prev_seal
+        self.prev_sealed_part: str | None = None
+        self.number = number
+
+    def check(self, p: Part, *, newest: bool) -> SealVerdict:
+        v, chain = self.v, self.chain
+        if self.number is not None and p.number != self.number:
+            v.problem("missing_part", p.path.name,
+                      f"part(s) {self.number}..{p.number - 1} of this stream are not in the "
+                      "archive before it", stream=chain)
+        self.number = p.number + 1
+        s, ok = check_seal(v, p)
+        if s is None:
+            if p.seal_path.exists():  # a seal that does not read: bad_seal said so
+                self.prev_seal = None
+            elif not newest or p.compressed:
+                v.problem("unsealed", p.path.name, "a closed part without a seal (the sink "
+                          "seals it when it closes it, or on its next start)", stream=chain)
+                self.prev_seal = None
+            return SealVerdict(None, False, False)
+        if self.prev_seal is not None and s.prev_seal != self.prev_seal:
+            why = (f"the seal of {self.prev_sealed_part}" if self.prev_sealed_part is not None
+                   else "no seal (it is the first of its stream here)"
+                   if self.prev_seal == ZERO_DIGEST else "the seal before it")
+            v.problem("seal_chain", s.path.name,
+                      f"its prev_seal is {s.prev_seal[:16]}..., which is not {why}: a "
+                      "part before it was removed, replaced or reordered", stream=chain)
+        self.prev_seal, self.prev_sealed_part = s.digest, p.path.name
+        authentic = False
+        if self.key is not None:
+            if s.mac is not None:
+                authentic = s.authentic(self.key)
+                if not authentic:
+                    v.problem("seal_mac", s.path.name, "its MAC does not match under the key: "
+                              "the seal was changed after it was written (or the key is not "
+                              "the trail's)", stream=chain)
+            elif s.format != SEAL_FORMAT_V1:
+                v.problem("seal_mac", s.path.name, "it carries no MAC, but the trail is "
+                          "keyed: a seal written under the key always carries one",
+                          stream=chain)
+        return SealVerdict(s, ok, authentic and ok)
+
+    def rollup(self, s: Seal, summary: Summary) -> None:
+        """The seal's sums against the ones its part's records give."""
+        if summary.rollup.finish().to_json() != dict(s.rollup_json):
+            self.v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
+                           "those of the part's records", stream=self.chain)
+
+
 def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: bool,
               on_record: RecordHook | None = None, summary: Summary | None = None,
               ) -> PartResult:
@@ -146,7 +238,8 @@ def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: boo
     return out
 
 
-def _compare(v: Verifier, r: PartResult, s: Seal) -> None:
+def compare_seal(v: Verifier, r: PartResult, s: Seal) -> None:
+    """What a seal says of its part's records against what reading them gave."""
     said = (s.records, s.first_seq, s.first_prev_hash, s.last_seq, s.last_hash)
     got = (r.records, r.first_seq, r.first_prev_hash, r.last_seq, r.last_hash)
     if said != got and not r.damaged:
@@ -281,10 +374,14 @@ def _verify_others(v: Verifier, others: list[Path]) -> None:
 
 def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, fast: bool,
                    rollups: bool, from_seals: dict[str, StreamSummary]) -> None:
+    """One series. Every part's seal is checked (SeriesSeals); a part whose seal is
+    authentic is, with `fast`, followed from its seal alone; every other part is read
+    record by record, and its seal compared with its records, the rollup included (what
+    a bill adds up): without a key that is the only proof a seal's sums are the records'.
+    `rollups` is what full verification always does (kept for callers)."""
+    del rollups
     expect = (host, stream)
     chain = f"{stream}@{host}"
-    prev_seal = ZERO_DIGEST
-    prev_sealed_part: str | None = None
     number = sparts[0].number
     prev: tuple[int, str] | None = v.chain_end(host, stream)
     fast_summary: StreamSummary | None = None
@@ -292,28 +389,14 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
         v.problem("missing_part", sparts[0].path.name,
                   f"parts 0..{number - 1} of stream {stream} of host {host} are not in the "
                   "archive", stream=chain)
+    seals = SeriesSeals(v, v.hmac_key, host, stream, number=number)
     for i, p in enumerate(sparts):
         live = i == len(sparts) - 1
-        if p.number != number:
-            v.problem("missing_part", p.path.name,
-                      f"part(s) {number}..{p.number - 1} of this stream are not in the "
-                      "archive before it", stream=chain)
-        number = p.number + 1
-        s, ok = check_seal(v, p)
-        if s is not None:
-            if s.prev_seal != prev_seal:
-                why = (f"the seal of {prev_sealed_part}" if prev_sealed_part is not None
-                       else "no seal (it is the first of its stream here)")
-                v.problem("seal_chain", s.path.name,
-                          f"its prev_seal is {s.prev_seal[:16]}..., which is not {why}: a "
-                          "part before it was removed, replaced or reordered", stream=chain)
-            prev_seal, prev_sealed_part = s.digest, p.path.name
-        elif not live:
-            v.problem("unsealed", p.path.name, "a closed part without a seal (the sink "
-                      "seals it when it starts)", stream=chain)
-            prev_seal, prev_sealed_part = "", p.path.name
-        if fast and s is not None and ok:
+        verdict = seals.check(p, newest=live)
+        s = verdict.seal
+        if fast and s is not None and verdict.authentic:
             follow_seal(v, p, s, prev, complete=True)
+            v.report_.records += s.records
             if s.last_seq is not None and s.last_hash is not None:
                 prev = (s.last_seq, s.last_hash)
                 if fast_summary is None:
@@ -323,13 +406,12 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
             continue
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if rollups and s is not None else None
+        summary = Summary() if s is not None else None
         r = read_part(v, p, expect=expect, live=live, summary=summary)
         if s is not None:
-            _compare(v, r, s)
-            if summary is not None and summary.rollup.finish().to_json() != dict(s.rollup_json):
-                v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
-                          "those of the part's records", stream=chain)
+            compare_seal(v, r, s)
+            if summary is not None and not r.damaged:
+                seals.rollup(s, summary)
         end = v.chain_end(host, stream)
         if end is not None:
             prev = end
