@@ -26,6 +26,8 @@ from gpu_audit.audit.verify import (
     verify_readback,
     verify_spool_dir,
 )
+from gpu_audit.audit.witness import WitnessUnavailable
+from gpu_audit.audit.witness import heads as witness_heads
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from gpu_audit.spool.fsck import spool_dir_problem
 
@@ -69,8 +71,17 @@ def verify_command(args: argparse.Namespace) -> int:
                     "deleted); expected records to verify: read the sinks' copy with --sink NAME")
     elif path.is_dir():
         workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
+        heads = None
+        if getattr(args, "witness", None):
+            at = (_parse_time(args.witness_at, "--witness-at") / 1e9
+                  if getattr(args, "witness_at", None) else None)
+            try:
+                heads = witness_heads(args.witness, at)
+            except WitnessUnavailable as exc:
+                print(f"gpu-audit audit verify: {exc}", file=sys.stderr)
+                return EXIT_FAILURE
         report = verify_archive(path, key, fast=args.fast, rollups=args.rollups,
-                                workers=max(1, workers))
+                                workers=max(1, workers), witness=heads)
         expected = EXPECTED_PATH
     else:
         report, expected = verify_jsonl(path, key), EXPECTED_PATH

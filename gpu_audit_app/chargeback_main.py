@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Bill from a trail with gaps (records missing, a part missing or "
                    "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
                    "manifest. Without it such a bill exits 1.")
+    p.add_argument("--witness", metavar="URL",
+                   help="Archive: Prometheus that scraped the exporters' chain heads "
+                   "(gpu_audit_audit_head): the archive must hold every head it kept, or "
+                   "its newest records were cut off (as `audit verify --witness`).")
     p.add_argument("--verify-records", action="store_true",
                    help="Archive: read every record of the sealed parts too, and check "
                    "that their seals' sums are the records' (slower).")
@@ -106,6 +110,7 @@ def request(args: argparse.Namespace) -> Request:
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
                    allow_gaps=args.allow_gaps, verify_records=args.verify_records,
+                   witness=args.witness,
                    csv_totals=args.csv_totals, excel=args.excel,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))

@@ -59,6 +59,7 @@ from gpu_audit.archive.verify import (
     group_series,
     read_part,
 )
+from gpu_audit.audit import witness
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import Verifier
 
@@ -68,7 +69,7 @@ from gpu_audit.audit.verify import Verifier
 ID_WINDOW = 10_000
 _DAY_NS = 86_400_000_000_000
 # the verifier's problems that mean records are missing (--allow-gaps), not changed
-GAP_KINDS = frozenset({"gap", "missing_part", "damaged_part"})
+GAP_KINDS = frozenset({"gap", "missing_part", "damaged_part", "witness_missing"})
 
 _ENERGY_SOURCES = {"counter": "the energy counter",
                    "counter_reset": "the counter after a reset (driver reload, GPU reset)",
@@ -376,6 +377,14 @@ def read_archive(
         r.rollup.merge(_legacy(r, legacy, all_parts[-1]).finish(), per_gpu=False)
     chains = [_series(r, host, stream, sparts)
               for (_prefix, host, stream), sparts in series.items()]
+    if req.witness is not None:
+        try:
+            witnessed = witness.heads(req.witness)
+        except witness.WitnessUnavailable as exc:
+            raise ArchiveRefused(archive_dir, [str(exc)]) from None
+        for f in witness.check(archive_dir, witnessed):
+            r.v.problem(f.kind, f.where, f.detail, stream=f.stream, seq=f.seq)
+        r.queries.append(f"witness {req.witness}: {len(witnessed)} chain head(s)")
     rollup = r.rollup
     return _finish(r, req, archive_dir, chains, rollup)
 

@@ -52,6 +52,8 @@ from gpu_audit.audit.verify import (
     VerifyReport,
     jsonl_lines,
 )
+from gpu_audit.audit.witness import Finding, Head
+from gpu_audit.audit.witness import check as check_witness
 
 RecordHook = Callable[[Part, dict[str, Any]], None]
 
@@ -274,9 +276,19 @@ def follow_seal(v: Verifier, p: Part, s: Seal, prev: tuple[int, str] | None,
                   f" and {s.unreadable} unreadable line(s)", stream=chain, seq=first)
 
 
+def add_witness(report: VerifyReport, findings: list[Finding]) -> None:
+    """The witness's findings (gpu_audit.audit.witness.check) as problems of a report."""
+    for f in findings:
+        report.counts[f.kind] += 1
+        if len(report.problems) < MAX_LISTED:
+            report.problems.append(Problem(f.kind, f.where, f.stream, f.seq, None, f.detail))
+
+
 def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
-                   rollups: bool = False, workers: int = 1) -> VerifyReport:
-    """Verify the archive in `directory` (see the module docstring).
+                   rollups: bool = False, workers: int = 1,
+                   witness: list[Head] | None = None) -> VerifyReport:
+    """Verify the archive in `directory` (see the module docstring); with `witness` (the
+    heads Prometheus kept, gpu_audit.audit.witness) also that it holds each of them.
 
     `workers` > 1 verifies the series (independent chains) in that many processes, as
     `zcat | sha256sum` uses two; the report is the same (problems listed series by
@@ -290,8 +302,11 @@ def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
         read_part(v, p, expect=None, live=p is newest and not series)
     from_seals: dict[str, StreamSummary] = {}
     if workers > 1 and len(series) > 1 and not legacy:
-        return _parallel(directory, key, series, fast=fast, rollups=rollups,
-                         workers=workers)
+        out = _parallel(directory, key, series, fast=fast, rollups=rollups,
+                        workers=workers)
+        if witness is not None:
+            add_witness(out, check_witness(directory, witness))
+        return out
     for (_prefix, host, stream), sparts in series.items():
         _verify_series(v, host, stream, sparts, fast=fast, rollups=rollups,
                        from_seals=from_seals)
@@ -299,6 +314,8 @@ def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
     report = v.report()
     # fast mode: what the seals say of a stream (the verifier read only unsealed parts)
     report.streams.update(from_seals)
+    if witness is not None:
+        add_witness(report, check_witness(directory, witness))
     return report
 
 
