@@ -50,8 +50,8 @@ from typing import Any
 
 from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.archive import Part, day_of, list_parts
-from gpu_audit.archive.rollup import Rollup
-from gpu_audit.archive.seal import ZERO_DIGEST, Seal, Summary, file_sha256
+from gpu_audit.archive.rollup import Rollup, share
+from gpu_audit.archive.seal import ZERO_DIGEST, Seal, Summary, elapsed_ns, file_sha256
 from gpu_audit.archive.verify import (
     PartResult,
     SeriesSeals,
@@ -173,21 +173,26 @@ class _Reader:
         sums = Rollup()
 
         def on_record(_part: Part, rec: dict[str, Any]) -> None:
+            # a record accounts for (t - elapsed, t]: it is the period's as far as that
+            # interval lies in (start, end]; one that straddles an edge is split by time
             t, seq = rec.get("time_ns"), rec.get("seq")
             if type(t) is not int or type(seq) is not int:
                 return
             if t <= start_ns:
                 chain.start = f"seq {seq} ({name}, {_when(t)})"
                 chain.proven_before = True
-            elif t > end_ns:
-                if chain.end is None:
-                    chain.end = f"seq {seq} ({name}, {_when(t)})"
-                return
             else:
-                if chain.first_in is None:
-                    chain.first_in = t
-                chain.last_in = t
-                sums.add(rec)
+                if t > end_ns and chain.end is None:
+                    chain.end = f"seq {seq} ({name}, {_when(t)})"
+                if t - elapsed_ns(rec) >= end_ns:
+                    return
+                if t <= end_ns:
+                    if chain.first_in is None:
+                        chain.first_in = t
+                    chain.last_in = t
+                sums.add(share(rec, start_ns, end_ns))
+                if t > end_ns:
+                    return
             chain.last_ns, chain.last_seq = t, seq
 
         result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
@@ -228,14 +233,15 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
     chain = _Chain(host, stream, r.rollup)
     expect = (host, stream)
     v = r.v
-    # From the names alone: the last part wholly before the period and the first wholly
-    # after it (a part of day D holds records of (D 00:00, D+1 00:00]).
+    # From the names alone: a part before the period and one after it (a part of day D
+    # holds records closing intervals of D; parts written before that rule, and records
+    # whose interval reaches back over midnight, can be a day off: a day's margin).
     lo, hi = 0, len(parts) - 1
     for i, p in enumerate(parts):
-        if _day_start_ns(p.day) + _DAY_NS <= r.start_ns:
+        if _day_start_ns(p.day) + 2 * _DAY_NS <= r.start_ns:
             lo = i
     for i in range(len(parts) - 1, -1, -1):
-        if _day_start_ns(parts[i].day) > r.end_ns:
+        if _day_start_ns(parts[i].day) > r.end_ns + _DAY_NS:
             hi = i
     # the seal rules are audit verify's (SeriesSeals): from the window's first part on,
     # its prev_seal checked against the seal before it
@@ -255,10 +261,12 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
             r.inputs[s.path.name] = s.digest
         first_t = s.first_time_ns if ok and s is not None else None
         last_t = s.last_time_ns if ok and s is not None else None
+        # what the part's records account for: (first_start, last_t]
+        first_start = s.first_start_ns if ok and s is not None else None
         before = last_t is not None and last_t <= r.start_ns
-        after = first_t is not None and first_t > r.end_ns
-        inside = (first_t is not None and last_t is not None
-                  and first_t > r.start_ns and last_t <= r.end_ns)
+        after = first_start is not None and first_start >= r.end_ns
+        inside = (first_start is not None and last_t is not None
+                  and first_start >= r.start_ns and last_t <= r.end_ns)
         # only a seal the key proves is billed or followed without reading its part
         if (s is not None and verdict.authentic and not r.verify_records
                 and (before or after or inside)):

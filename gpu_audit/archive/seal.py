@@ -5,7 +5,8 @@ what the part holds and chains the parts of one host's stream together:
 
 - `host`, `stream`, `part` (the file name), `day`, `number`;
 - `records`, `first_seq`, `last_seq`, `first_prev_hash`, `last_hash`, `first_time_ns`,
-  `last_time_ns`: the part's records as the hash chain sees them (`records` ==
+  `last_time_ns`, `first_start_ns` (the earliest instant they account for: the least
+  `time_ns` - elapsed): the part's records as the hash chain sees them (`records` ==
   `last_seq - first_seq + 1` when no seq is missing inside it), and `restarts`: the
   `chain_restart` records in it (seq, the seqs they declare lost);
 - `part_sha256`, `part_bytes`: SHA-256 and size of the part file as stored (the
@@ -61,6 +62,9 @@ class Summary:
     last_hash: str | None = None
     first_time_ns: int | None = None
     last_time_ns: int | None = None
+    # the earliest instant its records account for: min(time_ns - elapsed); a bill needs
+    # it to know whether the part's first records reach back over a period's edge
+    first_start_ns: int | None = None
     unreadable: int = 0  # lines that are not a JSON record with seq and hash
     restarts: list[list[int]] = field(default_factory=list)  # [seq, lost_from, lost_to]
     rollup: Rollup = field(default_factory=Rollup)
@@ -83,11 +87,25 @@ class Summary:
             if self.first_time_ns is None:
                 self.first_time_ns = t
             self.last_time_ns = t
+            begin = t - elapsed_ns(rec)
+            if self.first_start_ns is None or begin < self.first_start_ns:
+                self.first_start_ns = begin
         if rec.get("event") == "chain_restart":
             lo, hi = rec.get("lost_from"), rec.get("lost_to")
             if type(lo) is int and type(hi) is int:
                 self.restarts.append([seq, lo, hi])
         self.rollup.add(rec)
+
+
+def elapsed_ns(rec: Mapping[str, Any]) -> int:
+    """The time a record accounts for, in ns: `dt` (version 3) or `elapsed_seconds`;
+    0 for events and anything else."""
+    d = rec.get("dt")
+    if d is None:
+        d = rec.get("elapsed_seconds")
+    if (type(d) is float or type(d) is int) and d > 0:
+        return round(d * 1e9)
+    return 0
 
 
 def summarize(lines: Iterable[bytes]) -> Summary:
@@ -119,6 +137,7 @@ def make(*, host: str, stream: str, part: str, day: str, number: int, summary: S
         "first_seq": summary.first_seq, "last_seq": summary.last_seq,
         "first_prev_hash": summary.first_prev_hash, "last_hash": summary.last_hash,
         "first_time_ns": summary.first_time_ns, "last_time_ns": summary.last_time_ns,
+        "first_start_ns": summary.first_start_ns,
         "restarts": summary.restarts,
         "part_sha256": part_sha256, "part_bytes": part_bytes, "prev_seal": prev_seal,
         "rollup": summary.rollup.to_json(),
@@ -160,6 +179,7 @@ class Seal:
     first_time_ns: int | None
     last_time_ns: int | None
     restarts: tuple[tuple[int, int, int], ...]
+    first_start_ns: int | None
     part_sha256: str
     part_bytes: int
     prev_seal: str
@@ -210,7 +230,7 @@ def load(path: Path) -> Seal:
     for k in ("number", "records", "unreadable", "part_bytes"):
         if type(doc.get(k)) is not int:
             problems.append(f"{k} is not an integer")
-    for k in ("first_seq", "last_seq", "first_time_ns", "last_time_ns"):
+    for k in ("first_seq", "last_seq", "first_time_ns", "last_time_ns", "first_start_ns"):
         if doc.get(k) is not None and type(doc.get(k)) is not int:
             problems.append(f"{k} is not an integer")
     for k in ("first_prev_hash", "last_hash"):
@@ -236,6 +256,8 @@ def load(path: Path) -> Seal:
         last_hash=doc.get("last_hash"), first_time_ns=doc.get("first_time_ns"),
         last_time_ns=doc.get("last_time_ns"),
         restarts=tuple((r[0], r[1], r[2]) for r in restarts),
+        # format 1 seals do not have it: their first record's end is the best known
+        first_start_ns=doc.get("first_start_ns", doc.get("first_time_ns")),
         part_sha256=doc["part_sha256"], part_bytes=doc["part_bytes"],
         prev_seal=doc["prev_seal"], rollup_json=doc["rollup"], format=doc["format"],
         mac=mac, body=orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
