@@ -83,11 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "goes (empty or new; default OUT/sim-archive).")
     sim.add_argument("--sim-nodes", metavar="N", type=int, default=1,
                      help="Copies of the scenario's node (default 1): N x its GPUs.")
-    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
-                     help="Simulated sampling interval (default 300).")
+    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=60.0,
+                     help="Simulated sampling interval (default 60).")
     sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
                      help="audit.interval_seconds of the simulated exporter: a multiple of "
-                     "--sim-step (default: the step, one record per sample).")
+                     "--sim-step (default 300: interval usage records, "
+                     "schema 3, as `gpu-audit run` writes them; equal to the step: the "
+                     "per-cycle trail).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
