@@ -109,8 +109,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "place in the hash chain) and read record by record only the parts "
                    "whose seal the key does not prove (every part of an unkeyed trail).")
     v.add_argument("--rollups", action="store_true",
-                   help="Archive: recompute each seal's rollup from the part's records "
-                   "(what verification without --fast always does; kept for scripts).")
+                   help="Archive: recompute every seal's rollup from the part's records, "
+                   "those the key proves too (the others' always are, without --fast).")
     v.add_argument("--witness", metavar="URL",
                    help="Archive: Prometheus (its query API) that scraped the exporters' "
                    "gpu_audit_audit_head: the archive must hold every head it kept.")

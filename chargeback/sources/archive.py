@@ -293,7 +293,8 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         # against the records as audit verify checks it
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if s is not None else None
+        summary = Summary() if s is not None and (
+            not verdict.authentic or r.verify_records) else None
         result = r.read(p, chain, live=p is parts[-1], expect=expect, summary=summary)
         if s is None:
             r.inputs[p.path.name] = file_sha256(p.path)[0]
