@@ -3,7 +3,8 @@ sys of the command and every process it starts) and wall time, the parts in page
 `cat PARTS | gzip -dcf | sha256sum` (read, decompress and hash every byte: what any
 check of the stored bytes costs), then the full record-by-record verification (every
 record's hash and chain, every seal against its part's records, its rollup included),
-then `--fast` (on an unkeyed archive no seal is authentic: it reads every part too).
+then `--fast` (on an unkeyed archive no seal is authentic: it reads every part too;
+`--key`: an archive keyed with a key file, verified with it).
 
     .venv/bin/python bench/bench_verify.py --dir /tmp/cb64 [--hosts 8 --gpus 8 --days 30] \\
         --json bench/results/verify.json
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_archive import write_archive
 
 from gpu_audit.archive import list_parts
+from gpu_audit.audit.canonical import load_hmac_key
 
 
 def _run(cmd: str) -> tuple[float, float, str]:
@@ -56,15 +58,24 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--key", action="store_true",
+                    help="key the records and seals (a key file in --dir): verification "
+                    "with the key, whose authentic seals need no rollup recomputed")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    archive = args.dir / "archive"
+    archive = args.dir / ("archive-keyed" if args.key else "archive")
+    key_file = args.dir / "hmac.key"
+    if args.key and not key_file.exists():
+        key_file.write_bytes(b"bench-verify-key-not-a-secret\n")
     if not archive.is_dir() or not any(archive.iterdir()):
-        write_archive(archive, hosts=args.hosts, gpus=args.gpus, days=args.days)
+        write_archive(archive, hosts=args.hosts, gpus=args.gpus, days=args.days,
+                      key=load_hmac_key(key_file) if args.key else None)
     parts = list_parts(archive)
     files = " ".join(shlex.quote(str(p.path)) for p in parts)
     gpu_audit = shlex.quote(str(Path(sys.executable).with_name("gpu-audit")))
     a = shlex.quote(str(archive))
+    if args.key:
+        a = f"--hmac-key-file {shlex.quote(str(key_file))} {a}"
     commands = {
         "cat | gzip -dcf | sha256sum": f"cat {files} | gzip -dcf | sha256sum",
         "audit verify": f"{gpu_audit} audit verify --workers 1 {a}",

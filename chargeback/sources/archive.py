@@ -51,7 +51,7 @@ from typing import Any
 from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.archive import Part, day_of, list_parts
 from gpu_audit.archive.rollup import Rollup, share
-from gpu_audit.archive.seal import ZERO_DIGEST, Seal, Summary, elapsed_ns, file_sha256
+from gpu_audit.archive.seal import ZERO_DIGEST, Seal, elapsed_ns, file_sha256
 from gpu_audit.archive.verify import (
     PartResult,
     SeriesSeals,
@@ -166,7 +166,7 @@ class _Reader:
             self.progress(self.done, self.total)
 
     def read(self, p: Part, chain: _Chain, *, live: bool, expect: tuple[str, str] | None,
-             summary: Summary | None = None) -> PartResult:
+             part_sums: Rollup | None = None) -> PartResult:
         """A part record by record: verify it, add the period's records, note the last
         record before the period and the first after it."""
         start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
@@ -196,7 +196,7 @@ class _Reader:
             chain.last_ns, chain.last_seq = t, seq
 
         result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
-                           summary=summary)
+                           rollup=part_sums)
         chain.absorb(sums.finish())  # a cycle's records never span two parts
         self.queries.append(f"archive part {name} (records)")
         if chain.first_seq is None and result.first_seq is not None:
@@ -293,15 +293,15 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         # against the records as audit verify checks it
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if s is not None and (
+        part_sums = Rollup() if s is not None and (
             not verdict.authentic or r.verify_records) else None
-        result = r.read(p, chain, live=p is parts[-1], expect=expect, summary=summary)
+        result = r.read(p, chain, live=p is parts[-1], expect=expect, part_sums=part_sums)
         if s is None:
             r.inputs[p.path.name] = file_sha256(p.path)[0]
         else:
             compare_seal(v, result, s)
-            if summary is not None and not result.damaged:
-                seals.rollup(s, summary)
+            if part_sums is not None and not result.damaged:
+                seals.rollup(s, part_sums)
         if result.records:
             end = v.chain_end(host, stream)
             if end is not None:

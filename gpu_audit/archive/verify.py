@@ -34,12 +34,12 @@ import orjson
 
 from gpu_audit.archive.layout import Part, list_parts, parse_name
 from gpu_audit.archive.reader import PartLines
+from gpu_audit.archive.rollup import Rollup
 from gpu_audit.archive.seal import (
     SEAL_FORMAT_V1,
     ZERO_DIGEST,
     BadSeal,
     Seal,
-    Summary,
     file_sha256,
     load,
 )
@@ -188,24 +188,26 @@ class SeriesSeals:
                           stream=chain)
         return SealVerdict(s, ok, authentic and ok)
 
-    def rollup(self, s: Seal, summary: Summary) -> None:
+    def rollup(self, s: Seal, sums: Rollup) -> None:
         """The seal's sums against the ones its part's records give."""
-        if summary.rollup.finish().to_json() != dict(s.rollup_json):
+        if sums.finish().to_json() != dict(s.rollup_json):
             self.v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
                            "those of the part's records", stream=self.chain)
 
 
 def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: bool,
-              on_record: RecordHook | None = None, summary: Summary | None = None,
+              on_record: RecordHook | None = None, rollup: Rollup | None = None,
               ) -> PartResult:
-    """Feed every line of a part to the verifier (and to `on_record`/`summary`, parsed)."""
+    """Feed every line of a part to the verifier (and, parsed, to `on_record` and
+    `rollup`: the sums its seal must carry)."""
     out = PartResult(p, None, False, read=True)
     reader = PartLines(p.path, p.compressed)
     before = v.report_.records
     name = p.path.name
     first = True
     loads = orjson.loads
-    parse = on_record is not None or summary is not None
+    parse = on_record is not None or rollup is not None
+    radd = rollup.add if rollup is not None else None
     feed = v.feed_line
     for number, lines in reader.chunks():
         for i, raw in enumerate(lines):
@@ -224,8 +226,8 @@ def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: boo
                     continue
                 if not isinstance(rec, dict):
                     continue
-                if summary is not None:
-                    summary.add(rec)
+                if radd is not None:
+                    radd(rec)
                 if on_record is not None:
                     on_record(p, rec)
     if reader.torn is not None and reader.torn.strip() and not (live and not p.compressed):
@@ -424,12 +426,12 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
         # an authentic seal's sums are the key holder's word; any other seal's are
         # recomputed from the records (the one costly check: every record parsed)
-        summary = Summary() if s is not None and (not verdict.authentic or rollups) else None
-        r = read_part(v, p, expect=expect, live=live, summary=summary)
+        sums = Rollup() if s is not None and (not verdict.authentic or rollups) else None
+        r = read_part(v, p, expect=expect, live=live, rollup=sums)
         if s is not None:
             compare_seal(v, r, s)
-            if summary is not None and not r.damaged:
-                seals.rollup(s, summary)
+            if sums is not None and not r.damaged:
+                seals.rollup(s, sums)
         end = v.chain_end(host, stream)
         if end is not None:
             prev = end
