@@ -65,6 +65,11 @@ def verify_command(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"gpu-audit audit verify: {path} does not exist", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "witness", None) and not (path.is_dir()
+                                               and spool_dir_problem(path) is not None):
+        print("gpu-audit audit verify: --witness checks an archive directory against the "
+              f"chain heads Prometheus kept; {path} is not one", file=sys.stderr)
+        return EXIT_USAGE
     if path.is_dir() and spool_dir_problem(path) is None:
         report = verify_spool_dir(path, key)
         expected = ("the spool holds none (none written yet, or every segment shipped and "

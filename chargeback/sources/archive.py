@@ -449,7 +449,7 @@ def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
                else f"{n} usage record(s) in the period")
         raise ArchiveRefused(archive_dir, [
             f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
-    _notes(data, rollup, req)
+    _notes(data, rollup, req, keyed=r.key is not None)
     return data
 
 
@@ -515,7 +515,7 @@ def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
     data.simulated_excluded = 0 if include_sim else rollup.simulated
 
 
-def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
+def _notes(data: SourceData, rollup: Rollup, req: Request, *, keyed: bool) -> None:
     if req.include_simulated and rollup.simulated:
         data.notes.append(
             f"SIMULATED: {rollup.simulated} of the {rollup.records} usage record(s) in the "
@@ -530,6 +530,12 @@ def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
     data.notes.append(
         f"archive: {rollup.records} usage record(s) in the period, from {sealed} sealed "
         f"part(s) (their rollups) and {read} part(s) read record by record")
+    if not keyed:
+        data.notes.append(
+            "archive: the trail is not keyed (audit.hmac_key_file), so no seal proves its "
+            "sums: every part was read and added up record by record, each seal checked "
+            "against its records; \"verified\" means the chain and seals are consistent, "
+            "not who wrote them (docs/AUDIT.md, \"What 'verified' means\")")
     sources = rollup.energy_sources
     data.notes.append(
         "archive: energy of " + ", ".join(

@@ -140,3 +140,11 @@ def test_a_replaced_head_is_caught_with_the_witness(
 def test_no_witness_is_an_error_not_a_pass(tmp_path: Path) -> None:
     with pytest.raises(WitnessUnavailable, match="cannot query"):
         heads(f"http://127.0.0.1:{free_port()}")
+
+
+def test_a_witness_for_what_is_not_an_archive_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "trail.jsonl"
+    f.write_text("")
+    assert main(["audit", "verify", "--witness", "http://127.0.0.1:9", str(f)]) == 2
+    assert "--witness checks an archive directory" in capsys.readouterr().err
