@@ -9,15 +9,21 @@ Per host and stream (a series of parts, gpu_audit.archive.layout), for the perio
   is the last one before the period) to the first wholly after it (its first record is
   the first after); a part's day says from its name alone that it lies outside, so only
   the seals of that window are read;
-- every part used is checked: its seal (gpu_audit.archive.verify.check_seal), its SHA-256
-  against the seal, the seal chain, part numbers following each other, and the hash chain
-  from part to part (first seq and prev_hash of a part against the last seq and hash of
-  the one before it);
-- a sealed part wholly inside the period is billed from its seal's rollup, without
-  reading a record; a part that straddles the period's edge, the still-open part, a part
-  without a usable seal, and with `verify_records` every part, are read record by record
-  through core's Verifier and added up through core's Rollup (the sums a seal holds;
-  with `verify_records` a sealed part's recomputed sums must equal its seal's);
+- every part used is checked by audit verify's rules, in its code
+  (gpu_audit.archive.verify.SeriesSeals): its seal, its SHA-256 against the seal, the
+  seal chain, the seal's MAC under the key, a closed part without a seal, part numbers
+  following each other, and the hash chain from part to part (first seq and prev_hash of
+  a part against the last seq and hash of the one before it);
+- a part whose seal is authentic (keyed trail, its MAC matches) and whose records
+  account only for time inside the period (seal's first_start_ns .. last_time_ns) is
+  billed from its seal's rollup, without reading a record; every other part (on an
+  unkeyed trail, all of them: no seal proves its sums), a part that straddles the
+  period's edge, the still-open part, and with `verify_records` every part, are read
+  record by record through core's Verifier, their seals compared with their records
+  (rollup included, unless authentic), and added up through core's Rollup, a version 3
+  record straddling an edge split by time (gpu_audit.archive.rollup.share);
+- with `req.witness`, the archive must hold every chain head the Prometheus there kept
+  (gpu_audit.audit.witness);
 - the proof: the chain is continuous from the last record before the period to the first
   after it, or "open" (no record after the period yet); otherwise a gap is named: seqs
   missing between parts or inside one, a part missing or damaged, or a stream whose first
