@@ -1,18 +1,24 @@
-"""Verify an archive directory: its seals, its parts' digests and, unless `fast`, every
-record (one path for `audit verify` and chargeback: gpu_audit.audit.verify.Verifier).
+"""Verify an archive directory: its seals, its parts' digests and every record a seal
+cannot answer for (one path for `audit verify` and chargeback: the seal rules are
+`SeriesSeals`, the records' gpu_audit.audit.verify.Verifier).
 
 Per host and stream (a series of parts, in part-number order):
 - part numbers follow each other (a part missing from the middle is `missing_part`);
 - a sealed part: its seal reads (`bad_seal`) and names this part; the part's SHA-256 is
   the one sealed (`part_digest`: changed after sealing); the seal's `prev_seal` is the
   previous part's seal's digest, zeros for the series' first (`seal_chain`: a part
-  removed, replaced or reordered); a closed part without a seal is `unsealed`;
-- `fast`: the chain is followed from seal to seal (first seq and prev_hash of a part
-  against the last seq and hash of the one before; the seal's record count against its
-  seq range) and only parts without a seal are read record by record;
-- otherwise every record is verified (hash, chain, `foreign` records), and what the
-  records say is compared with the seal (`seal_mismatch`); `rollups` also recomputes
-  each seal's rollup from its records (`seal_rollup`), which is what a bill adds up;
+  removed, replaced or reordered); with the trail's key its MAC matches (`seal_mac`); a
+  closed part without a seal is `unsealed`;
+- a seal is *authentic* when its MAC matches under the key: what it says is the key
+  holder's word. Without a key none is;
+- `fast`: a part with an authentic seal is followed from its seal alone (first seq and
+  prev_hash against the last seq and hash of the part before; the seal's record count
+  against its seq range); every other part is read as below;
+- otherwise every record is verified (hash, chain, `foreign` records), what the records
+  say is compared with the seal (`seal_mismatch`), and the seal's rollup, what a bill
+  adds up, with the one the records give (`seal_rollup`) unless the seal is authentic
+  (`rollups`: then too);
+- `witness`: the archive holds every chain head Prometheus kept (gpu_audit.audit.witness);
 - a damaged part (a truncated `.gz`) is `damaged_part`, naming the file and its last
   good line; verification goes on with the next part.
 
