@@ -276,6 +276,15 @@ def test_keyed_bill_uses_authentic_seals_and_fast_verify_counts_them(
     out = capsys.readouterr().out
     n = sum(orjson.loads(s.read_bytes())["records"] for s in _seals(sealed))
     assert f": {n} records in 1 stream(s): OK" in out
+    # unkeyed: no seal is authentic, so --fast reads the sealed parts: the same count
+    plain = tmp_path / "plain"
+    shutil.copytree(pristine[False], plain)
+    for p in list_parts(plain):
+        if not p.seal_path.exists():
+            p.path.unlink()
+    assert main(["audit", "verify", "--fast", str(plain)]) == 0
+    n = sum(orjson.loads(s.read_bytes())["records"] for s in _seals(plain))
+    assert f": {n} records in 1 stream(s): OK" in capsys.readouterr().out
 
 
 def _mutate(d: Path, target: str, op: str, at: float, other: str) -> None:
