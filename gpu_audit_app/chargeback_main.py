@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Archive: Prometheus that scraped the exporters' chain heads "
                    "(gpu_audit_audit_head): the archive must hold every head it kept, or "
                    "its newest records were cut off (as `audit verify --witness`).")
+    p.add_argument("--trust-unkeyed-seals", action="store_true",
+                   help="Archive without an HMAC key: bill sealed parts from their seals' "
+                   "sums without reading them (fast), though nothing proves those sums; the "
+                   "bill is marked unverified and says so.")
     p.add_argument("--verify-records", action="store_true",
                    help="Archive: read every record of the sealed parts too, and check "
                    "that their seals' sums are the records' (slower).")
@@ -112,7 +116,7 @@ def request(args: argparse.Namespace) -> Request:
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
                    allow_gaps=args.allow_gaps, verify_records=args.verify_records,
-                   witness=args.witness,
+                   witness=args.witness, trust_unkeyed_seals=args.trust_unkeyed_seals,
                    csv_totals=args.csv_totals, excel=args.excel,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))

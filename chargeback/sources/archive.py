@@ -160,6 +160,9 @@ class _Reader:
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
         self.key = key
+        # unkeyed seals billed unread (--trust-unkeyed-seals): nothing proves their sums
+        self.trust_unkeyed = req.trust_unkeyed_seals and key is None
+        self.trusted = 0
         self.v = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
         self.inputs: dict[str, str] = {}
         self.queries: list[str] = []
@@ -274,8 +277,12 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         inside = (first_start is not None and last_t is not None
                   and first_start >= r.start_ns and last_t <= r.end_ns)
         # only a seal the key proves is billed or followed without reading its part
-        if (s is not None and verdict.authentic and not r.verify_records
+        # (or, asked to, an unkeyed trail's: the bill then says it is unverified)
+        usable = verdict.authentic or (r.trust_unkeyed and ok)
+        if (s is not None and usable and not r.verify_records
                 and (before or after or inside)):
+            if not verdict.authentic:
+                r.trusted += 1
             _follow(r, chain, p, s, prev)
             if s.last_seq is not None and s.last_hash is not None:
                 prev = (s.last_seq, s.last_hash)
@@ -444,6 +451,11 @@ def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
     data.inputs["archive"] = str(archive_dir)
     data.inputs.update(r.inputs)
     data.queries.extend(r.queries)
+    if r.trusted:
+        unverified.append(
+            f"{r.trusted} sealed part(s) billed or followed from their seals without reading "
+            "them, and the trail is not keyed: nothing proves those seals' sums "
+            "(--trust-unkeyed-seals); `audit verify` checks them against the records")
     data.verified = not unverified
     data.verification_problems = unverified
     data.completeness = comp
@@ -455,7 +467,7 @@ def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
                else f"{n} usage record(s) in the period")
         raise ArchiveRefused(archive_dir, [
             f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
-    _notes(data, rollup, req, keyed=r.key is not None)
+    _notes(data, rollup, req, all_read=r.key is None and not r.trust_unkeyed)
     return data
 
 
@@ -521,7 +533,7 @@ def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
     data.simulated_excluded = 0 if include_sim else rollup.simulated
 
 
-def _notes(data: SourceData, rollup: Rollup, req: Request, *, keyed: bool) -> None:
+def _notes(data: SourceData, rollup: Rollup, req: Request, *, all_read: bool) -> None:
     if req.include_simulated and rollup.simulated:
         data.notes.append(
             f"SIMULATED: {rollup.simulated} of the {rollup.records} usage record(s) in the "
@@ -536,7 +548,7 @@ def _notes(data: SourceData, rollup: Rollup, req: Request, *, keyed: bool) -> No
     data.notes.append(
         f"archive: {rollup.records} usage record(s) in the period, from {sealed} sealed "
         f"part(s) (their rollups) and {read} part(s) read record by record")
-    if not keyed:
+    if all_read:
         data.notes.append(
             "archive: the trail is not keyed (audit.hmac_key_file), so no seal proves its "
             "sums: every part was read and added up record by record, each seal checked "

@@ -326,3 +326,22 @@ def test_any_single_file_change_fails_both_or_neither(
     except ArchiveRefused:
         billed = False
     assert verified == billed, (files[index % len(files)], op, at)
+
+
+def test_trusting_unkeyed_seals_is_fast_and_says_unverified(
+        pristine: dict[bool, Path], tmp_path: Path) -> None:
+    """--trust-unkeyed-seals: an unkeyed trail billed from its seals unread (the fast path
+    a keyless site may choose), marked unverified with the reason, never "verified"; a
+    forged rollup is then billed as forged, and the bill says it could not tell."""
+    d = pristine[False]
+    honest = read_archive(_req(trust_unkeyed_seals=True), d)
+    assert any("(sealed: its rollup)" in q for q in honest.queries)
+    assert honest.verified is False
+    assert any("--trust-unkeyed-seals" in p for p in honest.verification_problems)
+    forged = _copy(pristine, False, tmp_path)
+    seals = _seals(forged)
+    _move_charge(seals[1])
+    _rechain_seals(seals, 1)
+    bill = read_archive(_req(trust_unkeyed_seals=True), forged)
+    assert bill.verified is False
+    assert bill.usage != honest.usage  # what it could not check, it billed as written
