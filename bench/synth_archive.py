@@ -28,7 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_audit.audit.canonical import SCHEMA_ID, SCHEMA_V3, ZERO_HASH, format_time_ns, seal
+from gpu_audit.audit.canonical import (
+    SCHEMA_ID,
+    SCHEMA_V3,
+    ZERO_HASH,
+    format_time_ns,
+    load_hmac_key,
+    seal,
+)
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import SinkRecord
@@ -42,7 +49,8 @@ GIB = 1024**3
 class Host:
     """One node's stream: its chain, its GPUs' jobs."""
 
-    def __init__(self, index: int, gpus: int) -> None:
+    def __init__(self, index: int, gpus: int, key: bytes | None = None) -> None:
+        self.key = key
         self.name = f"gpu-node-{index:04d}"
         self.rng = random.Random(index)
         self.seq, self.prev = 0, ZERO_HASH
@@ -56,7 +64,7 @@ class Host:
 
     def chain(self, rec: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         self.seq += 1
-        raw = seal(rec, self.seq, self.prev, None)
+        raw = seal(rec, self.seq, self.prev, self.key)
         self.prev = rec["hash"]
         return rec, raw
 
@@ -125,11 +133,13 @@ class Host:
         return rec
 
 
-def _write(directory: Path, host_ids: list[int], gpus: int, days: int) -> int:
+def _write(directory: Path, host_ids: list[int], gpus: int, days: int,
+           key: bytes | None = None) -> int:
     sink = ArchiveSink(ArchiveSinkConfig.model_validate(
-        {"type": "archive", "directory": directory, "fsync": False}), "archive", directory)
+        {"type": "archive", "directory": directory, "fsync": False}), "archive", directory,
+        seal_key=key)
     sink.start()
-    hosts = [Host(i, gpus) for i in host_ids]
+    hosts = [Host(i, gpus, key) for i in host_ids]
     offset, n = 0, 0
     batch: list[tuple[dict[str, Any], bytes]] = []
 
@@ -157,19 +167,20 @@ def _write(directory: Path, host_ids: list[int], gpus: int, days: int) -> int:
 
 
 def write_archive(directory: Path, *, hosts: int, gpus: int, days: int,
-                  workers: int = 1) -> int:
-    """Write the archive; the number of usage and event records."""
+                  workers: int = 1, key: bytes | None = None) -> int:
+    """Write the archive; the number of usage and event records. `key`: the trail's
+    HMAC key (records and seals keyed, as audit.hmac_key_file makes them)."""
     directory.mkdir(parents=True, exist_ok=True)
     if any(directory.iterdir()):
         raise SystemExit(f"{directory} is not empty")
     if workers <= 1:
-        return _write(directory, list(range(hosts)), gpus, days)
+        return _write(directory, list(range(hosts)), gpus, days, key)
     # each worker its own sink and directory (one journal per sink), then moved together
     shares = [list(range(w, hosts, workers)) for w in range(workers)]
     tmp = [directory / f".w{w}" for w in range(workers)]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        counts = pool.starmap(_write, [(d, s, gpus, days) for d, s in zip(tmp, shares,
-                                                                           strict=True)])
+        counts = pool.starmap(_write, [(d, s, gpus, days, key)
+                                       for d, s in zip(tmp, shares, strict=True)])
     for d in tmp:
         for f in d.iterdir():
             if not f.name.startswith("."):
@@ -185,10 +196,13 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--key-file", type=Path, default=None,
+                    help="key the records and seals with this file's secret")
     args = ap.parse_args()
     t0 = time.monotonic()
+    key = load_hmac_key(args.key_file) if args.key_file is not None else None
     n = write_archive(args.directory, hosts=args.hosts, gpus=args.gpus, days=args.days,
-                      workers=args.workers)
+                      workers=args.workers, key=key)
     size = sum(f.stat().st_size for f in args.directory.iterdir())
     print(f"{n} records, {args.hosts * args.gpus} GPUs x {args.days} days, {size / 1e6:.0f} MB "
           f"on disk, written in {time.monotonic() - t0:.0f} s", file=sys.stderr)

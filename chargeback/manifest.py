@@ -152,7 +152,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
     problems += [f"request.{key}: unknown option" for key in sorted(set(request) - names)]
     problems += [f"request.{key}: missing" for key in sorted(names - set(request))
                  if key not in ("include_simulated", "allow_unverified", "compare_with",
-                                "allow_gaps", "verify_records", "csv_totals", "excel")]
+                                "allow_gaps", "verify_records", "csv_totals", "excel",
+                                "witness", "trust_unkeyed_seals")]
     for key in TIME_FIELDS:
         if isinstance(request.get(key), str):
             try:

@@ -297,6 +297,12 @@ class Request:
     allow_gaps: bool = False  # bill from a trail with gaps, stamped everywhere
     # archive: read every record of sealed parts too (and check the seals' sums)
     verify_records: bool = False
+    # archive: Prometheus that kept the exporters' chain heads (gpu_audit_audit_head); the
+    # archive must hold each of them, as `audit verify --witness` checks
+    witness: str | None = None
+    # archive, unkeyed trail: bill sealed parts from their rollups without reading them,
+    # though no key proves them (the bill is then marked unverified, saying why)
+    trust_unkeyed_seals: bool = False
     # --compare-with: other sources read for the same period, whose bills are compared
     # with this one (reconciliation.comparisons); none of them may be `source`
     compare_with: tuple[str, ...] = ()

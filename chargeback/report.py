@@ -259,10 +259,11 @@ def _simulated(bill: Bill) -> str:
 def _chain(bill: Bill) -> str:
     if bill.verified is False:
         problems = "".join(f"<li>{_e(p)}</li>" for p in bill.verification_problems)
-        return ('<div class="banner" id="unverified">Unverified audit trail: the hash '
-                "chain did not verify and this bill was made with --allow-unverified. "
-                f"Do not invoice from it before the trail is explained.<ul>{problems}</ul>"
-                "</div>")
+        return ('<div class="banner" id="unverified">Unverified audit trail: not all of '
+                "what this bill adds up was proven (the hash chain did not verify and "
+                "--allow-unverified let it through, or an unkeyed trail's seals were "
+                "billed unread with --trust-unkeyed-seals). Do not invoice from it before "
+                f"the trail is explained.<ul>{problems}</ul></div>")
     if bill.verified:
         return '<p class="note">Audit trail: hash chain verified while reading.</p>'
     return (f'<p class="note">Source {_e(bill.source)} has no hash chain: figures are '
@@ -561,6 +562,8 @@ def render_html(bill: Bill, req: Request, data: SourceData) -> bytes:
         flags.append("--allow-unverified")
     if req.allow_gaps:
         flags.append("--allow-gaps")
+    if req.trust_unkeyed_seals:
+        flags.append("--trust-unkeyed-seals")
     provenance = (f"Made by {_e(software_version())} from source <b>{_e(bill.source)}</b> "
                   f"({len(data.queries)} queries, {len(data.inputs)} inputs"
                   f"{', ' + _e(' '.join(flags)) if flags else ''}). {MANIFEST_NAME} beside "

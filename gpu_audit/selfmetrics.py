@@ -168,6 +168,12 @@ AUDIT_LAST_SEQ = _metric("gpu_audit_audit_last_seq", "gauge",
                          "Sequence number of the last audit record written, by stream; compare "
                          "with the last seq `gpu-audit audit verify` finds in a sink to see "
                          "records not yet there.", "audit", ("stream",))
+AUDIT_HEAD = _metric("gpu_audit_audit_head", "gauge",
+                     "The audit chain's head, by host and stream: part=\"seq\" is the seq of "
+                     "the newest record written, part=\"hash0\"/\"hash1\" the first 96 bits "
+                     "of its hash as two 48-bit integers; kept by Prometheus, it is the "
+                     "witness `audit verify --witness` checks an archive against.", "audit",
+                     ("host", "stream", "part"))
 
 # --- spool (served by the shipper's collector) ----------------------------------------
 SPOOL_BYTES = _metric("gpu_audit_spool_bytes", "gauge",
@@ -269,7 +275,7 @@ SELF_METRICS: tuple[SelfMetric, ...] = (
     ATTRIBUTION_EVENTS,
     SAMPLE_DURATION, SNAPSHOT_TIMESTAMP, SAMPLE_ERRORS, SERIES,
     SNAPSHOT_AGE, SCRAPES, PROCESS_SERIES_DROPPED,
-    RECORDS_WRITTEN, RECORDS_FAILED, SPOOL_WRITABLE, AUDIT_LAST_SEQ,
+    RECORDS_WRITTEN, RECORDS_FAILED, SPOOL_WRITABLE, AUDIT_LAST_SEQ, AUDIT_HEAD,
     SPOOL_BYTES, SPOOL_SEGMENTS, RECORDS_PRODUCED, SPOOL_FULL, SPOOL_REFUSED, SPOOL_EVICTED,
     SPOOL_CORRUPT,
     SHIPPER_DELIVERED, SHIPPER_RETRIED, SHIPPER_REDELIVERED, SHIPPER_DEAD_LETTERED,

@@ -26,6 +26,8 @@ from gpu_audit.audit.verify import (
     verify_readback,
     verify_spool_dir,
 )
+from gpu_audit.audit.witness import WitnessUnavailable
+from gpu_audit.audit.witness import heads as witness_heads
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from gpu_audit.spool.fsck import spool_dir_problem
 
@@ -63,14 +65,28 @@ def verify_command(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"gpu-audit audit verify: {path} does not exist", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "witness", None) and not (path.is_dir()
+                                               and spool_dir_problem(path) is not None):
+        print("gpu-audit audit verify: --witness checks an archive directory against the "
+              f"chain heads Prometheus kept; {path} is not one", file=sys.stderr)
+        return EXIT_USAGE
     if path.is_dir() and spool_dir_problem(path) is None:
         report = verify_spool_dir(path, key)
         expected = ("the spool holds none (none written yet, or every segment shipped and "
                     "deleted); expected records to verify: read the sinks' copy with --sink NAME")
     elif path.is_dir():
         workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
+        heads = None
+        if getattr(args, "witness", None):
+            at = (_parse_time(args.witness_at, "--witness-at") / 1e9
+                  if getattr(args, "witness_at", None) else None)
+            try:
+                heads = witness_heads(args.witness, at)
+            except WitnessUnavailable as exc:
+                print(f"gpu-audit audit verify: {exc}", file=sys.stderr)
+                return EXIT_FAILURE
         report = verify_archive(path, key, fast=args.fast, rollups=args.rollups,
-                                workers=max(1, workers))
+                                workers=max(1, workers), witness=heads)
         expected = EXPECTED_PATH
     else:
         report, expected = verify_jsonl(path, key), EXPECTED_PATH

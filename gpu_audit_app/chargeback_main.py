@@ -67,6 +67,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Bill from a trail with gaps (records missing, a part missing or "
                    "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
                    "manifest. Without it such a bill exits 1.")
+    p.add_argument("--witness", metavar="URL",
+                   help="Archive: Prometheus that scraped the exporters' chain heads "
+                   "(gpu_audit_audit_head): the archive must hold every head it kept, or "
+                   "its newest records were cut off (as `audit verify --witness`).")
+    p.add_argument("--trust-unkeyed-seals", action="store_true",
+                   help="Archive without an HMAC key: bill sealed parts from their seals' "
+                   "sums without reading them (fast), though nothing proves those sums; the "
+                   "bill is marked unverified and says so.")
     p.add_argument("--verify-records", action="store_true",
                    help="Archive: read every record of the sealed parts too, and check "
                    "that their seals' sums are the records' (slower).")
@@ -79,11 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "goes (empty or new; default OUT/sim-archive).")
     sim.add_argument("--sim-nodes", metavar="N", type=int, default=1,
                      help="Copies of the scenario's node (default 1): N x its GPUs.")
-    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=300.0,
-                     help="Simulated sampling interval (default 300).")
+    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=60.0,
+                     help="Simulated sampling interval (default 60).")
     sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
                      help="audit.interval_seconds of the simulated exporter: a multiple of "
-                     "--sim-step (default: the step, one record per sample).")
+                     "--sim-step (default 300: interval usage records, "
+                     "schema 3, as `gpu-audit run` writes them; equal to the step: the "
+                     "per-cycle trail).")
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
@@ -106,6 +116,7 @@ def request(args: argparse.Namespace) -> Request:
                    include_simulated=args.include_simulated,
                    allow_unverified=args.allow_unverified,
                    allow_gaps=args.allow_gaps, verify_records=args.verify_records,
+                   witness=args.witness, trust_unkeyed_seals=args.trust_unkeyed_seals,
                    csv_totals=args.csv_totals, excel=args.excel,
                    compare_with=tuple(s.strip() for s in args.compare_with.split(",")
                                       if s.strip()))

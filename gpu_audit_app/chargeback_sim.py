@@ -46,6 +46,11 @@ from shipper.sinks.archive.sink import ArchiveSink
 from shipper.sinks.base import Outcome, SinkRecord
 
 CONFIG_NAME = "gpu-audit-sim.yaml"
+# The defaults give the trail `gpu-audit run` writes: interval usage records (schema 3,
+# audit.interval_seconds a multiple of the sampling interval), in sealed day parts. A
+# month at 60 s sampling is 43,200 cycles (under a minute).
+SIM_STEP = 60.0
+SIM_AUDIT_INTERVAL = 300.0
 HOST = "sim-node"
 
 
@@ -106,7 +111,7 @@ class _Node:
 
 
 def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Path,
-                     config: Path, *, step: float = 300.0, nodes: int = 1,
+                     config: Path, *, step: float = SIM_STEP, nodes: int = 1,
                      audit_interval: float | None = None,
                      observe: Callable[[Snapshot], None] | None = None) -> Simulated:
     """Play `scenario` over [start, end] in `step`-second cycles into `archive` (which
@@ -116,13 +121,17 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
     `nodes` > 1 plays that many copies of the scenario's node (hosts sim-node-01, ...,
     each its own hash-chained stream, the scenario's seed + i for its noise), their
     records delivered cycle by cycle in time order. `audit_interval` is
-    audit.interval_seconds (a multiple of `step`; default `step`: the per-cycle trail).
+    audit.interval_seconds (a multiple of `step`; default SIM_AUDIT_INTERVAL, or `step`
+    when that is not a multiple of it; equal to `step`: the per-cycle trail).
     `observe` sees every cycle's snapshot after the producer (tests render it into a
     Prometheus to bill the same run from both sources).
     """
     if not step > 0:
         raise SimulationError(f"--sim-step {step}: must be > 0")
-    interval = step if audit_interval is None else audit_interval
+    if audit_interval is None:
+        q = SIM_AUDIT_INTERVAL / step
+        audit_interval = SIM_AUDIT_INTERVAL if q >= 1 and abs(q - round(q)) < 1e-9 else step
+    interval = audit_interval
     ratio = interval / step
     if ratio < 1 - 1e-9 or abs(ratio - round(ratio)) > 1e-6 * ratio:
         raise SimulationError(f"--sim-audit-interval {interval:g}: must be a multiple of "

@@ -113,11 +113,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     v.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start of range (--sink).")
     v.add_argument("--to", dest="time_to", metavar="RFC3339", help="End of range (--sink).")
     v.add_argument("--fast", action="store_true",
-                   help="Archive: check the seals (their chain, each part's SHA-256 and "
-                   "place in the hash chain) and read only unsealed parts record by record.")
+                   help="Archive: check the seals (their chain, MAC, each part's SHA-256 and "
+                   "place in the hash chain) and read record by record only the parts "
+                   "whose seal the key does not prove (every part of an unkeyed trail).")
     v.add_argument("--rollups", action="store_true",
-                   help="Archive: also recompute each seal's rollup (the sums a bill adds "
-                   "up) from the part's records.")
+                   help="Archive: recompute every seal's rollup from the part's records, "
+                   "those the key proves too (the others' always are, without --fast).")
+    v.add_argument("--witness", metavar="URL",
+                   help="Archive: Prometheus (its query API) that scraped the exporters' "
+                   "gpu_audit_audit_head: the archive must hold every head it kept.")
+    v.add_argument("--witness-at", metavar="RFC3339",
+                   help="--witness: the heads as Prometheus held them at this time "
+                   "(default now; earlier than the shipper's lag for a live archive).")
     v.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Archive: verify hosts' streams in N processes (default: one per "
                    "CPU).")
@@ -286,9 +293,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             log.info("%s", config.audit_interval_note)
         _refuse_wrong_spool_path(cmd, config)
         if cmd == "shipper":
+            from gpu_audit_app.config import config_seal_key
             from shipper.standalone import run_shipper
 
-            return run_shipper(config)
+            return run_shipper(config, seal_key=config_seal_key(config))
         from gpu_audit_app.run import run
 
         return run(config, with_shipper=(cmd == "run"))

@@ -92,3 +92,12 @@ def load_config(path: Path | None) -> Config:
     """Load and validate the configuration file (no environment overrides); defaults
     when path is None."""
     return load_settings(path, environ={})
+
+
+def config_seal_key(config: Config) -> bytes | None:
+    """The key the archive's seals carry a MAC under: the records' (audit.hmac_key_file),
+    so a seal's sums are as hard to forge as the chain (docs/AUDIT.md)."""
+    from gpu_audit.audit.canonical import load_hmac_key  # noqa: PLC0415
+
+    key_file = config.audit.hmac_key_file
+    return load_hmac_key(key_file) if key_file is not None else None

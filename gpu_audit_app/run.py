@@ -25,7 +25,7 @@ from exporter.audit_spool import SpoolGcPlan
 from exporter.backends import BackendHooks, GpuBackend, create_backend
 from exporter.config import ExporterConfig
 from gpu_audit.spool import SpoolWriter
-from gpu_audit_app.config import Config
+from gpu_audit_app.config import Config, config_seal_key
 
 
 class EmbeddedShipper:
@@ -42,7 +42,8 @@ class EmbeddedShipper:
 
         cfg = self._config
         # resolves every secret now; a sink only connects when it is started
-        self._sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory))
+        self._sinks = [create_sink(c, spool_dir=Path(cfg.spool.directory),
+                                   seal_key=config_seal_key(cfg))
                        for c in cfg.shipper.sinks]
 
     def open(self, writer: SpoolWriter | None) -> Collector:

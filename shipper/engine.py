@@ -68,6 +68,7 @@ class Shipper:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Any] | None = None,
         backoff: Backoff | None = None,
+        seal_key: bytes | None = None,
     ) -> None:
         self.config = config
         self.spool_dir = Path(spool_config.directory)
@@ -81,7 +82,8 @@ class Shipper:
         self._full = FullState()
         self._cursors = CursorStore(self.spool_dir)
         if sinks is None:
-            sinks = [create_sink(cfg, spool_dir=self.spool_dir) for cfg in config.sinks]
+            sinks = [create_sink(cfg, spool_dir=self.spool_dir, seal_key=seal_key)
+                     for cfg in config.sinks]
         self.sinks = list(sinks)
         names = [s.name for s in self.sinks]
         duplicated = sorted({n for n in names if names.count(n) > 1})

@@ -43,8 +43,9 @@ class ShipperSettings(Protocol):
     def spool(self) -> SpoolConfig: ...
 
 
-def run_shipper(config: ShipperSettings) -> int:
-    """Run the standalone shipper until a stop signal; 0 after a clean stop.
+def run_shipper(config: ShipperSettings, seal_key: bytes | None = None) -> int:
+    """Run the standalone shipper until a stop signal; 0 after a clean stop. `seal_key`:
+    the trail's HMAC key, which the archive sink's seals carry a MAC under.
 
     Raises ConfigError (a sink's missing secret, ...) before anything is started.
     """
@@ -53,7 +54,7 @@ def run_shipper(config: ShipperSettings) -> int:
     listen = config.shipper.metrics_listen
     address = parse_listen(listen) if listen is not None else None
     try:
-        shipper = Shipper(config.shipper, config.spool)
+        shipper = Shipper(config.shipper, config.spool, seal_key=seal_key)
     except LockHeld as exc:
         print(f"gpu-audit: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -12,6 +12,7 @@ whole trail into memory (records are yielded as they are read).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,10 @@ def archive_records(directory: Path, start_ns: int | None = None,
     touches when one is given; the newest part's unfinished last line is skipped."""
     parts = list_parts(directory)
     if start_ns is not None and end_ns is not None:
-        first, last = day_of(start_ns), day_of(max(start_ns, end_ns))
+        # a day more at the end: older archives put a record at midnight sharp in the
+        # next day's part
+        first = day_of(start_ns)
+        last = day_of(max(start_ns, end_ns)) + dt.timedelta(days=1)
         parts = [p for p in parts if first <= p.day <= last]
     for line in read_lines(directory, parts=parts):
         if not line.complete:

@@ -9,15 +9,21 @@ Per host and stream (a series of parts, gpu_audit.archive.layout), for the perio
   is the last one before the period) to the first wholly after it (its first record is
   the first after); a part's day says from its name alone that it lies outside, so only
   the seals of that window are read;
-- every part used is checked: its seal (gpu_audit.archive.verify.check_seal), its SHA-256
-  against the seal, the seal chain, part numbers following each other, and the hash chain
-  from part to part (first seq and prev_hash of a part against the last seq and hash of
-  the one before it);
-- a sealed part wholly inside the period is billed from its seal's rollup, without
-  reading a record; a part that straddles the period's edge, the still-open part, a part
-  without a usable seal, and with `verify_records` every part, are read record by record
-  through core's Verifier and added up through core's Rollup (the sums a seal holds;
-  with `verify_records` a sealed part's recomputed sums must equal its seal's);
+- every part used is checked by audit verify's rules, in its code
+  (gpu_audit.archive.verify.SeriesSeals): its seal, its SHA-256 against the seal, the
+  seal chain, the seal's MAC under the key, a closed part without a seal, part numbers
+  following each other, and the hash chain from part to part (first seq and prev_hash of
+  a part against the last seq and hash of the one before it);
+- a part whose seal is authentic (keyed trail, its MAC matches) and whose records
+  account only for time inside the period (seal's first_start_ns .. last_time_ns) is
+  billed from its seal's rollup, without reading a record; every other part (on an
+  unkeyed trail, all of them: no seal proves its sums), a part that straddles the
+  period's edge, the still-open part, and with `verify_records` every part, are read
+  record by record through core's Verifier, their seals compared with their records
+  (rollup included, unless authentic), and added up through core's Rollup, a version 3
+  record straddling an edge split by time (gpu_audit.archive.rollup.share);
+- with `req.witness`, the archive must hold every chain head the Prometheus there kept
+  (gpu_audit.audit.witness);
 - the proof: the chain is continuous from the last record before the period to the first
   after it, or "open" (no record after the period yet); otherwise a gap is named: seqs
   missing between parts or inside one, a part missing or damaged, or a stream whose first
@@ -50,9 +56,16 @@ from typing import Any
 
 from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.archive import Part, day_of, list_parts
-from gpu_audit.archive.rollup import Rollup
-from gpu_audit.archive.seal import Seal, Summary, file_sha256
-from gpu_audit.archive.verify import PartResult, check_seal, group_series, read_part
+from gpu_audit.archive.rollup import Rollup, share
+from gpu_audit.archive.seal import ZERO_DIGEST, Seal, elapsed_ns, file_sha256
+from gpu_audit.archive.verify import (
+    PartResult,
+    SeriesSeals,
+    compare_seal,
+    group_series,
+    read_part,
+)
+from gpu_audit.audit import witness
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import Verifier
 from gpu_audit.errors import GpuAuditError
@@ -63,7 +76,7 @@ from gpu_audit.errors import GpuAuditError
 ID_WINDOW = 10_000
 _DAY_NS = 86_400_000_000_000
 # the verifier's problems that mean records are missing (--allow-gaps), not changed
-GAP_KINDS = frozenset({"gap", "missing_part", "damaged_part"})
+GAP_KINDS = frozenset({"gap", "missing_part", "damaged_part", "witness_missing"})
 
 _ENERGY_SOURCES = {"counter": "the energy counter",
                    "counter_reset": "the counter after a reset (driver reload, GPU reset)",
@@ -147,6 +160,10 @@ class _Reader:
         self.rollup = Rollup()  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
+        self.key = key
+        # unkeyed seals billed unread (--trust-unkeyed-seals): nothing proves their sums
+        self.trust_unkeyed = req.trust_unkeyed_seals and key is None
+        self.trusted = 0
         self.v = Verifier(hmac_key=key, complete=False, id_window=ID_WINDOW)
         self.inputs: dict[str, str] = {}
         self.queries: list[str] = []
@@ -159,32 +176,37 @@ class _Reader:
             self.progress(self.done, self.total)
 
     def read(self, p: Part, chain: _Chain, *, live: bool, expect: tuple[str, str] | None,
-             summary: Summary | None = None) -> PartResult:
+             part_sums: Rollup | None = None) -> PartResult:
         """A part record by record: verify it, add the period's records, note the last
         record before the period and the first after it."""
         start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
         sums = Rollup()
 
         def on_record(_part: Part, rec: dict[str, Any]) -> None:
+            # a record accounts for (t - elapsed, t]: it is the period's as far as that
+            # interval lies in (start, end]; one that straddles an edge is split by time
             t, seq = rec.get("time_ns"), rec.get("seq")
             if type(t) is not int or type(seq) is not int:
                 return
             if t <= start_ns:
                 chain.start = f"seq {seq} ({name}, {_when(t)})"
                 chain.proven_before = True
-            elif t > end_ns:
-                if chain.end is None:
-                    chain.end = f"seq {seq} ({name}, {_when(t)})"
-                return
             else:
-                if chain.first_in is None:
-                    chain.first_in = t
-                chain.last_in = t
-                sums.add(rec)
+                if t > end_ns and chain.end is None:
+                    chain.end = f"seq {seq} ({name}, {_when(t)})"
+                if t - elapsed_ns(rec) >= end_ns:
+                    return
+                if t <= end_ns:
+                    if chain.first_in is None:
+                        chain.first_in = t
+                    chain.last_in = t
+                sums.add(share(rec, start_ns, end_ns))
+                if t > end_ns:
+                    return
             chain.last_ns, chain.last_seq = t, seq
 
         result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
-                           summary=summary)
+                           rollup=part_sums)
         chain.absorb(sums.finish())  # a cycle's records never span two parts
         self.queries.append(f"archive part {name} (records)")
         if chain.first_seq is None and result.first_seq is not None:
@@ -221,40 +243,47 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
     chain = _Chain(host, stream, r.rollup)
     expect = (host, stream)
     v = r.v
-    # From the names alone: the last part wholly before the period and the first wholly
-    # after it (a part of day D holds records of [D 00:00, D+1 00:00)).
+    # From the names alone: a part before the period and one after it (a part of day D
+    # holds records closing intervals of D; parts written before that rule, and records
+    # whose interval reaches back over midnight, can be a day off: a day's margin).
     lo, hi = 0, len(parts) - 1
     for i, p in enumerate(parts):
-        if _day_start_ns(p.day) + _DAY_NS <= r.start_ns:
+        if _day_start_ns(p.day) + 2 * _DAY_NS <= r.start_ns:
             lo = i
     for i in range(len(parts) - 1, -1, -1):
-        if _day_start_ns(parts[i].day) > r.end_ns:
+        if _day_start_ns(parts[i].day) > r.end_ns + _DAY_NS:
             hi = i
+    # the seal rules are audit verify's (SeriesSeals): from the window's first part on,
+    # its prev_seal checked against the seal before it
+    before_seal: str | None = ZERO_DIGEST
+    if lo > 0:
+        sp = parts[lo - 1].seal_path
+        before_seal = file_sha256(sp)[0] if sp.exists() else None
+    seals = SeriesSeals(v, r.key, host, stream, prev_seal=before_seal,
+                        number=parts[lo].number if lo > 0 else None)
     prev: tuple[int, str] | None = None  # (seq, hash) where the chain stands
-    prev_seal: str | None = None  # the previous part's seal's digest (None: unknown)
-    number: int | None = None
     for p in parts[lo:hi + 1]:
         size = p.path.stat().st_size
-        if number is not None and p.number != number:
-            chain.gaps.append(f"{chain.name}: part(s) {number}..{p.number - 1} are not in "
-                              f"the archive (before {p.path.name})")
-        number = p.number + 1
-        s, ok = check_seal(v, p)
+        verdict = seals.check(p, newest=p is parts[-1])
+        s, ok = verdict.seal, verdict.ok
         if s is not None:
             r.inputs[p.path.name] = s.part_sha256 if ok else file_sha256(p.path)[0]
             r.inputs[s.path.name] = s.digest
-            if prev_seal is not None and s.prev_seal != prev_seal:
-                v.problem("seal_chain", s.path.name, "its prev_seal is not the digest of the "
-                          "seal before it: a part was removed, replaced or reordered",
-                          stream=chain.name)
-        prev_seal = s.digest if s is not None else None
         first_t = s.first_time_ns if ok and s is not None else None
         last_t = s.last_time_ns if ok and s is not None else None
+        # what the part's records account for: (first_start, last_t]
+        first_start = s.first_start_ns if ok and s is not None else None
         before = last_t is not None and last_t <= r.start_ns
-        after = first_t is not None and first_t > r.end_ns
-        inside = (first_t is not None and last_t is not None
-                  and first_t > r.start_ns and last_t <= r.end_ns)
-        if s is not None and (before or after or (inside and not r.verify_records)):
+        after = first_start is not None and first_start >= r.end_ns
+        inside = (first_start is not None and last_t is not None
+                  and first_start >= r.start_ns and last_t <= r.end_ns)
+        # only a seal the key proves is billed or followed without reading its part
+        # (or, asked to, an unkeyed trail's: the bill then says it is unverified)
+        usable = verdict.authentic or (r.trust_unkeyed and ok)
+        if (s is not None and usable and not r.verify_records
+                and (before or after or inside)):
+            if not verdict.authentic:
+                r.trusted += 1
             _follow(r, chain, p, s, prev)
             if s.last_seq is not None and s.last_hash is not None:
                 prev = (s.last_seq, s.last_hash)
@@ -274,22 +303,26 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
             if after:
                 break
             continue
-        # record by record, the chain going on from where it stands
+        # record by record, the chain going on from where it stands; a seal is checked
+        # against the records as audit verify checks it
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if r.verify_records and ok and s is not None else None
-        result = r.read(p, chain, live=p is parts[-1], expect=expect, summary=summary)
+        part_sums = Rollup() if s is not None and (
+            not verdict.authentic or r.verify_records) else None
+        result = r.read(p, chain, live=p is parts[-1], expect=expect, part_sums=part_sums)
         if s is None:
             r.inputs[p.path.name] = file_sha256(p.path)[0]
-        if (summary is not None and s is not None
-                and summary.rollup.finish().to_json() != dict(s.rollup_json)):
-            v.problem("seal_rollup", s.path.name, "the sums its seal carries are not those "
-                      "of the part's records", stream=chain.name)
+        else:
+            compare_seal(v, result, s)
+            if part_sums is not None and not result.damaged:
+                seals.rollup(s, part_sums)
         if result.records:
             end = v.chain_end(host, stream)
             if end is not None:
                 prev = end
         r.advance(size)
+        if after:
+            break
     v.forget(host, stream)
     if not chain.proven_before and (chain.first_in is not None or chain.end is not None):
         if chain.first_seq == 1 and chain.first_prev == ZERO_HASH:
@@ -367,6 +400,14 @@ def read_archive(
         r.rollup.merge(_legacy(r, legacy, all_parts[-1]).finish(), per_gpu=False)
     chains = [_series(r, host, stream, sparts)
               for (_prefix, host, stream), sparts in series.items()]
+    if req.witness is not None:
+        try:
+            witnessed = witness.heads(req.witness)
+        except witness.WitnessUnavailable as exc:
+            raise ArchiveRefused(archive_dir, [str(exc)]) from None
+        for f in witness.check(archive_dir, witnessed):
+            r.v.problem(f.kind, f.where, f.detail, stream=f.stream, seq=f.seq)
+        r.queries.append(f"witness {req.witness}: {len(witnessed)} chain head(s)")
     rollup = r.rollup
     return _finish(r, req, archive_dir, chains, rollup)
 
@@ -411,6 +452,11 @@ def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
     data.inputs["archive"] = str(archive_dir)
     data.inputs.update(r.inputs)
     data.queries.extend(r.queries)
+    if r.trusted:
+        unverified.append(
+            f"{r.trusted} sealed part(s) billed or followed from their seals without reading "
+            "them, and the trail is not keyed: nothing proves those seals' sums "
+            "(--trust-unkeyed-seals); `audit verify` checks them against the records")
     data.verified = not unverified
     data.verification_problems = unverified
     data.completeness = comp
@@ -422,7 +468,7 @@ def _finish(r: _Reader, req: Request, archive_dir: Path, chains: list[_Chain],
                else f"{n} usage record(s) in the period")
         raise ArchiveRefused(archive_dir, [
             f"no usage for {req.start.isoformat()} .. {req.end.isoformat()}: {why}"])
-    _notes(data, rollup, req)
+    _notes(data, rollup, req, all_read=r.key is None and not r.trust_unkeyed)
     return data
 
 
@@ -488,7 +534,7 @@ def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
     data.simulated_excluded = 0 if include_sim else rollup.simulated
 
 
-def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
+def _notes(data: SourceData, rollup: Rollup, req: Request, *, all_read: bool) -> None:
     if req.include_simulated and rollup.simulated:
         data.notes.append(
             f"SIMULATED: {rollup.simulated} of the {rollup.records} usage record(s) in the "
@@ -503,6 +549,12 @@ def _notes(data: SourceData, rollup: Rollup, req: Request) -> None:
     data.notes.append(
         f"archive: {rollup.records} usage record(s) in the period, from {sealed} sealed "
         f"part(s) (their rollups) and {read} part(s) read record by record")
+    if all_read:
+        data.notes.append(
+            "archive: the trail is not keyed (audit.hmac_key_file), so no seal proves its "
+            "sums: every part was read and added up record by record, each seal checked "
+            "against its records; \"verified\" means the chain and seals are consistent, "
+            "not who wrote them (docs/AUDIT.md, \"What 'verified' means\")")
     sources = rollup.energy_sources
     data.notes.append(
         "archive: energy of " + ", ".join(

@@ -289,6 +289,18 @@ def _plan(start: datetime, end: datetime) -> _Plan:
     return _Plan(full, [c for c in chunks if c.seconds != _DAY])
 
 
+def _rules_count_simulated(client: Client, period: float, req: Request,
+                           log: Callable[[str], None]) -> bool:
+    """Whether the recording rules hold series of simulated GPUs in the period (the
+    simulated rule `gpu:gpu_up:max` keeps a GPU's instance and uuid)."""
+    q = (f"count(last_over_time(gpu:gpu_up:max[{_fmt_ms(period)}]) and on (instance, uuid) "
+         f'group by (instance, uuid) (last_over_time({{__name__=~"gpu_.+",simulated="true"}}'
+         f"[{_fmt_ms(period)}])))")
+    log(f"query time={_iso(req.end)} {q}")
+    res = client.query(q, req.end)
+    return bool(res) and float(res[0]["value"][1]) > 0
+
+
 def read_prometheus(req: Request, progress: bool = False, *, raw: bool = False,
                     client: Client | None = None) -> SourceData:
     """Read the period [req.start, req.end) from req.prometheus_url.
@@ -321,6 +333,18 @@ def read_prometheus(req: Request, progress: bool = False, *, raw: bool = False,
 
     def log(text: str) -> None:
         data.queries.append(text)
+
+    if not raw and not req.include_simulated and _rules_count_simulated(client, period, req,
+                                                                        log):
+        # rules rendered with include_simulated (alerts/params/fast.yaml) keep simulated
+        # series in: their sums would bill them, while the raw energy query leaves them
+        # out. The raw series, with the filter, are what this bill may count.
+        raw = True
+        data.inputs["mode"] = "raw series"
+        data.notes.append(
+            "read from raw series (recording rules expanded into subqueries): the recording "
+            "rules served count simulated series (rendered with include_simulated), which "
+            "this bill leaves out (--include-simulated bills them)")
 
     # the GPU model of every GPU seen in the period
     info_q = f"max by (instance, uuid, name) (last_over_time(gpu_info{sel}[{_fmt_ms(period)}]))"

@@ -9,8 +9,11 @@ named
 Host and stream are percent-encoded (every byte but A-Z a-z 0-9 . - becomes %XX, so a
 name never holds `_`, `/` or a control character of theirs), which makes the name
 unambiguous and lets a reader tell a record that does not belong to the part (another
-host's, another stream's) without any key. The day is the UTC day of the records'
-`time_ns` (every record of a part shares it); N is the part's number in its series
+host's, another stream's) without any key. The day is the UTC day of the interval the
+records close, (`time_ns` - elapsed, `time_ns`]: the day of `time_ns` - 1 ns, so a
+record at midnight sharp is the day before's (every record of a part shares it; parts
+written before this rule put it in the next day's part, which readers allow for);
+N is the part's number in its series
 (none for part 0, then 1, 2, ... 10, 11 in decimal): it grows by one with every part the
 series gets, across days, so it is the order the parts were written in, which is the
 order of the stream's seqs. The plain name order is not (`.10` before `.2`).
@@ -87,8 +90,10 @@ class Part:
 
 
 def day_of(time_ns: int) -> dt.date:
-    """The UTC day a record with this `time_ns` is archived under."""
-    return dt.datetime.fromtimestamp(time_ns // 1_000_000_000, tz=dt.UTC).date()
+    """The UTC day a record with this `time_ns` is archived under: the day of the
+    interval it closes, (time_ns - elapsed, time_ns], so a record at midnight sharp is
+    the day before's (as the rollup counts it)."""
+    return dt.datetime.fromtimestamp((time_ns - 1) // 1_000_000_000, tz=dt.UTC).date()
 
 
 def part_name(prefix: str, day: dt.date, number: int, *, host: str, stream: str,

@@ -19,6 +19,7 @@ This module only reads; it never repairs, reorders or deletes anything.
 
 from __future__ import annotations
 
+import datetime as dt
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -147,7 +148,10 @@ def read_records(
 
     Only the parts of the days that range touches are opened.
     """
-    first, last = day_of(start_ns), day_of(max(start_ns, end_ns - 1))
+    # a day more at the end: archives written before parts were named by the interval's
+    # day hold a record at midnight sharp in the next day's part
+    first = day_of(start_ns)
+    last = day_of(max(start_ns, end_ns - 1)) + dt.timedelta(days=1)
     parts = [p for p in list_parts(directory, prefix) if first <= p.day <= last]
     for line in read_lines(directory, prefix, parts):
         if not line.complete:

@@ -60,6 +60,33 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+# a version 3 usage record's sums over its interval: what a share of the interval has a
+# share of (the rest, `n`, `gmx`, `gux`, `gua`, `tasks`, are not sums)
+_SHARED_SUMS = ("dt", "gs", "gd", "gi", "ge", "gpe", "gms", "s", "c", "b", "i", "e", "pe",
+                "ms")
+
+
+def share(rec: Mapping[str, Any], begin_ns: int, end_ns: int) -> Mapping[str, Any]:
+    """The part of a usage record that falls in (begin_ns, end_ns]: the record itself
+    when its whole interval does, else (version 3) a copy with its sums scaled by the
+    fraction of its interval, (time_ns - dt, time_ns], inside: a record that straddles
+    a period's edge is split by time. A version 2 record (one sample) is left whole."""
+    t, d = rec.get("time_ns"), rec.get("dt")
+    if type(t) is not int or not (type(d) is float or type(d) is int) or d <= 0:
+        return rec
+    start = t - round(d * 1e9)
+    lo, hi = max(start, begin_ns), min(t, end_ns)
+    if lo <= start and hi >= t:
+        return rec
+    f = max(0, hi - lo) / (t - start)
+    out = dict(rec)
+    for k in _SHARED_SUMS:
+        v = out.get(k)
+        if type(v) is float or type(v) is int:
+            out[k] = v * f
+    return out
+
+
 class Rollup:
     """Sums per (day, simulated, model, GPU, holder) and per (day, simulated, model, GPU)."""
 

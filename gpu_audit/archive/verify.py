@@ -1,18 +1,24 @@
-"""Verify an archive directory: its seals, its parts' digests and, unless `fast`, every
-record (one path for `audit verify` and chargeback: gpu_audit.audit.verify.Verifier).
+"""Verify an archive directory: its seals, its parts' digests and every record a seal
+cannot answer for (one path for `audit verify` and chargeback: the seal rules are
+`SeriesSeals`, the records' gpu_audit.audit.verify.Verifier).
 
 Per host and stream (a series of parts, in part-number order):
 - part numbers follow each other (a part missing from the middle is `missing_part`);
 - a sealed part: its seal reads (`bad_seal`) and names this part; the part's SHA-256 is
   the one sealed (`part_digest`: changed after sealing); the seal's `prev_seal` is the
   previous part's seal's digest, zeros for the series' first (`seal_chain`: a part
-  removed, replaced or reordered); a closed part without a seal is `unsealed`;
-- `fast`: the chain is followed from seal to seal (first seq and prev_hash of a part
-  against the last seq and hash of the one before; the seal's record count against its
-  seq range) and only parts without a seal are read record by record;
-- otherwise every record is verified (hash, chain, `foreign` records), and what the
-  records say is compared with the seal (`seal_mismatch`); `rollups` also recomputes
-  each seal's rollup from its records (`seal_rollup`), which is what a bill adds up;
+  removed, replaced or reordered); with the trail's key its MAC matches (`seal_mac`); a
+  closed part without a seal is `unsealed`;
+- a seal is *authentic* when its MAC matches under the key: what it says is the key
+  holder's word. Without a key none is;
+- `fast`: a part with an authentic seal is followed from its seal alone (first seq and
+  prev_hash against the last seq and hash of the part before; the seal's record count
+  against its seq range); every other part is read as below;
+- otherwise every record is verified (hash, chain, `foreign` records), what the records
+  say is compared with the seal (`seal_mismatch`), and the seal's rollup, what a bill
+  adds up, with the one the records give (`seal_rollup`) unless the seal is authentic
+  (`rollups`: then too);
+- `witness`: the archive holds every chain head Prometheus kept (gpu_audit.audit.witness);
 - a damaged part (a truncated `.gz`) is `damaged_part`, naming the file and its last
   good line; verification goes on with the next part.
 
@@ -34,7 +40,15 @@ import orjson
 
 from gpu_audit.archive.layout import Part, list_parts, parse_name
 from gpu_audit.archive.reader import PartLines
-from gpu_audit.archive.seal import ZERO_DIGEST, BadSeal, Seal, Summary, file_sha256, load
+from gpu_audit.archive.rollup import Rollup
+from gpu_audit.archive.seal import (
+    SEAL_FORMAT_V1,
+    ZERO_DIGEST,
+    BadSeal,
+    Seal,
+    file_sha256,
+    load,
+)
 from gpu_audit.audit.canonical import ZERO_HASH
 from gpu_audit.audit.verify import (
     MAX_LISTED,
@@ -44,6 +58,8 @@ from gpu_audit.audit.verify import (
     VerifyReport,
     jsonl_lines,
 )
+from gpu_audit.audit.witness import Finding, Head
+from gpu_audit.audit.witness import check as check_witness
 
 RecordHook = Callable[[Part, dict[str, Any]], None]
 
@@ -101,17 +117,103 @@ def check_seal(v: Verifier, p: Part) -> tuple[Seal | None, bool]:
     return s, ok
 
 
+@dataclass(frozen=True, slots=True)
+class SealVerdict:
+    """What one part's seal is worth.
+
+    `ok`: the seal reads, names the part and the part's bytes are the ones it sealed.
+    `authentic`: `ok`, and its MAC checks under the trail's key, so everything it says
+    (record count, first and last seq and hash, the rollup) is the key holder's word and
+    may be used without reading the part. Without a key no seal is authentic: its claims
+    must be checked against the part's records."""
+
+    seal: Seal | None
+    ok: bool
+    authentic: bool
+
+
+class SeriesSeals:
+    """The archive rules of one host's stream, part after part, in part-number order: one
+    code for `audit verify` and the bill, so both find the same problems.
+
+    - `missing_part`: a part number skipped;
+    - `bad_seal`, `part_digest`: check_seal;
+    - `seal_mac` (keyed trail): a seal whose MAC does not match, or a `gpu-audit.seal/2`
+      seal without one (a seal written under the key always carries one);
+    - `seal_chain`: a seal's `prev_seal` is not the digest of the seal before it;
+    - `unsealed`: a closed part without a seal (every part but the newest of its series,
+      and a compressed one even when newest: the live part is never compressed);
+    - `seal_rollup`, `seal_mismatch` (`rollup`, `compare`): the seal against its records.
+
+    `prev_seal` None: the seal before the first part checked is not known (a bill starts
+    at the part before its period), so the first `prev_seal` is not checked."""
+
+    def __init__(self, v: Verifier, key: bytes | None, host: str, stream: str, *,
+                 prev_seal: str | None = ZERO_DIGEST, number: int | None = None) -> None:
+        self.v, self.key = v, key
+        self.chain = f"{stream}@{host}"
+        self.prev_seal: str | None = prev_seal
+        self.prev_sealed_part: str | None = None
+        self.number = number
+
+    def check(self, p: Part, *, newest: bool) -> SealVerdict:
+        v, chain = self.v, self.chain
+        if self.number is not None and p.number != self.number:
+            v.problem("missing_part", p.path.name,
+                      f"part(s) {self.number}..{p.number - 1} of this stream are not in the "
+                      "archive before it", stream=chain)
+        self.number = p.number + 1
+        s, ok = check_seal(v, p)
+        if s is None:
+            if p.seal_path.exists():  # a seal that does not read: bad_seal said so
+                self.prev_seal = None
+            elif not newest or p.compressed:
+                v.problem("unsealed", p.path.name, "a closed part without a seal (the sink "
+                          "seals it when it closes it, or on its next start)", stream=chain)
+                self.prev_seal = None
+            return SealVerdict(None, False, False)
+        if self.prev_seal is not None and s.prev_seal != self.prev_seal:
+            why = (f"the seal of {self.prev_sealed_part}" if self.prev_sealed_part is not None
+                   else "no seal (it is the first of its stream here)"
+                   if self.prev_seal == ZERO_DIGEST else "the seal before it")
+            v.problem("seal_chain", s.path.name,
+                      f"its prev_seal is {s.prev_seal[:16]}..., which is not {why}: a "
+                      "part before it was removed, replaced or reordered", stream=chain)
+        self.prev_seal, self.prev_sealed_part = s.digest, p.path.name
+        authentic = False
+        if self.key is not None:
+            if s.mac is not None:
+                authentic = s.authentic(self.key)
+                if not authentic:
+                    v.problem("seal_mac", s.path.name, "its MAC does not match under the key: "
+                              "the seal was changed after it was written (or the key is not "
+                              "the trail's)", stream=chain)
+            elif s.format != SEAL_FORMAT_V1:
+                v.problem("seal_mac", s.path.name, "it carries no MAC, but the trail is "
+                          "keyed: a seal written under the key always carries one",
+                          stream=chain)
+        return SealVerdict(s, ok, authentic and ok)
+
+    def rollup(self, s: Seal, sums: Rollup) -> None:
+        """The seal's sums against the ones its part's records give."""
+        if sums.finish().to_json() != dict(s.rollup_json):
+            self.v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
+                           "those of the part's records", stream=self.chain)
+
+
 def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: bool,
-              on_record: RecordHook | None = None, summary: Summary | None = None,
+              on_record: RecordHook | None = None, rollup: Rollup | None = None,
               ) -> PartResult:
-    """Feed every line of a part to the verifier (and to `on_record`/`summary`, parsed)."""
+    """Feed every line of a part to the verifier (and, parsed, to `on_record` and
+    `rollup`: the sums its seal must carry)."""
     out = PartResult(p, None, False, read=True)
     reader = PartLines(p.path, p.compressed)
     before = v.report_.records
     name = p.path.name
     first = True
     loads = orjson.loads
-    parse = on_record is not None or summary is not None
+    parse = on_record is not None or rollup is not None
+    radd = rollup.add if rollup is not None else None
     feed = v.feed_line
     for number, lines in reader.chunks():
         for i, raw in enumerate(lines):
@@ -130,8 +232,8 @@ def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: boo
                     continue
                 if not isinstance(rec, dict):
                     continue
-                if summary is not None:
-                    summary.add(rec)
+                if radd is not None:
+                    radd(rec)
                 if on_record is not None:
                     on_record(p, rec)
     if reader.torn is not None and reader.torn.strip() and not (live and not p.compressed):
@@ -146,7 +248,8 @@ def read_part(v: Verifier, p: Part, *, expect: tuple[str, str] | None, live: boo
     return out
 
 
-def _compare(v: Verifier, r: PartResult, s: Seal) -> None:
+def compare_seal(v: Verifier, r: PartResult, s: Seal) -> None:
+    """What a seal says of its part's records against what reading them gave."""
     said = (s.records, s.first_seq, s.first_prev_hash, s.last_seq, s.last_hash)
     got = (r.records, r.first_seq, r.first_prev_hash, r.last_seq, r.last_hash)
     if said != got and not r.damaged:
@@ -181,9 +284,19 @@ def follow_seal(v: Verifier, p: Part, s: Seal, prev: tuple[int, str] | None,
                   f" and {s.unreadable} unreadable line(s)", stream=chain, seq=first)
 
 
+def add_witness(report: VerifyReport, findings: list[Finding]) -> None:
+    """The witness's findings (gpu_audit.audit.witness.check) as problems of a report."""
+    for f in findings:
+        report.counts[f.kind] += 1
+        if len(report.problems) < MAX_LISTED:
+            report.problems.append(Problem(f.kind, f.where, f.stream, f.seq, None, f.detail))
+
+
 def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
-                   rollups: bool = False, workers: int = 1) -> VerifyReport:
-    """Verify the archive in `directory` (see the module docstring).
+                   rollups: bool = False, workers: int = 1,
+                   witness: list[Head] | None = None) -> VerifyReport:
+    """Verify the archive in `directory` (see the module docstring); with `witness` (the
+    heads Prometheus kept, gpu_audit.audit.witness) also that it holds each of them.
 
     `workers` > 1 verifies the series (independent chains) in that many processes, as
     `zcat | sha256sum` uses two; the report is the same (problems listed series by
@@ -197,8 +310,11 @@ def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
         read_part(v, p, expect=None, live=p is newest and not series)
     from_seals: dict[str, StreamSummary] = {}
     if workers > 1 and len(series) > 1 and not legacy:
-        return _parallel(directory, key, series, fast=fast, rollups=rollups,
-                         workers=workers)
+        out = _parallel(directory, key, series, fast=fast, rollups=rollups,
+                        workers=workers)
+        if witness is not None:
+            add_witness(out, check_witness(directory, witness))
+        return out
     for (_prefix, host, stream), sparts in series.items():
         _verify_series(v, host, stream, sparts, fast=fast, rollups=rollups,
                        from_seals=from_seals)
@@ -206,6 +322,8 @@ def verify_archive(directory: Path, key: bytes | None, *, fast: bool = False,
     report = v.report()
     # fast mode: what the seals say of a stream (the verifier read only unsealed parts)
     report.streams.update(from_seals)
+    if witness is not None:
+        add_witness(report, check_witness(directory, witness))
     return report
 
 
@@ -281,10 +399,13 @@ def _verify_others(v: Verifier, others: list[Path]) -> None:
 
 def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, fast: bool,
                    rollups: bool, from_seals: dict[str, StreamSummary]) -> None:
+    """One series. Every part's seal is checked (SeriesSeals); a part whose seal is
+    authentic is, with `fast`, followed from its seal alone; every other part is read
+    record by record and its seal compared with its records, the rollup too unless the
+    seal is authentic (what a bill adds up): without a key that is the only proof a
+    seal's sums are the records'. `rollups`: authentic seals' sums recomputed too."""
     expect = (host, stream)
     chain = f"{stream}@{host}"
-    prev_seal = ZERO_DIGEST
-    prev_sealed_part: str | None = None
     number = sparts[0].number
     prev: tuple[int, str] | None = v.chain_end(host, stream)
     fast_summary: StreamSummary | None = None
@@ -292,28 +413,14 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
         v.problem("missing_part", sparts[0].path.name,
                   f"parts 0..{number - 1} of stream {stream} of host {host} are not in the "
                   "archive", stream=chain)
+    seals = SeriesSeals(v, v.hmac_key, host, stream, number=number)
     for i, p in enumerate(sparts):
         live = i == len(sparts) - 1
-        if p.number != number:
-            v.problem("missing_part", p.path.name,
-                      f"part(s) {number}..{p.number - 1} of this stream are not in the "
-                      "archive before it", stream=chain)
-        number = p.number + 1
-        s, ok = check_seal(v, p)
-        if s is not None:
-            if s.prev_seal != prev_seal:
-                why = (f"the seal of {prev_sealed_part}" if prev_sealed_part is not None
-                       else "no seal (it is the first of its stream here)")
-                v.problem("seal_chain", s.path.name,
-                          f"its prev_seal is {s.prev_seal[:16]}..., which is not {why}: a "
-                          "part before it was removed, replaced or reordered", stream=chain)
-            prev_seal, prev_sealed_part = s.digest, p.path.name
-        elif not live:
-            v.problem("unsealed", p.path.name, "a closed part without a seal (the sink "
-                      "seals it when it starts)", stream=chain)
-            prev_seal, prev_sealed_part = "", p.path.name
-        if fast and s is not None and ok:
+        verdict = seals.check(p, newest=live)
+        s = verdict.seal
+        if fast and s is not None and verdict.authentic:
             follow_seal(v, p, s, prev, complete=True)
+            v.report_.records += s.records
             if s.last_seq is not None and s.last_hash is not None:
                 prev = (s.last_seq, s.last_hash)
                 if fast_summary is None:
@@ -323,13 +430,14 @@ def _verify_series(v: Verifier, host: str, stream: str, sparts: list[Part], *, f
             continue
         if prev is not None and v.chain_end(host, stream) != prev:
             v.continue_chain(host, stream, prev[0], prev[1], p.path.name)
-        summary = Summary() if rollups and s is not None else None
-        r = read_part(v, p, expect=expect, live=live, summary=summary)
+        # an authentic seal's sums are the key holder's word; any other seal's are
+        # recomputed from the records (the one costly check: every record parsed)
+        sums = Rollup() if s is not None and (not verdict.authentic or rollups) else None
+        r = read_part(v, p, expect=expect, live=live, rollup=sums)
         if s is not None:
-            _compare(v, r, s)
-            if summary is not None and summary.rollup.finish().to_json() != dict(s.rollup_json):
-                v.problem("seal_rollup", s.path.name, "the sums its seal carries are not "
-                          "those of the part's records", stream=chain)
+            compare_seal(v, r, s)
+            if sums is not None and not r.damaged:
+                seals.rollup(s, sums)
         end = v.chain_end(host, stream)
         if end is not None:
             prev = end

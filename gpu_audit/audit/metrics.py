@@ -14,11 +14,13 @@ from prometheus_client.registry import Collector
 
 from gpu_audit import selfmetrics as sm
 from gpu_audit.audit.producer import AuditProducer
+from gpu_audit.audit.witness import HASH_PARTS, hash_words
 
 
 class AuditCollector(Collector):
     """gpu_audit_records_written_total, gpu_audit_records_failed_total{reason},
-    gpu_audit_spool_writable, gpu_audit_audit_last_seq."""
+    gpu_audit_spool_writable, gpu_audit_audit_last_seq, gpu_audit_audit_head{host,
+    stream, part} (the chain head's witness: gpu_audit.audit.witness)."""
 
     def __init__(self, producer: AuditProducer) -> None:
         self._producer = producer
@@ -35,3 +37,10 @@ class AuditCollector(Collector):
         last = sm.AUDIT_LAST_SEQ.gauge()
         last.add_metric([self._producer.stream], stats["last_seq"])
         yield last
+        host, seq, h = self._producer.head()
+        head = sm.AUDIT_HEAD.gauge()
+        stream = self._producer.stream
+        head.add_metric([host, stream, "seq"], seq)
+        for part, word in zip(HASH_PARTS, hash_words(h), strict=True):
+            head.add_metric([host, stream, part], word)
+        yield head

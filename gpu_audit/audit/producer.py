@@ -104,6 +104,7 @@ class AuditProducer:
         self._chain_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._last_seq = 0
+        self._last_hash = ZERO_HASH  # the hash of record _last_seq: the head a witness keeps
         self._seq = 0
         self._prev_hash = ZERO_HASH
         self._prev_snap: Snapshot | None = None
@@ -134,7 +135,7 @@ class AuditProducer:
             self._seq, self._prev_hash = seq, prev
             self._started = True
         with self._stats_lock:
-            self._last_seq = seq
+            self._last_seq, self._last_hash = seq, prev
         log.info("audit stream %r resumes after seq %d", self._stream, seq)
         self._keep_restart_gap()
         if self._config.enabled:
@@ -235,6 +236,12 @@ class AuditProducer:
                 out[f"records_failed.{reason}"] = n
             return out
 
+    def head(self) -> tuple[str, int, str]:
+        """(host, seq, hash) of the newest record written: the chain head a witness
+        keeps (gpu_audit.audit.witness); seq 0 before the first."""
+        with self._stats_lock:
+            return self._host, self._last_seq, self._last_hash
+
     def failed_by_reason(self) -> Mapping[str, int]:
         with self._stats_lock:
             return dict(self._failed)
@@ -286,7 +293,7 @@ class AuditProducer:
             with self._stats_lock:
                 self._writable = True
                 self._written += len(payloads)
-                self._last_seq = seq
+                self._last_seq, self._last_hash = seq, prev
             self._checkpoint(first_offset)
 
     def _count_failure(self, reason: str, n: int) -> None:

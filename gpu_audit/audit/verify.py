@@ -226,6 +226,11 @@ class Verifier:
         self._by_bytes: dict[tuple[bytes, bytes], _Stream] = {}  # feed_line's chains
         self.fast_lines = 0  # lines feed_line verified without parsing them
 
+    @property
+    def hmac_key(self) -> bytes | None:
+        """The key records are checked with (seals are checked with it too)."""
+        return self._key
+
     def problem(
         self,
         kind: str,

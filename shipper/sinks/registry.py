@@ -93,9 +93,9 @@ def sink_class(sink_type: str) -> Callable[..., Sink]:
     return cls
 
 
-def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
+def create_sink(cfg: SinkConfig, *, spool_dir: Path, seal_key: bytes | None = None) -> Sink:
     """A ready-to-start sink for one configuration entry (ConfigError naming every
-    problem of it first)."""
+    problem of it first). `seal_key`: the trail's HMAC key, for the archive sink's seals."""
     name = sink_name(cfg)
     problems: list[str] = []
     sdk = missing_sdk(cfg.type)
@@ -110,4 +110,6 @@ def create_sink(cfg: SinkConfig, *, spool_dir: Path) -> Sink:
     problems += cfg.refusals()
     if problems:
         raise ConfigError(f"sink {name}", problems)
-    return sink_class(cfg.type)(cfg, name, **cfg.sink_arguments(spool_dir), **secrets)
+    extra: dict[str, object] = {"seal_key": seal_key} if cfg.type == "archive" else {}
+    return sink_class(cfg.type)(cfg, name, **cfg.sink_arguments(spool_dir), **secrets,
+                                **extra)

@@ -22,11 +22,13 @@ from tests.core.audit.fakes import MemorySpool
 class ArchiveWriter:
     """The archive sink fed as the shipper would: every spooled payload, in order."""
 
-    def __init__(self, directory: Path, *, max_file_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, directory: Path, *, max_file_bytes: int = 256 * 1024 * 1024,
+                 seal_key: bytes | None = None) -> None:
         cfg = ArchiveSinkConfig.model_validate(
             {"type": "archive", "directory": directory, "fsync": False,
              "max_file_bytes": max_file_bytes})
-        self.sink = ArchiveSink(cfg, "archive", directory)
+        self.sink = ArchiveSink(cfg, "archive", directory,
+                                **({"seal_key": seal_key} if seal_key is not None else {}))
         self.sink.start()
         self.offset = 0
 
@@ -73,14 +75,16 @@ def produce(
 
 
 def write_archive(directory: Path, *runs: Sequence[bytes],
-                  max_file_bytes: int = 256 * 1024 * 1024) -> None:
+                  max_file_bytes: int = 256 * 1024 * 1024,
+                  seal_key: bytes | None = None) -> None:
     """Archive the runs' records, ordered by time as one shipper would deliver them
-    from one spool (each run's own order kept)."""
+    from one spool (each run's own order kept). `seal_key`: the trail's HMAC key (the
+    seals carry a MAC under it, as `gpu-audit run` writes them with audit.hmac_key_file)."""
     merged = sorted(
         ((orjson.loads(raw)["time_ns"], i, j, raw)
          for i, run in enumerate(runs) for j, raw in enumerate(run)),
         key=lambda t: (t[0], t[1], t[2]))
-    w = ArchiveWriter(directory, max_file_bytes=max_file_bytes)
+    w = ArchiveWriter(directory, max_file_bytes=max_file_bytes, seal_key=seal_key)
     w.write([raw for *_, raw in merged])
     w.close()
 

@@ -86,8 +86,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @contextmanager
 def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = None,
                           records: set[str] | None = None,
-                          writer: Callable[[Path], int] | None = None
-                          ) -> Iterator[Backfilled]:
+                          writer: Callable[[Path], int] | None = None, *,
+                          rule_file_in: Path = RULES) -> Iterator[Backfilled]:
     """Prometheus on loopback with the month and its recording rules backfilled.
 
     rule_interval: the rules' evaluation interval (default the month's step, which
@@ -96,7 +96,8 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
     a second: backfilled series carry no staleness markers, so a series that stopped
     must drop out at once. writer: writes the raw series as OpenMetrics to the path it
     is given and returns the sample count (default: the month's); `month` then needs
-    only `start`, `end` and `step`.
+    only `start`, `end` and `step`. rule_file_in: the recording rule file (default the shipped
+    production rules).
     """
     from tests.promstack import need
     prometheus, promtool = need("prometheus"), need("promtool")
@@ -115,7 +116,7 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
     om.unlink()
     timings["backfill_raw"] = time.perf_counter() - t0
 
-    group = yaml.safe_load(RULES.read_text())["groups"][0]
+    group = yaml.safe_load(rule_file_in.read_text())["groups"][0]
     if records is not None:
         group["rules"] = _needed(group["rules"], records)
     rule_file = root / "rules.yaml"

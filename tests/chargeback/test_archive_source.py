@@ -180,10 +180,11 @@ def test_inputs_and_queries_name_every_part_with_its_sha256(archive: Path) -> No
     files = sorted(p for p in archive.iterdir() if p.name.startswith("gpu-audit_"))
     for p in files:
         assert d.inputs[p.name] == hashlib.sha256(p.read_bytes()).hexdigest()
+    # unkeyed: no seal proves its sums by itself, so every part is read
     assert d.queries == [
-        f"archive part {NODE}2026-11-02.jsonl.gz (sealed: its rollup)",
+        f"archive part {NODE}2026-11-02.jsonl.gz (records)",
         f"archive part {NODE}2026-11-03.1.jsonl (records)",
-        "archive part gpu-audit_sim-node_sim_2026-11-02.jsonl.gz (sealed: its rollup)",
+        "archive part gpu-audit_sim-node_sim_2026-11-02.jsonl.gz (records)",
         "archive part gpu-audit_sim-node_sim_2026-11-03.1.jsonl (records)"]
 
 
@@ -233,7 +234,7 @@ def test_a_wrong_hmac_key_refuses_every_record(tmp_path: Path) -> None:
     d = tmp_path / "a"
     d.mkdir()
     write_archive(d, produce(_snaps(), host="n", start_s=DAY_S - 40, stop_s=DAY_S + 40,
-                             key_file=keyfile))
+                             key_file=keyfile), seal_key=b"right-key")
     assert read_archive(_req(), d, key=b"right-key").verified is True
     with pytest.raises(ArchiveRefused, match="modified"):
         read_archive(_req(), d, key=b"wrong-key")
@@ -288,11 +289,18 @@ def test_a_torn_last_line_of_the_newest_part_is_left_out(archive: Path) -> None:
         read_archive(_req(), archive)
 
 
-def test_sealed_rollups_bill_what_the_records_bill(archive: Path) -> None:
-    """Billing a sealed part from its rollup gives the sums that reading its records
-    gives (--verify-records reads them and checks the seal's sums)."""
-    fast = read_archive(_req(), archive)
-    slow = read_archive(_req(verify_records=True), archive)
+def test_sealed_rollups_bill_what_the_records_bill(tmp_path: Path) -> None:
+    """Billing a sealed part from its rollup (keyed: its MAC proves it) gives the sums
+    that reading its records gives (--verify-records reads them and checks the seal's
+    sums)."""
+    keyfile = tmp_path / "k"
+    keyfile.write_bytes(b"k3y\n")
+    archive = tmp_path / "a"
+    real = produce(_snaps(), host="gpu-node-07", start_s=DAY_S - 40, stop_s=DAY_S + 40,
+                   key_file=keyfile)
+    write_archive(archive, real, seal_key=b"k3y")
+    fast = read_archive(_req(), archive, key=b"k3y")
+    slow = read_archive(_req(verify_records=True), archive, key=b"k3y")
     assert slow.verified is True
 
     def flat(d: SourceData) -> dict[object, object]:

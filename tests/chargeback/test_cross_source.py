@@ -171,7 +171,7 @@ def test_mig_slices_are_the_same_in_the_interval_trail(tmp_path: Path) -> None:
     both use."""
     end = START + timedelta(hours=2)
     bills = []
-    for name, interval in (("cycle", None), ("interval", 300.0)):
+    for name, interval in (("cycle", float(STEP)), ("interval", 300.0)):
         archive = tmp_path / name
         simulate_archive("mig", START, end, archive, tmp_path / f"{name}.yaml", step=STEP,
                          audit_interval=interval)

@@ -2,8 +2,8 @@
 producer and archive sink in virtual time, then the archive billed, SIMULATED said in
 the output, the report, the notes and the manifest, and the manifest replayed.
 
-Two days of the shipped `busy` scenario (4x H100, 300 s cycles). By hand, from the
-story (exporter/sim/scenarios/busy.yaml): alice's DDP job holds all 4 GPUs throughout
+Two days of the shipped `busy` scenario (4x H100, 60 s cycles, 300 s usage records). By
+hand, from the story (exporter/sim/scenarios/busy.yaml): alice's DDP job holds all 4 GPUs throughout
 (4 x 48 = 192 GPU-h used); bob's notebook shares GPU 3 and the inference pod
 (uid 1000, search-ranking: named `uid:1000` on every host, as `gpu-audit run
 --simulate` names it) GPU 2 all the time (48 h used, half charged each); carol's
@@ -44,7 +44,7 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
     assert main(_args(out)) == 0
     printed = capsys.readouterr().out
     assert "SIMULATED: playing scenario 'busy'" in printed
-    assert "SIMULATED: 577 cycles of 4 simulated GPU(s)" in printed  # 48 h / 300 s + 1
+    assert "SIMULATED: 2881 cycles of 4 simulated GPU(s)" in printed  # 48 h / 60 s + 1
     rows = {(r["kind"], r["user"]): r for r in csv.DictReader(io.StringIO(
         (out / CSV_NAME).read_text()))}
     want = {("owner", "alice"): (192, 143.5), ("owner", "bob"): (48, 24),
@@ -61,7 +61,17 @@ def test_simulated_bill_is_the_story_said_simulated_and_replays(
     archive = out / "sim-archive"
     records = [orjson.loads(line) for p in sorted(archive.glob("gpu-audit_*.jsonl*"))
                for line in _lines(p)]
-    assert records and all(r["simulated"] is True for r in records)
+    # (usage records say it as `sim`, events as `simulated`: the record formats)
+    assert records and all(r.get("simulated", r.get("sim")) is True for r in records)
+    # what `gpu-audit run` writes: interval usage records (schema 3), not the per-cycle
+    # trail, in day parts the sink sealed when it closed them
+    usage = [r for r in records if r["kind"] != "event"]
+    assert usage and {(r["schema"], r["kind"]) for r in usage} == {
+        ("gpu-audit.record/3", "usage")}
+    assert {r["dt"] for r in usage if r.get("n") == 5} == {300.0}
+    closed = [p for p in archive.glob("gpu-audit_*.jsonl.gz")]
+    assert closed and all(
+        p.with_name(p.name.replace(".jsonl.gz", ".seal.json")).exists() for p in closed)
     # said everywhere
     html = (out / HTML_NAME).read_text()
     assert 'id="simulated-banner">SIMULATED' in html

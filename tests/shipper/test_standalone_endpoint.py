@@ -86,7 +86,7 @@ def test_gpu_audit_shipper_applies_the_environment_overrides(
 
     seen: list[Config] = []
 
-    def fake_run(config: Config) -> int:
+    def fake_run(config: Config, **_: object) -> int:
         seen.append(config)
         return 0
 

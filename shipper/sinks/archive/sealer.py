@@ -87,13 +87,15 @@ def summary_of(path: Path) -> Summary:
 
 
 def seal_part(directory: Path, name: str, *, host: str, stream: str, day: str, number: int,
-              prev_seal: str, fsync: bool, ops: Any) -> str:
-    """Write the seal of the closed part `name` (as stored); its digest."""
+              prev_seal: str, fsync: bool, ops: Any, key: bytes | None = None) -> str:
+    """Write the seal of the closed part `name` (as stored); its digest. With `key` (the
+    trail's HMAC key) the seal carries its MAC."""
     path = directory / name
     summary = summary_of(path)
     sha, size = file_sha256(path)
     data = make(host=host, stream=stream, part=name, day=day, number=number,
-                summary=summary, part_sha256=sha, part_bytes=size, prev_seal=prev_seal)
+                summary=summary, part_sha256=sha, part_bytes=size, prev_seal=prev_seal,
+                key=key)
     target = directory / seal_name(name)
     atomicfile.replace_file(target, data, fsync=fsync, mode=0o644,
                             tmp=target.with_name(target.name + ".tmp"), ops=ops)

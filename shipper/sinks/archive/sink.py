@@ -166,8 +166,12 @@ def _last_time_ns(path: Path, size: int) -> int | None:
 class ArchiveSink:
     kind = "archive"
 
-    def __init__(self, cfg: ArchiveSinkConfig, name: str, directory: Path) -> None:
+    def __init__(self, cfg: ArchiveSinkConfig, name: str, directory: Path, *,
+                 seal_key: bytes | None = None) -> None:
         self.name = name
+        # the trail's HMAC key (audit.hmac_key_file): seals carry a MAC under it, so a
+        # seal's sums are as hard to forge as the records' chain
+        self._seal_key = seal_key
         self._cfg = cfg
         self._dir = directory
         self._open: dict[Series, _Part] = {}  # one open part per series, at most
@@ -346,7 +350,8 @@ class ArchiveSink:
         try:
             state.last_seal = sealer.seal_part(
                 self._dir, name, host=p.host, stream=p.stream, day=p.day.isoformat(),
-                number=p.number, prev_seal=state.last_seal, fsync=self._cfg.fsync, ops=os)
+                number=p.number, prev_seal=state.last_seal, fsync=self._cfg.fsync, ops=os,
+                key=self._seal_key)
         except sealer.CannotSeal as exc:
             log.error("archive %s: part left unsealed: %s", self._dir, exc)
 

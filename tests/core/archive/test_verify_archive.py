@@ -159,11 +159,23 @@ def test_a_seal_edited_to_bill_more_is_caught(archive: Path) -> None:
     assert "seal_rollup" in verify_archive(archive, None, rollups=True).counts
 
 
-def test_fast_reads_only_the_unsealed_parts(archive: Path, monkeypatch: pytest.MonkeyPatch,
+def test_fast_reads_only_the_unsealed_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """`audit verify --fast` opens no sealed part's records (it hashes their bytes), only
-    each host's live part."""
+    """`audit verify --fast` on a keyed trail opens no sealed part's records (it hashes
+    their bytes and checks their MACs), only each host's live part; on an unkeyed one no
+    seal is authentic, so it reads every part."""
     import gpu_audit.archive.verify as averify
+
+    keyfile = tmp_path / "k"
+    keyfile.write_bytes(b"k3y\n")
+    archive = tmp_path / "keyed"
+    write_archive(archive, *(produce(_snaps(240, DAY - 3600), host=h, start_s=DAY - 3601,
+                                     stop_s=DAY - 3600 + 240 * E, interval_s=60.0,
+                                     key_file=keyfile)
+                             for h in ("gpu-node-01", "gpu-node-02")),
+                  max_file_bytes=8_000, seal_key=b"k3y")
+    plain = tmp_path / "plain"
+    write_archive(plain, _trail("gpu-node-01", n=240), max_file_bytes=8_000)
 
     read: list[str] = []
     real = averify.read_part
@@ -173,10 +185,14 @@ def test_fast_reads_only_the_unsealed_parts(archive: Path, monkeypatch: pytest.M
         return real(v, p, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(averify, "read_part", spy)
-    assert main(["audit", "verify", "--fast", "--workers", "1", str(archive)]) == 0, \
-        capsys.readouterr().out
+    assert main(["audit", "verify", "--fast", "--workers", "1", "--hmac-key-file",
+                 str(keyfile), str(archive)]) == 0, capsys.readouterr().out
     assert sorted(read) == sorted(p.path.name for p in list_parts(archive)
                                   if not p.seal_path.exists())
+    assert len(list_parts(archive)) > 4
+    read.clear()
+    assert main(["audit", "verify", "--fast", "--workers", "1", str(plain)]) == 0
+    assert sorted(read) == sorted(p.path.name for p in list_parts(plain))
 
 
 def test_two_workers_report_what_one_does(archive: Path) -> None:
