@@ -35,6 +35,8 @@ from pathlib import Path
 
 import orjson
 
+from gpu_audit.errors import GpuAuditError
+
 HEAD_METRIC = "gpu_audit_audit_head"
 HASH_PARTS = ("hash0", "hash1")  # 48 bits each: the first 24 hex digits of the hash
 _WORD_HEX = 12
@@ -64,7 +66,7 @@ class Head:
         return f"{self.stream}@{self.host}"
 
 
-class WitnessUnavailable(Exception):
+class WitnessUnavailable(GpuAuditError):
     """Prometheus could not be asked, or holds no head (the message says which)."""
 
 
