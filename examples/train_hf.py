@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--jit", action="store_true",
+                    help="also turn on the Trainer's enable_jit_checkpoint (the callback wins)")
     ap.add_argument("--no-callback", action="store_true", help="baseline for bench/")
     args = ap.parse_args(argv)
 
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=5, logging_steps=5,
         save_strategy="steps", save_steps=args.save_steps, save_total_limit=3, seed=args.seed,
         data_seed=args.seed, use_cpu=True, report_to="none", dataloader_num_workers=0,
-        disable_tqdm=True, full_determinism=True,
+        disable_tqdm=True, full_determinism=True, enable_jit_checkpoint=args.jit,
     )
     callbacks: list[Any] = []
     if not args.no_callback:

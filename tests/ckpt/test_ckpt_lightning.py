@@ -100,3 +100,46 @@ def test_lightning_preempted_mid_epoch_and_at_epoch_end_resumes_bit_identically(
     env = [e for e in last.events[seen:] if e["event"] == "environment"]
     assert len(env) == 1 and str(env[0]["torch"]).startswith("2.")
     assert env[0]["lightning"] and env[0]["python"]
+
+
+def test_loss_spike_and_nan_take_anomaly_checkpoints(tmp_path: Path) -> None:
+    """A spike in the loss Lightning logs, then a NaN: an anomaly-<N> checkpoint each, and
+    training goes on (anomaly checkpoints are for inspection, never resumed from)."""
+    import json
+
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpu_audit_ckpt.lightning import PreemptionCheckpoint
+
+    class Spiky(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.lin(x), y) + 1.0
+            self.log("train_loss", loss)
+            step = self.global_step + 1
+            return loss * 1000 if step == 15 else loss * torch.nan if step == 22 else loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)  # the loss stays put
+
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(96, 4), torch.randn(96, 1))
+    cb = PreemptionCheckpoint(tmp_path / "ck", events_file=tmp_path / "ev")
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(Spiky(), train_dataloaders=DataLoader(ds, batch_size=4),
+                ckpt_path=cb.resume_path())
+    assert trainer.global_step == 24
+    ev = [json.loads(line) for line in (tmp_path / "ev").read_text().splitlines()]
+    anomalies = [(e["step"], e["kind"]) for e in ev if e["event"] == "anomaly"]
+    assert anomalies == [(15, "loss_spike"), (22, "nonfinite_loss")]
+    for step in (15, 22):
+        assert (tmp_path / "ck" / f"anomaly-{step}" / "lightning.ckpt").is_file()
+    assert cb.resume_path() is None  # nothing but anomaly checkpoints: start afresh
