@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=5, logging_steps=5,
         save_strategy="steps", save_steps=args.save_steps, save_total_limit=3, seed=args.seed,
         data_seed=args.seed, use_cpu=True, report_to="none", dataloader_num_workers=0,
-        disable_tqdm=True, full_determinism=True, enable_jit_checkpoint=args.jit,
+        disable_tqdm=True, full_determinism=True,
+        **({"enable_jit_checkpoint": True} if args.jit else {}),
     )
     callbacks: list[Any] = []
     if not args.no_callback:

@@ -62,7 +62,7 @@ LIGHTNING_VERSION = str(getattr(pl, "__version__", "0.0"))
 STATE_VERSION = 1
 # Lightning versions whose loop internals this was tested against (tests/ckpt and scripts/setup
 # pin the same range); others warn once, since mid-epoch exactness leans on fit-loop details.
-SUPPORTED_LIGHTNING = ((2, 5), (2, 7))  # [from, to)
+SUPPORTED_LIGHTNING = ((2, 6), (2, 7))  # [from, to): 2.6.x
 _NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
 
