@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tests: send ourselves SIGUSR1 during this step")
     ap.add_argument("--late-sigterm-at-step", type=int, default=None,
                     help="tests: send ourselves SIGTERM after the callbacks saw this step")
+    ap.add_argument("--report-every", type=int, default=None,
+                    help="progress report cadence in steps (default: Lightning's logging's)")
     ap.add_argument("--slurm", action="store_true",
                     help="run under Lightning's SLURMEnvironment(auto_requeue=False)")
     ap.add_argument("--no-callback", action="store_true", help="baseline for bench/")
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_path = None
     if not args.no_callback:
         cb = PreemptionCheckpoint(args.checkpoint_dir, generators={"loader": g},
-                                  every_n_steps=args.every_steps)
+                                  every_n_steps=args.every_steps,
+                                  report_every_n_steps=args.report_every)
         callbacks.append(cb)
         ckpt_path = cb.resume_path()
         if ckpt_path is not None:

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ from gpu_audit_ckpt.store import FORMAT, FORMAT_VERSION
 SEAL = "gpu-audit-manifest.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 1 << 20
+# Progress is reported at every logging step and at least this often in between.
+REPORT_MAX_SECONDS = 30.0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -142,7 +145,7 @@ class PreemptionCallback(TrainerCallback):
         self._make(".")  # bad settings fail here, when the script starts, not at train time
         self._signals = list(signals) if signals is not None else None
         self.checkpointer: Checkpointer | None = None
-        self._reason: str | None = None
+        self._report_due = 0.0
 
     @staticmethod
     def resume_path(output_dir: str | Path) -> str | None:
@@ -200,8 +203,11 @@ class PreemptionCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         ck = self._ck(args)
         step = state.global_step
-        if state.is_world_process_zero and not control.should_log:
-            # a logging step is reported from on_log, with its loss
+        now = time.monotonic()
+        if state.is_world_process_zero and not control.should_log and now >= self._report_due:
+            # Logging steps are reported from on_log, with their loss; in between, progress
+            # at least every REPORT_MAX_SECONDS (an ETA even when logging is rare).
+            self._report_due = now + REPORT_MAX_SECONDS
             ck.report(step, total_steps=state.max_steps or None, epoch=state.epoch)
         if ck.flag.requested:
             ck.should_checkpoint(step)  # acknowledges the request (preempt_requested event)
@@ -217,6 +223,7 @@ class PreemptionCallback(TrainerCallback):
         ck = self._ck(args)
         extra = {k: v for k, v in logs.items()
                  if k in ("learning_rate", "grad_norm") and isinstance(v, int | float)}
+        self._report_due = time.monotonic() + REPORT_MAX_SECONDS
         ck.report(state.global_step, loss=logs["loss"], total_steps=state.max_steps or None,
                   epoch=state.epoch, **extra)
         if ck.anomaly_pending:

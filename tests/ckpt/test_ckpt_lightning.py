@@ -54,7 +54,8 @@ def test_lightning_preempted_mid_epoch_and_at_epoch_end_resumes_bit_identically(
     rng = random.Random(SEED)
     ref_proc = start(SCRIPT, ["--checkpoint-dir", str(tmp_path / "ref"),
                               "--out", str(tmp_path / "ref.pt")], tmp_path / "ref.events")
-    base = ["--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "ck.pt")]
+    base = ["--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "ck.pt"),
+            "--report-every", "1"]
     events = tmp_path / "ck.events"
 
     committed: list[int] = []
@@ -133,7 +134,7 @@ def test_loss_spike_and_nan_take_anomaly_checkpoints(tmp_path: Path) -> None:
     cb = PreemptionCheckpoint(tmp_path / "ck", events_file=tmp_path / "ev")
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+                         enable_model_summary=False, log_every_n_steps=1)
     trainer.fit(Spiky(), train_dataloaders=DataLoader(ds, batch_size=4),
                 ckpt_path=cb.resume_path())
     assert trainer.global_step == 24
