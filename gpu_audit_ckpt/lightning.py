@@ -253,7 +253,9 @@ class PreemptionCheckpoint(pl.Callback):
         self._last_step = trainer.global_step
         self._global_zero = trainer.is_global_zero
         self._epoch_facts(trainer)
-        self._report_every = self.report_every_n_steps or max(1, trainer.log_every_n_steps)
+        # Trainer(log_every_n_steps=...): set by its logger connector, not declared (hence getattr)
+        logging_every = int(getattr(trainer, "log_every_n_steps", 50))
+        self._report_every = self.report_every_n_steps or max(1, logging_every)
         self._reported_step, self._report_due = -(1 << 62), 0.0
         est = trainer.estimated_stepping_batches
         self._total_steps = int(est) if est != float("inf") else None
