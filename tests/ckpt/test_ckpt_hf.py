@@ -99,3 +99,46 @@ def test_resume_path_skips_torn_unsealed_and_anomaly_checkpoints(tmp_path: Path)
     assert PreemptionCallback.resume_path(tmp_path) == str(tmp_path / "checkpoint-20")
     (tmp_path / "checkpoint-20" / "extra.bin").write_bytes(b"x")  # a file nobody sealed
     assert PreemptionCallback.resume_path(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+def test_logged_loss_spike_takes_a_sealed_anomaly_checkpoint(tmp_path: Path) -> None:
+    """A spike in the loss the Trainer logs: the callback asks for a save at that step, it is
+    sealed with reason `anomaly`, training goes on, and resume_path never picks it."""
+    import json
+
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from gpu_audit_ckpt.transformers import PreemptionCallback
+
+    class Spiky(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            self.calls += 1
+            loss = torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), labels) + 1.0
+            return {"loss": loss * 1000 if self.calls == 15 else loss}
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"x": torch.randn(4, generator=g), "labels": torch.randn((), generator=g)}
+            for _ in range(64)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=20, per_device_train_batch_size=2,
+        learning_rate=0.0, logging_steps=1, save_strategy="no", use_cpu=True, report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=Spiky(), args=args, train_dataset=rows,
+                      callbacks=[PreemptionCallback(events_file=tmp_path / "ev")])
+    trainer.train()
+    assert trainer.state.global_step == 20
+    ev = [json.loads(line) for line in (tmp_path / "ev").read_text().splitlines()]
+    assert [(e["step"], e["kind"]) for e in ev if e["event"] == "anomaly"] == [(15, "loss_spike")]
+    commits = [e for e in ev if e["event"] == "checkpoint_committed"]
+    assert [(e["step"], e["reason"]) for e in commits] == [(15, "anomaly")]
+    seal_file = tmp_path / "out" / "checkpoint-15" / "gpu-audit-manifest.json"
+    sealed = json.loads(seal_file.read_text())
+    assert sealed["reason"] == "anomaly" and sealed["files"]
+    assert PreemptionCallback.resume_path(tmp_path / "out") is None
