@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn, SupportsFloat
 
 from gpu_audit_ckpt import preempt as _preempt
+from gpu_audit_ckpt import progress as _progress
 from gpu_audit_ckpt import state as _state
 from gpu_audit_ckpt import store
 from gpu_audit_ckpt.anomaly import Anomaly, LossMonitor
@@ -98,6 +99,8 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self._last_save_time = clock()
         self.last_commit_seconds: float | None = None
+        self._throughput = _progress.Throughput()
+        self._environment_sent = False
 
     # ---- preemption ------------------------------------------------------------------
 
@@ -141,16 +144,37 @@ class Checkpointer:
     # ---- the loop's questions --------------------------------------------------------
 
     def report(
-        self, step: int, loss: SupportsFloat | None = None, **metrics: Any
+        self,
+        step: int,
+        loss: SupportsFloat | None = None,
+        *,
+        total_steps: int | None = None,
+        **metrics: Any,
     ) -> Anomaly | None:
-        """Record a step's loss and metrics (a "metrics" event); returns an anomaly if one."""
+        """Record a step's progress, loss and metrics (a "metrics" event); returns an anomaly.
+
+        The event carries `steps_per_second` (over the last reports) and `total_steps`
+        when given, so whoever runs the job can tell how far it is and when it will end.
+        The first report also sends the job's software environment (an "environment" event).
+        """
+        if not self._environment_sent:
+            self.report_environment()
         fields: dict[str, Any] = dict(metrics)
+        if total_steps is not None:
+            fields["total_steps"] = int(total_steps)
+        rate = self._throughput.observe(self._clock(), step)
+        if rate is not None:
+            fields["steps_per_second"] = rate
         if loss is not None:
             fields["loss"] = float(loss)
         self.events.emit("metrics", step=step, **fields)
         if loss is None:
             return None
-        anomaly = self._monitor.observe(step, float(loss))
+        return self.observe_loss(step, float(loss))
+
+    def observe_loss(self, step: int, loss: float) -> Anomaly | None:
+        """The anomaly check alone (report() calls it): an "anomaly" event, a checkpoint due."""
+        anomaly = self._monitor.observe(step, loss)
         if anomaly is not None and anomaly.first_in_streak:
             self.events.emit(
                 "anomaly", step=step, kind=anomaly.kind, loss=anomaly.loss,
@@ -159,6 +183,22 @@ class Checkpointer:
             if self.checkpoint_on_anomaly:
                 self._anomaly = anomaly
         return anomaly
+
+    def report_environment(self, **extra: Any) -> dict[str, Any]:
+        """Send the "environment" event (Python, torch, CUDA, cuDNN, NCCL...) once per process."""
+        self._environment_sent = True
+        doc = _progress.environment()
+        doc.update(extra)
+        return self.events.emit("environment", **doc)
+
+    @property
+    def anomaly_pending(self) -> bool:
+        """An anomaly was seen and its checkpoint is not taken yet."""
+        return self._anomaly is not None
+
+    def clear_anomaly(self) -> None:
+        """The pending anomaly's checkpoint was taken by someone else (a framework's save)."""
+        self._anomaly = None
 
     def should_checkpoint(self, step: int) -> bool:
         """True at a step boundary where a checkpoint is due: preemption, anomaly or period."""
@@ -193,17 +233,32 @@ class Checkpointer:
         dict); it defaults to `step`. A pending anomaly makes this an anomaly checkpoint
         (`anomaly-<step>`, never resumed from by default) unless a preemption is pending too.
         """
-        if reason is None:
-            if self.flag.requested:
-                reason = "preempt"
-            elif self._anomaly is not None:
-                reason = "anomaly"
-            else:
-                reason = "periodic"
-        prefix = "anomaly" if reason == "anomaly" else "step"
-        started = self._clock()
         files = _state.encode_state(state)
         files[_state.RNG_FILE] = _state.rng_writer(_state.capture_rng(self.generators))
+        return self.commit_files(step, files, cursor=cursor, meta=meta, reason=reason)
+
+    def reason_now(self) -> str:
+        """Why a checkpoint taken now is taken: preempt, anomaly or periodic."""
+        if self.flag.requested:
+            return "preempt"
+        if self._anomaly is not None:
+            return "anomaly"
+        return "periodic"
+
+    def commit_files(
+        self,
+        step: int,
+        files: Mapping[str, store.Writer],
+        *,
+        cursor: Any = None,
+        meta: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> store.Manifest:
+        """Commit files the caller writes itself (a framework's own checkpoint file) as the
+        checkpoint of `step`, with the same protocol, events and retention as save()."""
+        reason = reason or self.reason_now()
+        prefix = "anomaly" if reason == "anomaly" else "step"
+        started = self._clock()
         manifest = store.commit(
             self.directory, step, files,
             cursor=step if cursor is None else cursor, reason=reason, meta=meta, prefix=prefix,

@@ -151,7 +151,8 @@ def test_restore_puts_every_rng_back(tmp_path: Path) -> None:
 
 def test_events_are_one_json_object_per_line(ckpt: Checkpointer, tmp_path: Path) -> None:
     ckpt.report(1, loss=np.float32(0.25), acc=np.float64(0.5), note="warmup")
-    (ev,) = _events(tmp_path / "events.jsonl")
+    env, ev = _events(tmp_path / "events.jsonl")  # the first report sends the environment
+    assert env["event"] == "environment" and env["numpy"] == np.__version__
     assert ev["event"] == "metrics" and ev["step"] == 1
     assert ev["loss"] == 0.25 and ev["acc"] == 0.5 and ev["note"] == "warmup"
     assert isinstance(ev["time"], float) and ev["pid"] == os.getpid()
