@@ -57,6 +57,22 @@ def _problems_of(words: list[str], root: argparse.ArgumentParser) -> tuple[int, 
     return len(path), missing
 
 
+def _code(doc: Path) -> list[tuple[int, str]]:
+    """(line number, code) of a Markdown file: fenced blocks' lines and inline `spans`
+    (prose such as "the gpu-audit launcher" is not a command)."""
+    out: list[tuple[int, str]] = []
+    fenced = False
+    for n, line in enumerate(doc.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            out.append((n, line))
+        else:
+            out += [(n, span) for span in re.findall(r"`([^`]+)`", line)]
+    return out
+
+
 def test_every_path_the_docs_name_exists() -> None:
     named = _named_paths()
     assert len(named) > 50, "too few paths found for the check to mean anything"
@@ -69,8 +85,8 @@ def test_every_command_and_option_the_docs_show_exists() -> None:
     seen = 0
     problems: list[str] = []
     for doc in DOCS:
-        for n, line in enumerate(doc.read_text().splitlines(), 1):
-            for m in COMMAND.finditer(line):
+        for n, code in _code(doc):
+            for m in COMMAND.finditer(code):
                 matched, found = _problems_of(m.group(1).split(), root)
                 seen += matched > 0
                 problems += [f"{doc.name}:{n}: {p}" for p in found]
