@@ -192,8 +192,11 @@ class Engine(Requests):
             self.last_gpus = gpus
             self._note_node(gpus)
             self._account(now, gpus, active)
-        for report in self.executor.reports():
-            self._report(report)
+        reports = self.executor.reports()
+        if reports:
+            with self.store.transaction():  # one commit for the round's reports
+                for report in reports:
+                    self._report(report)
         exits = self.executor.poll()
         for ex in exits:
             self._exit(ex)

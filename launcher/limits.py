@@ -92,6 +92,19 @@ class DaemonLimits(BaseModel):
         description="Seconds a client has to read its answer once it is ready; a client "
         "that does not read is dropped (counted and logged once), so it never stalls the "
         "daemon or anyone else.")
+    events_window_seconds: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="The window the events budget of a job counts in (below).")
+    events_max_bytes: int = Field(
+        default=256 * KIB, ge=4 * KIB, le=64 * MIB,
+        description="Bytes of a job's events file (GPU_AUDIT_EVENTS_FILE) the daemon reads "
+        "per job per events_window_seconds; what a job writes beyond it is skipped (the "
+        "newest checkpoint in it still counts), named in the daemon's log and stored as an "
+        "`events_over_budget` event of the job. Never more than this is read per tick.")
+    events_max_lines: int = Field(
+        default=2000, ge=10, le=1_000_000,
+        description="Lines of a job's events file the daemon takes per job per "
+        "events_window_seconds; the rest is skipped as for events_max_bytes.")
 
 
 # Ranges of the numbers a request may carry (launcher/protocol.py).

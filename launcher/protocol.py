@@ -40,7 +40,7 @@ _MAX_TEXT = 4096
 
 # The keys each op takes (besides "op"), and those it needs.
 KEYS: dict[str, frozenset[str]] = {
-    "ping": frozenset(), "queue": frozenset(), "status": frozenset({"id"}),
+    "ping": frozenset(), "queue": frozenset(), "status": frozenset({"id", "events_from"}),
     "logs": frozenset({"id", "stream", "offset", "attempt"}),
     "submit": frozenset({"spec", "path", "cwd"}),
     "cancel": frozenset({"id"}), "hold": frozenset({"id"}), "release": frozenset({"id"}),
@@ -77,6 +77,7 @@ class Request:
     spec: str | None = None
     path: str = "<submission>"
     cwd: str | None = None
+    events_from: int | None = None  # status: the first event of the page (default: newest)
 
 
 def encode(doc: dict[str, Any]) -> bytes:
@@ -156,6 +157,9 @@ def parse_request(line: bytes) -> Request | dict[str, Any]:
         fields["id"] = _integer("id", doc["id"], 1, MAX_JOB_ID, problems)
     if doc.get("offset") is not None and "offset" in keys:
         fields["offset"] = _integer("offset", doc["offset"], 0, MAX_LOG_OFFSET, problems)
+    if doc.get("events_from") is not None and "events_from" in keys:
+        fields["events_from"] = _integer("events_from", doc["events_from"], 0,
+                                         MAX_LOG_OFFSET, problems)
     if doc.get("attempt") is not None and "attempt" in keys:
         fields["attempt"] = _integer("attempt", doc["attempt"], 1, MAX_ATTEMPT, problems)
     if doc.get("stream") is not None and "stream" in keys:

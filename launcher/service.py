@@ -43,6 +43,7 @@ from launcher.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 MAX_STATUS_ROWS = 5000  # `status` without an id lists at most the newest this many jobs
+STATUS_EVENTS = 200  # events (and decisions) one `status ID` answer carries: a page
 
 
 class Service:
@@ -135,6 +136,8 @@ class Service:
         self._refresh_jobmap()
         for job_id in [j for j in self._held if not self.executor.fingerprint_pending(j)]:
             self._release(job_id)
+        if self.audit is not None:
+            self.audit.flush()  # the round's records in one spool commit
 
     def _release(self, job_id: int) -> None:
         """Emit the held records of `job_id`, its job_started now with its fingerprint."""
@@ -355,12 +358,15 @@ class Service:
         out = _summary(job)
         if not caller.may_act_on(job.uid):
             return {"ok": True, "job": out}  # like the queue: no spec, env or events
+        total, first, events = self.store.events_page(job.id, req.events_from,
+                                                      STATUS_EVENTS)
         out.update({
             "spec": job.spec.model_dump(mode="json"),
-            "events": [{"time": e.time, "kind": e.kind, **e.data}
-                       for e in self.store.events(job.id)],
+            "events": [{"time": e.time, "kind": e.kind, **e.data} for e in events],
+            "events_total": total, "events_from": first,
             "decisions": [{"time": t, "action": a, "breakdown": b}
-                          for t, _, a, b in self.store.decisions(job.id)],
+                          for t, _, a, b in self.store.decisions(job.id,
+                                                                 newest=STATUS_EVENTS)],
         })
         return {"ok": True, "job": out}
 

@@ -419,6 +419,20 @@ class Store:
             rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         return [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
 
+    def events_page(self, job_id: int, start: int | None,
+                    limit: int) -> tuple[int, int, list[Event]]:
+        """(how many events the job has, the index of the first returned, at most `limit`
+        of them from index `start`; None: the newest `limit`), read by SQL, not by loading
+        every event of a chatty job."""
+        with self._lock:
+            total = int(self._db.execute("SELECT COUNT(*) FROM events WHERE job_id=?",
+                                         (job_id,)).fetchone()[0])
+            first = max(0, total - limit) if start is None else min(start, total)
+            rows = self._db.execute("SELECT time, job_id, kind, data FROM events WHERE "
+                                    "job_id=? ORDER BY seq LIMIT ? OFFSET ?",
+                                    (job_id, limit, first)).fetchall()
+        return total, first, [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
+
     def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
         """Events stored after sequence number `seq` (0: from the start), with their
         sequence numbers, oldest first: a follower (audit, telemetry) keeps the last seq
@@ -454,13 +468,18 @@ class Store:
                              "VALUES (?, ?, ?, ?)",
                              (now, job_id, action, json.dumps(breakdown, sort_keys=True)))
 
-    def decisions(self, job_id: int | None = None) -> list[tuple[float, int, str, dict[str, Any]]]:
-        sql = "SELECT time, job_id, action, breakdown FROM decisions"
+    def decisions(self, job_id: int | None = None, *, newest: int | None = None,
+                  ) -> list[tuple[float, int, str, dict[str, Any]]]:
+        """Decisions in order (of one job); `newest`: only the newest that many."""
+        sql = "SELECT seq, time, job_id, action, breakdown FROM decisions"
         args: tuple[int, ...] = ()
         if job_id is not None:
             sql, args = sql + " WHERE job_id=?", (job_id,)
+        if newest is not None:
+            # an integer and our own constant SQL: no value of a caller's in the text
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT {int(newest)})"  # noqa: S608
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+            rows = [r[1:] for r in self._db.execute(sql + " ORDER BY seq", args).fetchall()]
         return [(t, j, a, json.loads(b)) for t, j, a, b in rows]
 
     # ------------------------------------------------------------------------ fair share

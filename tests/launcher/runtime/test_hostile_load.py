@@ -1,0 +1,113 @@
+"""Hostile local users who try to starve, bloat or out-quota the daemon, as real unix
+users against the real daemon (tests/launcher/runtime/daemon.py, hostile.py):
+
+- a job's own events file flooded with checkpoint and anomaly lines;
+- a pipeline whose shared defaults are copied into every one of its jobs;
+- a connect/close loop that keeps the listen backlog full;
+- a `project:` naming a project its user is no member of;
+- hundreds of CPU-only jobs at once;
+- a daemon started by hand that creates its own socket directory.
+
+Each test fails on the daemon before its bound existed; none asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.launcher.runtime.daemon import LauncherDaemon
+from tests.launcher.runtime.users import ALICE, BOB, job_python
+
+PY = job_python()
+
+
+def _submit(d: LauncherDaemon, home: Path, user: str, doc: object,
+            check: bool = True) -> tuple[list[int], str]:
+    spec = home / f"spec-{secrets.token_hex(4)}.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    spec.chmod(0o644)
+    r = d.client(user, "submit", spec.name, check=check)
+    if r.returncode != 0:
+        return [], r.stdout + r.stderr
+    pairs = r.stdout.split(": ", 1)[1].split(", ")
+    return [int(p.split()[0]) for p in pairs], r.stdout
+
+
+# ------------------------------------------------------------ 1. an events file flood
+
+_FLOOD = """
+import json, os, time
+f = open(os.environ["GPU_AUDIT_EVENTS_FILE"], "a")
+pad = "p" * 150
+for i in range(40000):
+    kind = "checkpoint_committed" if i % 4 else "anomaly"
+    f.write(json.dumps({"event": kind, "time": time.time(), "step": i,
+                        "reason": "nan-%d" % (i % 50), "path": "/ckpt/" + pad}) + "\\n")
+f.write(json.dumps({"event": "checkpoint_committed", "time": time.time(),
+                    "step": 99999, "path": "/ckpt/final"}) + "\\n")
+f.close()
+time.sleep(1.5)
+"""
+
+
+@pytest.fixture
+def flood_daemon(home: Path) -> Iterator[LauncherDaemon]:
+    d = LauncherDaemon(home, gpus=1, extra={"limits": {
+        "events_window_seconds": 1, "events_max_bytes": 64 * 1024,
+        "events_max_lines": 500}}).start()
+    yield d
+    d.stop()
+    d.kill_jobs()
+
+
+def test_an_events_flood_is_bounded_coalesced_and_named(flood_daemon: LauncherDaemon,
+                                                        home: Path) -> None:
+    """alice's CPU-only job writes 40,000 checkpoint and anomaly lines (8 MB) to its
+    events file at once: the daemon reads at most its budget, stores a handful of
+    coalesced events, still sees the job's final checkpoint, names the job in its log and
+    its record, and bob's CLI calls all succeed meanwhile."""
+    d = flood_daemon
+    [job], _ = _submit(d, home, ALICE, {"name": "flood", "gpus": 0,
+                                        "command": [PY, "-c", _FLOOD]})
+    d.wait_state(job, {"running"}, timeout=30)
+    for _ in range(4):
+        r = d.client(BOB, "queue", check=False, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+    done = d.wait_state(job, {"succeeded", "failed"}, timeout=60)
+    assert done["state"] == "succeeded", done
+    assert done["last_checkpoint_step"] == 99999, done  # the newest commit is not lost
+    full = d.ask({"op": "status", "id": job})["job"]
+    kinds = [e["kind"] for e in full["events"]]
+    assert "events_over_budget" in kinds, kinds
+    assert full["events_total"] < 400, full["events_total"]  # 40,000 lines before
+    ckpts = [e for e in full["events"] if e["kind"] == "checkpoint_committed"]
+    assert any(e.get("count", 1) > 1 for e in ckpts), ckpts[:3]
+    log = d.log.read_text()
+    assert f"job {job} (uid " in log and "events_max_bytes" in log
+    assert d.alive()
+
+
+def test_status_pages_a_jobs_events(flood_daemon: LauncherDaemon, home: Path) -> None:
+    """A job with more events than one page: `status` carries the newest page and the
+    total, and --events-from gets an older one."""
+    d = flood_daemon
+    script = ("import json, os, time\nf = open(os.environ['GPU_AUDIT_EVENTS_FILE'], 'a')\n"
+              "for i in range(300):\n"
+              "    f.write(json.dumps({'event': 'anomaly', 'time': time.time(),"
+              " 'reason': 'r%d' % i}) + '\\n'); f.flush(); time.sleep(0.012)\n")
+    [job], _ = _submit(d, home, ALICE, {"name": "pages", "gpus": 0,
+                                        "command": [PY, "-c", script]})
+    d.wait_state(job, {"succeeded"}, timeout=60)
+    first = d.ask({"op": "status", "id": job})["job"]
+    total = first["events_total"]
+    assert len(first["events"]) == min(total, 200)
+    assert total > 200 and first["events_from"] == total - 200
+    r = d.client(ALICE, "status", str(job), "--events-from", "0", "--json")
+    page = json.loads(r.stdout)["job"]
+    assert page["events_from"] == 0 and page["events"][0]["kind"] == "queued"
