@@ -54,7 +54,8 @@ from tests.launcher.runtime.users import (
 )
 
 MIB = 1 << 20
-RAISED = {"limits": {"per_uid_connections": 4096, "max_connections": 8192}}
+RAISED = {"limits": {"per_uid_connections": 4096, "max_connections": 8192,
+                     "per_uid_connect_rate": 100000, "per_uid_connect_burst": 100000}}
 
 
 def _status_kb(pid: int, key: str) -> int:

@@ -69,6 +69,22 @@ class DaemonLimits(BaseModel):
         default=32, ge=1, le=1_000_000,
         description="Connections one uid may hold open at once; the next is answered "
         "\"too many connections for uid U: N\" and closed.")
+    per_uid_connect_rate: float = Field(
+        default=50.0, gt=0, le=1_000_000, allow_inf_nan=False,
+        description="New connections per second one uid may open, on average (bursts up "
+        "to per_uid_connect_burst); one past it is answered \"busy\" and closed before "
+        "anything else is done for it, so a connect/close loop costs the daemon almost "
+        "nothing and cannot crowd out other users (the client retries busy answers for "
+        "a few seconds).")
+    per_uid_connect_burst: int = Field(
+        default=100, ge=1, le=1_000_000,
+        description="New connections one uid may open at once before "
+        "per_uid_connect_rate applies.")
+    listen_backlog: int = Field(
+        default=4096, ge=16, le=65535,
+        description="Connections the kernel queues for the daemon before it accepts them "
+        "(capped by net.core.somaxconn); a connection finding the queue full waits in the "
+        "client, which retries for a few seconds before saying the daemon is busy.")
     max_request_bytes: int = Field(
         default=1 * MIB, ge=4 * KIB, le=64 * MIB,
         description="Bytes of one request (one JSON line, a submission's YAML included); "

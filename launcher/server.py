@@ -118,7 +118,7 @@ class Daemon:
         if not stat.S_ISSOCK(st.st_mode):
             raise UnsafePath(f"{self.socket_path} is not the socket just bound")
         self._bound_ino = st.st_ino
-        s.listen(128)
+        s.listen(self.limits.listen_backlog)
         s.setblocking(False)
         return s
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.launcher.runtime.daemon import LauncherDaemon
+from tests.launcher.runtime.hostile import Holding
 from tests.launcher.runtime.users import ALICE, BOB, job_python
 
 PY = job_python()
@@ -111,3 +112,27 @@ def test_status_pages_a_jobs_events(flood_daemon: LauncherDaemon, home: Path) ->
     r = d.client(ALICE, "status", str(job), "--events-from", "0", "--json")
     page = json.loads(r.stdout)["job"]
     assert page["events_from"] == 0 and page["events"][0]["kind"] == "queued"
+
+
+# ------------------------------------------------------- 3. a connect/close loop
+
+
+def test_a_connect_close_loop_locks_nobody_out(home: Path) -> None:
+    """bob runs four processes that connect and close as fast as they can (the listen
+    queue used to stay full: `queue` failed 13 times in 15 with EAGAIN); alice's CLI
+    calls all succeed meanwhile, and bob's excess is refused per uid and counted."""
+    d = LauncherDaemon(home, gpus=1).start()
+    try:
+        with Holding(BOB, "connect_close", d.socket, 3, 60):
+            failed = []
+            for _ in range(6):
+                r = d.client(ALICE, "queue", check=False, timeout=60)
+                if r.returncode != 0:
+                    failed.append(r.stderr.strip()[-200:])
+            assert not failed, failed
+        assert d.alive()
+        metrics = d.scrape()
+        assert 'gpu_audit_launcher_connections_refused_total{reason="per_uid_rate"}' \
+            in metrics
+    finally:
+        d.stop()
