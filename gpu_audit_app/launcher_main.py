@@ -190,6 +190,14 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, {key: getattr(args, key) for key in serve_options()})
     setup_logging(config.log_level)
     _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
+    if config.core.quotas.projects and not config.core.projects:
+        import logging
+
+        logging.getLogger("gpu_audit.launcher").warning(
+            "core.quotas.projects sets limits for %s, but core.projects configures no "
+            "membership: any user may name any project, so those limits bound only what "
+            "users choose to write (list each project's groups or users in core.projects)",
+            ", ".join(sorted(config.core.quotas.projects)[:10]))
     # the daemon's own files are private unless made otherwise (the socket, the job
     # directories and the job-mapping files set their modes); jobs get the umask it had
     job_umask = os.umask(0o077)

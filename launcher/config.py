@@ -311,6 +311,52 @@ class QuotaConfig(BaseModel):
         return f"quotas.{kind}.{field}"
 
 
+_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+
+
+class ProjectMembers(BaseModel):
+    """Who may queue jobs against one project (a job's `project:`): members of any of
+    `groups` and the users in `users`. Root and admin_group members may use every
+    project."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: list[str] = Field(
+        default_factory=list, max_length=MAX_LEVEL_GROUPS,
+        description="Unix groups whose members may use the project (the caller's groups "
+        "as the kernel reports them at connect).")
+    users: list[str] = Field(
+        default_factory=list, max_length=10_000,
+        description="User names that may use the project besides the groups' members.")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        bad = [g for g in v if not _GROUP_NAME.match(g)]
+        if bad:
+            raise ValueError(f"not group names: {', '.join(repr(g[:40]) for g in bad[:5])}")
+        return v
+
+    @field_validator("users")
+    @classmethod
+    def _users(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not _USER_NAME.match(u)]
+        if bad:
+            raise ValueError(f"not user names: {', '.join(repr(u[:40]) for u in bad[:5])}")
+        return v
+
+    def describe(self) -> str:
+        """Who the members are, in words (for a refusal)."""
+        parts = []
+        if self.groups:
+            parts.append(f"members of group {', '.join(self.groups)}")
+        if self.users:
+            parts.append(f"user {', '.join(self.users[:10])}"
+                         + (f" and {len(self.users) - 10} more" if len(self.users) > 10
+                            else ""))
+        return " or ".join(parts) or "nobody (no groups, no users)"
+
+
 class LauncherCoreConfig(BaseModel):
     """The scheduling policy and the engine's protocol timings, shared with replay."""
 
@@ -326,3 +372,11 @@ class LauncherCoreConfig(BaseModel):
         default_factory=QuotaConfig,
         description="Per-user and per-project limits (running GPUs, waiting jobs, "
         "GPU-hours per window) and the size of one submission.")
+    projects: dict[str, ProjectMembers] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Who may use each project (unix groups and/or users). Empty: no "
+        "membership is enforced and `project:` is a free label any user may write (its "
+        "per-project quotas then bound only what users choose to write). Once any "
+        "project is listed, a job may name only a listed project its user is a member "
+        "of, or none (the project `default`, open to all unless listed here); anything "
+        "else is refused at submission.")

@@ -23,7 +23,7 @@ import yaml
 
 from tests.launcher.runtime.daemon import LauncherDaemon
 from tests.launcher.runtime.hostile import Holding
-from tests.launcher.runtime.users import ALICE, BOB, job_python
+from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
 
 PY = job_python()
 
@@ -136,3 +136,41 @@ def test_a_connect_close_loop_locks_nobody_out(home: Path) -> None:
             in metrics
     finally:
         d.stop()
+
+
+# -------------------------------------------------------- 4. projects have members
+
+VISION = f"gpa-vision-{ALICE.rsplit('-', 1)[1]}"
+
+
+def test_only_members_may_queue_against_a_project(home: Path) -> None:
+    """bob writes `project: vision` to fill vision's waiting-job cap (2): refused, naming
+    the project and how its membership is configured; alice, a member of its unix group,
+    queues against it; a project nobody configured is refused too (no escape from a
+    capped project by naming another)."""
+    local_user(ALICE, groups=(VISION,))
+    d = LauncherDaemon(home, gpus=1, core={
+        "projects": {"vision": {"groups": [VISION]}, "nlp": {"users": [ALICE]}},
+        "quotas": {"projects": {"vision": {"max_queued_jobs": 2}}}}).start()
+    try:
+        hold = {"gpus": 1, "command": [PY, "-c", "import time; time.sleep(60)"]}
+        ids, said = _submit(d, home, BOB, {"project": "vision", "jobs": [
+            {"name": "squat1", **hold}, {"name": "squat2", **hold}]}, check=False)
+        assert not ids, said
+        assert "project 'vision' is for members of group " + VISION in said, said
+        assert "core.projects.vision" in said and f"{BOB} is not a member" in said, said
+        ids, said = _submit(d, home, BOB, {"project": "anything", "name": "escape",
+                                            **hold}, check=False)
+        assert not ids and "project 'anything' is not a project here" in said, said
+        ids, said = _submit(d, home, BOB, {"name": "own", "gpus": 0,
+                                            "command": [PY, "-c", "pass"]})
+        assert ids, said  # no project: the default one, open to all
+        mine, said = _submit(d, home, ALICE, {"project": "vision", "jobs": [
+            {"name": "a1", **hold}, {"name": "a2", **hold}]})
+        assert len(mine) == 2, said
+        nlp, said = _submit(d, home, ALICE, {"project": "nlp", "name": "n", "gpus": 0,
+                                              "command": [PY, "-c", "pass"]})
+        assert nlp, said
+    finally:
+        d.stop()
+        d.kill_jobs()
