@@ -17,7 +17,9 @@ hold, release and read the logs of their own jobs; members of the configured adm
 
 The socket is created through a descriptor of its checked directory: a stale socket
 there is removed by name relative to it (never following a link), the mode comes from
-the umask at bind and the group from fchownat without following links.
+the umask at bind and the group from fchownat without following links. A directory
+made for it is chmod'ed explicitly (0755, never the daemon's 077 umask); an existing
+one the users socket_mode admits could not search is refused with the fix named.
 
 This module must never run a job or a client request as root on someone's behalf, never
 wait on a client, and never let a bad request take the daemon down (it gets an error
@@ -99,6 +101,7 @@ class Daemon:
         name = self.socket_path.name
         dirfd = open_dir(self.socket_path.parent, mode=0o755, shared_final=True)
         self._dirfd = dirfd
+        self._check_reachable(dirfd)
         # we hold the instance lock, so a socket file left here is a dead daemon's; a
         # link or anything else with its name is removed, never followed
         with contextlib.suppress(FileNotFoundError):
@@ -121,6 +124,27 @@ class Daemon:
         s.listen(self.limits.listen_backlog)
         s.setblocking(False)
         return s
+
+    def _check_reachable(self, dirfd: int) -> None:
+        """Refuse a socket directory the users socket_mode admits could not enter: a
+        socket they may open is no use behind a directory they may not search."""
+        st = os.fstat(dirfd)
+        dmode = stat.S_IMODE(st.st_mode)
+        where = self.socket_path.parent
+        if self._mode & 0o007 and not dmode & 0o001:
+            raise UnsafePath(
+                f"{where} is mode {dmode:04o}: other users cannot reach the socket in it, "
+                f"which socket_mode {self._mode:04o} opens to them; chmod o+x {where} (or "
+                "remove it and let the launcher create it 0755)")
+        if self._mode & 0o070 and not self._mode & 0o007 and not dmode & 0o001:
+            import grp  # noqa: PLC0415 - only with a group socket
+
+            gid = grp.getgrnam(self._group).gr_gid if self._group else os.getegid()
+            if not (dmode & 0o010 and st.st_gid == gid):
+                raise UnsafePath(
+                    f"{where} is mode {dmode:04o}, group {st.st_gid}: the socket's group "
+                    f"(gid {gid}) cannot reach the socket in it; give it that group with "
+                    f"g+x, or o+x")
 
     def serve(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +175,36 @@ def test_only_members_may_queue_against_a_project(home: Path) -> None:
     finally:
         d.stop()
         d.kill_jobs()
+
+
+# ---------------------------------------------- 6. the socket directory it creates
+
+
+def test_serve_by_hand_creates_a_socket_directory_others_can_reach(home: Path) -> None:
+    """`launcher serve` run by hand (umask 077 inside) with a socket in a directory that
+    does not exist yet: the directory is made 0755, so alice, another user, is served."""
+    sock = home / "run" / "gpu-audit" / "launcher.sock"
+    d = LauncherDaemon(home, gpus=1, extra={"socket": str(sock), "socket_mode": 0o666})
+    d.socket = sock
+    d.start()
+    try:
+        r = d.client(ALICE, "queue", check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o755
+        assert stat.S_IMODE((home / "run").stat().st_mode) == 0o755
+    finally:
+        d.stop()
+
+
+def test_a_socket_directory_others_cannot_search_is_refused_clearly(home: Path) -> None:
+    """An existing 0700 directory for a 0666 socket: serve exits naming the directory,
+    its mode and the fix, instead of serving a socket nobody else can reach."""
+    closed = home / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    d = LauncherDaemon(home, gpus=1, extra={"socket": str(closed / "launcher.sock")})
+    d.socket = closed / "launcher.sock"
+    with pytest.raises(AssertionError) as err:
+        d.start()
+    assert f"{closed} is mode 0700: other users cannot reach the socket" in str(err.value)
+    assert "chmod o+x" in str(err.value)
