@@ -244,6 +244,10 @@ class QuotaLimits(BaseModel):
         default=None, ge=0, le=1_000_000,
         description="Jobs it may have waiting (queued, requeued or held); a submission "
         "past it is refused.")
+    max_running_jobs: int | None = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Jobs it may have running at once, CPU-only (gpus: 0) jobs included; "
+        "the next waits (reason user_limit / project_limit).")
     max_gpu_hours: float | None = Field(
         default=None, ge=0, le=1e9, allow_inf_nan=False,
         description="GPU-hours its jobs may hold (allocated, fractions by their share) "
@@ -252,13 +256,19 @@ class QuotaLimits(BaseModel):
 
 
 class UserQuotaLimits(QuotaLimits):
-    """Every user's limits; null: no limit. The waiting-job cap is on by default: one
-    user cannot flood the queue (3,000 jobs made `queue` take 4 s)."""
+    """Every user's limits; null: no limit. The waiting- and running-job caps are on by
+    default: one user cannot flood the queue (3,000 jobs made `queue` take 4 s) nor the
+    node's CPUs."""
 
     max_queued_jobs: int | None = Field(
         default=200, ge=0, le=1_000_000,
         description="Jobs a user may have waiting (queued, requeued or held); a "
         "submission past it is refused.")
+    max_running_jobs: int | None = Field(
+        default=32, ge=0, le=1_000_000,
+        description="Jobs a user may have running at once, CPU-only (gpus: 0) jobs "
+        "included (600 of them from one user made the node answer everyone else late); "
+        "the next waits (reason user_limit).")
 
 
 class QuotaConfig(BaseModel):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher.runtime.daemon import LauncherDaemon
+from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
 from tests.launcher.runtime.hostile import Holding
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
 
@@ -208,3 +208,31 @@ def test_a_socket_directory_others_cannot_search_is_refused_clearly(home: Path) 
         d.start()
     assert f"{closed} is mode 0700: other users cannot reach the socket" in str(err.value)
     assert "chmod o+x" in str(err.value)
+
+
+# -------------------------------------------- 5. CPU-only jobs have a running cap
+
+
+def test_cpu_only_jobs_count_against_a_users_running_cap(home: Path) -> None:
+    """alice submits eight `gpus: 0` jobs with a running cap of 3: three run, the others
+    wait as user_limit naming quotas.user.max_running_jobs; bob's job still starts."""
+    d = LauncherDaemon(home, gpus=1, core={
+        "quotas": {"user": {"max_running_jobs": 3}}}).start()
+    try:
+        sleep = {"gpus": 0, "command": [PY, "-c", "import time; time.sleep(60)"]}
+        ids, said = _submit(d, home, ALICE, {"jobs": [
+            {"name": f"cpu{i}", **sleep} for i in range(8)]})
+        assert len(ids) == 8, said
+        [bobs], _ = _submit(d, home, BOB, {"name": "bob", **sleep})
+        d.wait_state(bobs, {"running"}, timeout=30)
+        wait_for(lambda: sum(d.job(i)["state"] == "running" for i in ids) == 3, 30,
+                 "three of alice's jobs to run")
+        waiting = [d.job(i) for i in ids if d.job(i)["state"] != "running"]
+        assert len(waiting) == 5
+        for j in waiting:
+            assert j["wait_reason"] == "user_limit", j
+            assert "quotas.user.max_running_jobs" in j["wait_detail"], j
+        assert sum(d.job(i)["state"] == "running" for i in ids) == 3
+    finally:
+        d.stop()
+        d.kill_jobs()
