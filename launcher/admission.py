@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from launcher import reasons as r
 from launcher.config import PolicyConfig, ProjectMembers, QuotaConfig
-from launcher.spec import JobSpec
+from launcher.spec import JobSpec, expansion_problems
 from launcher.store import Store
 
 FAILED_STATES = frozenset({"failed", "cancelled", "timed_out"})
@@ -167,6 +167,9 @@ def submission_problems(specs: Sequence[JobSpec], *,
     if len(specs) > quotas.max_jobs_per_submission:
         return [f"{len(specs)} jobs in one submission; at most "
                 f"{quotas.max_jobs_per_submission} (quotas.max_jobs_per_submission)"]
+    expanded = expansion_problems(specs, quotas.max_expanded_bytes)
+    if expanded:
+        return expanded
     refused = project_problems(specs, owner, groups, is_admin, projects or {})
     if refused:  # quotas of a project one may not use are nobody's business
         return refused

@@ -298,6 +298,23 @@ class QuotaConfig(BaseModel):
     max_jobs_per_submission: int = Field(
         default=100, ge=1, le=SPEC.max_jobs,
         description="Jobs one submission may hold; a larger one is refused whole.")
+    max_expanded_bytes: int = Field(
+        default=2 * 1024 * KIB, ge=KIB, le=256 * 1024 * KIB,
+        description="Bytes of one submission once expanded: every job with the "
+        "pipeline's defaults (env, command, ...) copied in, as stored. A small YAML whose "
+        "shared env is copied into 100 jobs used to add 24 MB of state per submission; "
+        "past this it is refused, checked in the reader process before the daemon holds "
+        "it.")
+    max_finished_jobs_per_user: int = Field(
+        default=1000, ge=10, le=10_000_000,
+        description="Finished (succeeded, failed, cancelled, timed out) jobs kept per "
+        "user; the oldest beyond it are deleted with their events and decisions (not one "
+        "a waiting or running job still depends on). Bounds the state one user can make "
+        "the daemon keep.")
+    finished_retention_seconds: float = Field(
+        default=30 * 86400.0, gt=0, le=3660 * 86400.0, allow_inf_nan=False,
+        description="Finished jobs older than this (since they finished) are deleted the "
+        "same way.")
     max_spec_bytes: int = Field(
         default=256 * KIB, ge=KIB, le=64 * 1024 * KIB,
         description="Bytes of one submission's YAML; a larger one is refused before it "

@@ -157,7 +157,8 @@ class Daemon:
             limits=self.limits, stats=self.stats)
         self._reader = SubmissionReader(
             timeout_seconds=self.limits.submit_timeout_seconds,
-            levels=list(self.service.engine.scheduler.config.urgency_levels))
+            levels=list(self.service.engine.scheduler.config.urgency_levels),
+            max_expanded=self.service.engine.config.quotas.max_expanded_bytes)
         self._loop.watch(self._reader.wakeup_fd, self._submissions_read)
         log.info("launcher listening on %s (tick %.2g s; at most %d connections, %d per "
                  "uid)", self.socket_path, self._tick, self.limits.max_connections,

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from launcher.parseworker import frame
-from launcher.spec import JobSpec
+from launcher.spec import TRUSTED, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,11 @@ class SubmissionReader:
     """See the module docstring."""
 
     def __init__(self, *, timeout_seconds: float = 10.0, max_pending: int = 64,
-                 per_uid: int = 8, levels: list[str] | None = None) -> None:
+                 per_uid: int = 8, levels: list[str] | None = None,
+                 max_expanded: int | None = None) -> None:
         self._timeout = timeout_seconds
         self._levels = levels  # the urgency levels (an unknown one is listed as a problem)
+        self._max_expanded = max_expanded  # quotas.max_expanded_bytes, checked there
         self._max_pending, self._per_uid = max_pending, per_uid
         self._lock = threading.Condition()
         self._waiting: collections.OrderedDict[int, collections.deque[_Job]] = \
@@ -177,7 +179,8 @@ class SubmissionReader:
         deadline = time.monotonic() + self._timeout
         try:
             worker.stdin.write(frame({"text": job.text, "source": job.source,
-                                      "levels": self._levels}))
+                                      "levels": self._levels,
+                                      "max_expanded": self._max_expanded}))
             worker.stdin.flush()
         except OSError:
             self._stop_worker()
@@ -192,7 +195,8 @@ class SubmissionReader:
         doc: dict[str, Any] = orjson.loads(data)
         if "problems" in doc:
             return Parsed(None, [str(p) for p in doc["problems"]])
-        return Parsed([JobSpec.model_validate(s) for s in doc["specs"]], [])
+        # the worker validated them; only the command's splitting is not repeated
+        return Parsed([JobSpec.model_validate(s, context=TRUSTED) for s in doc["specs"]], [])
 
     @staticmethod
     def _answer(worker: subprocess.Popen[bytes], deadline: float) -> bytes | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,6 +234,67 @@ def test_cpu_only_jobs_count_against_a_users_running_cap(home: Path) -> None:
             assert j["wait_reason"] == "user_limit", j
             assert "quotas.user.max_running_jobs" in j["wait_detail"], j
         assert sum(d.job(i)["state"] == "running" for i in ids) == 3
+    finally:
+        d.stop()
+        d.kill_jobs()
+
+
+# ------------------------------------------------------ 2. spec amplification
+
+_BIG_ENV = {f"V{i}": "x" * 1000 for i in range(250)}  # 250 KB, under max_spec_bytes
+
+
+def _db(d: LauncherDaemon, sql: str) -> object:
+    db = sqlite3.connect(f"file:{d.state / 'launcher.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        return db.execute(sql).fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_a_pipeline_cannot_amplify_its_defaults_into_the_state(home: Path) -> None:
+    """bob's 250 KB pipeline whose top-level env is copied into 100 jobs (25 MB once
+    expanded) is refused naming quotas.max_expanded_bytes; a smaller one is stored with
+    its shared env once, not once per job."""
+    d = LauncherDaemon(home, gpus=1).start()
+    try:
+        jobs = [{"name": "first", "gpus": 0, "command": [PY, "-c", "raise SystemExit(1)"]}]
+        jobs += [{"name": f"j{i}", "gpus": 0, "after": ["first"],
+                  "command": [PY, "-c", "pass"]} for i in range(99)]
+        ids, said = _submit(d, home, BOB, {"env": _BIG_ENV, "jobs": jobs}, check=False)
+        assert not ids, said
+        assert "quotas.max_expanded_bytes" in said and "expands to" in said, said
+        ids, said = _submit(d, home, BOB, {"env": _BIG_ENV, "jobs": jobs[:8]})
+        assert len(ids) == 8, said
+        assert _db(d, "SELECT COUNT(*) FROM blobs") == 1
+        stored = _db(d, "SELECT SUM(LENGTH(spec)) FROM jobs")
+        assert isinstance(stored, int) and stored < 20_000, stored  # 8 x 250 KB before
+        job = d.ask({"op": "status", "id": ids[1]})["job"]
+        assert job["spec"]["env"] == _BIG_ENV  # read back whole
+    finally:
+        d.stop()
+        d.kill_jobs()
+
+
+def test_finished_jobs_past_a_users_cap_are_deleted_and_status_stays_own(
+        home: Path) -> None:
+    """alice finishes 14 jobs with max_finished_jobs_per_user 10: after a restart only
+    her newest 10 are kept, with their events; bob's `status` lists none of hers."""
+    d = LauncherDaemon(home, gpus=1, core={
+        "quotas": {"max_finished_jobs_per_user": 10}}).start()
+    try:
+        ids, _ = _submit(d, home, ALICE, {"jobs": [
+            {"name": f"t{i}", "gpus": 0, "command": [PY, "-c", "pass"]} for i in range(14)]})
+        for i in ids:
+            d.wait_state(i, {"succeeded"}, timeout=60)
+        d.stop()
+        d.start()
+        mine = json.loads(d.client(ALICE, "status", "--json").stdout)["jobs"]
+        assert [j["id"] for j in mine] == ids[-10:]
+        assert _db(d, f"SELECT COUNT(*) FROM events WHERE job_id IN ({ids[0]}, {ids[3]})") \
+            == 0
+        theirs = json.loads(d.client(BOB, "status", "--json").stdout)["jobs"]
+        assert theirs == []
     finally:
         d.stop()
         d.kill_jobs()
