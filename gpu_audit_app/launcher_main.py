@@ -381,7 +381,12 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
         start = f"resumes from step {step}" if step is not None else "starts over (no checkpoint)"
         return f"queued again: {pairs}; job {resp['id']} {start}"
     if cmd == "queue":
-        return _render_queue(resp["jobs"])
+        text = _render_queue(resp["jobs"])
+        total = resp.get("waiting_total")
+        shown = sum(1 for j in resp["jobs"] if j.get("state") not in ("running", "preempting"))
+        if isinstance(total, int) and total > shown:
+            text += f"\n... and {total - shown} more waiting (lower priority)"
+        return text
     if cmd == "status":
         if "job" in resp:
             return _render_job(resp["job"])

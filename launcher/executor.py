@@ -50,7 +50,7 @@ from launcher.jobfiles import (
     event_step,
     event_time,
 )
-from launcher.privileges import can_switch_users
+from launcher.privileges import can_switch_users, lowered
 from launcher.probe import Probes
 from launcher.safefs import RefusedFile
 from launcher.spec import JobSpec
@@ -248,7 +248,7 @@ class ProcessExecutor:
             # user (Popen's cwd= would chdir as root, before the identity changes)
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _wrapper(spec.preempt_signal), "gpu-audit-job",
-                 str(cwd), *argv],
+                 str(cwd), *lowered(argv)],
                 cwd="/", env=full_env, stdin=subprocess.DEVNULL, stdout=files.stdout,
                 stderr=files.stderr, start_new_session=True, close_fds=True,
                 umask=self._umask, **kw,

@@ -108,6 +108,13 @@ class DaemonLimits(BaseModel):
         description="Seconds a client has to read its answer once it is ready; a client "
         "that does not read is dropped (counted and logged once), so it never stalls the "
         "daemon or anyone else.")
+    daemon_nice: int = Field(
+        default=-10, ge=-20, le=19,
+        description="The daemon's CPU priority (nice value), raised at start when it "
+        "may (root or CAP_SYS_NICE): one user's busy processes (four connect/close loops "
+        "on two cores) otherwise leave the loop that answers everyone a fifth of a CPU. "
+        "Jobs, fingerprint probes and the submission reader run at the priority the "
+        "daemon was started with (through nice(1)).")
     events_window_seconds: float = Field(
         default=10.0, gt=0, le=3600,
         description="The window the events budget of a job counts in (below).")

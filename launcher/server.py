@@ -45,7 +45,7 @@ from launcher.connections import ConnectionLoop
 from launcher.limits import DaemonLimits
 from launcher.loopstats import LoopStats
 from launcher.peer import Caller, admin_gid, peer_of
-from launcher.privileges import drop_ambient, raise_nofile
+from launcher.privileges import drop_ambient, raise_nofile, raise_priority
 from launcher.safefs import UnsafePath, open_dir
 from launcher.service import Service
 from launcher.submissions import SubmissionReader
@@ -274,7 +274,8 @@ def handle_line(service: Service, caller: Caller, line: bytes,
 
 def prepare_process(limits: DaemonLimits) -> None:
     """Process-wide settings before anything starts: the file limit raised to its hard
-    limit (warned about when the connection cap does not fit under it) and no ambient
+    limit (warned about when the connection cap does not fit under it), the CPU priority
+    raised (limits.daemon_nice; what it starts for users is put back) and no ambient
     capability for the jobs to inherit."""
     soft, _ = raise_nofile()
     if limits.max_connections + _RESERVED_FILES > soft:
@@ -282,6 +283,7 @@ def prepare_process(limits: DaemonLimits) -> None:
                     "%d for the daemon's own files): accept() will fail first; the daemon "
                     "then pauses accepting and keeps serving", limits.max_connections, soft,
                     _RESERVED_FILES)
+    raise_priority(limits.daemon_nice)
     if not drop_ambient():
         raise RuntimeError("cannot clear the ambient capability set: refusing to start "
                            "jobs that would inherit the daemon's capabilities")

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_STATUS_ROWS = 5000  # `status` without an id lists at most the newest this many jobs
 PRUNE_EVERY_SECONDS = 60.0
+QUEUE_WAITING_ROWS = 1000  # waiting jobs one `queue` answer lists (the highest first)
 STATUS_EVENTS = 200  # events (and decisions) one `status ID` answer carries: a page
 
 
@@ -345,11 +346,12 @@ class Service:
         rows = []
         for job in self.store.jobs(ACTIVE):
             rows.append(_summary(job))
-        for job, breakdown in self.engine.queue_view(self._clock()):
+        view = self.engine.queue_view(self._clock())
+        for job, breakdown in view[:QUEUE_WAITING_ROWS]:  # the highest priorities
             row = _summary(job)
             row["priority"] = breakdown.as_dict()
             rows.append(row)
-        return {"ok": True, "jobs": rows}
+        return {"ok": True, "jobs": rows, "waiting_total": len(view)}
 
     def _retry(self, caller: Caller, req: Request) -> dict[str, Any]:
         job_id = req.id

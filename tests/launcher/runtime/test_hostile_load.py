@@ -14,6 +14,7 @@ Each test fails on the daemon before its bound existed; none asserts a duration.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import stat
@@ -298,3 +299,19 @@ def test_finished_jobs_past_a_users_cap_are_deleted_and_status_stays_own(
     finally:
         d.stop()
         d.kill_jobs()
+
+
+def test_the_daemon_outranks_users_for_cpu_but_its_jobs_do_not(home: Path) -> None:
+    """The daemon raises its own CPU priority (limits.daemon_nice) so users' busy loops
+    cannot starve its loop; a job it starts runs at the priority it was started with."""
+    d = LauncherDaemon(home, gpus=1).start()
+    try:
+        assert d.proc is not None
+        fields = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(fields[16]) == -10  # nice, field 19 of stat
+        [job], _ = _submit(d, home, ALICE, {"name": "nice", "gpus": 0, "command": [
+            PY, "-c", "import os; print(os.nice(0))"]})
+        d.wait_state(job, {"succeeded"}, timeout=60)
+        assert d.client(ALICE, "logs", str(job)).stdout.strip() == str(os.nice(0))
+    finally:
+        d.stop()
