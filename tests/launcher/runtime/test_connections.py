@@ -192,3 +192,36 @@ def test_connect_rate_per_uid_refuses_the_excess_cheaply_and_recovers() -> None:
         assert s.recv(100).startswith(b'{"ok":true')
     finally:
         r.close()
+
+
+def test_the_client_retries_a_full_queue_then_says_the_daemon_is_busy() -> None:
+    """A daemon whose listen queue is full (here: a listener that never accepts, its
+    queue filled): the client keeps trying for a few seconds, then raises DaemonBusy
+    with a message that says so, instead of "Resource temporarily unavailable"."""
+    from launcher.protocol import BUSY_RETRY_SECONDS, DaemonBusy
+
+    d = Path(tempfile.mkdtemp())
+    path = d / "full.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    fillers = []
+    try:
+        while True:  # fill the queue: the next connect would get EAGAIN
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(path))
+            except BlockingIOError:
+                s.close()
+                break
+            fillers.append(s)
+        with pytest.raises(DaemonBusy) as err:
+            call(path, {"op": "ping"}, timeout=30)
+        assert f"took no new connection for {BUSY_RETRY_SECONDS:g} s" in str(err.value)
+        assert "queue is full" in str(err.value)
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+        shutil.rmtree(d, ignore_errors=True)
