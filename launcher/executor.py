@@ -127,6 +127,7 @@ class _Attempt:
     window_bytes: int = 0
     window_lines: int = 0
     over: bool = False  # the budget ran out in this window: the backlog is skipped
+    dropped_from: int | None = None  # where lines read but past the budget begin
 
 
 class ProcessExecutor:
@@ -474,6 +475,7 @@ class ProcessExecutor:
         if not got or not got[0]:
             return
         data = got[0]
+        read_from = a.events_offset
         a.events_offset += len(data)
         a.window_bytes += len(data)
         if a.window_bytes >= b.max_bytes and got[1].st_size > a.events_offset:
@@ -481,6 +483,7 @@ class ProcessExecutor:
         for line in a.lines.feed(data):
             if a.window_lines >= b.max_lines:
                 a.over = True
+                a.dropped_from = read_from  # scanned for a checkpoint when skipping
                 break  # the rest of this read is dropped (it is past the budget)
             a.window_lines += 1
             try:
@@ -504,17 +507,21 @@ class ProcessExecutor:
             return
         end = got[1].st_size
         skipped = max(0, end - a.events_offset)
-        tail_from = max(a.events_offset, end - MAX_EVENT_LINE)
+        start = a.events_offset if a.dropped_from is None else a.dropped_from
+        a.dropped_from = None
+        tail_from = max(start, end - MAX_EVENT_LINE)
         with contextlib.suppress(OSError, RefusedFile):
             tail = self._files.read(a.job_id, a.attempt, "events.jsonl", owner=a.uid,
                                     offset=tail_from, size=end - tail_from)
             lines = tail[0].split(b"\n") if tail else []
-            for line in reversed(lines[1:] if tail_from > a.events_offset else lines):
+            for line in reversed(lines[1:] if tail_from > start else lines):
                 found = checkpoint_of(line)
                 if found is not None:
                     t, step = found
                     when = min(t, self._clock()) if t is not None else self._clock()
-                    if a.last_checkpoint_time is None or when >= a.last_checkpoint_time:
+                    if (when, step) != (a.last_checkpoint_time, a.last_checkpoint_step) and (
+                            a.last_checkpoint_time is None
+                            or when >= a.last_checkpoint_time):
                         a.last_checkpoint_time = when
                         if step is not None:
                             a.last_checkpoint_step = step
