@@ -206,6 +206,12 @@ class EngineConfig(BaseModel):
         description="A job's step/loss reports are kept as job events at most once per "
         "this many seconds (every report still reaches the launcher's metrics endpoint); "
         "0 keeps every one.")
+    max_report_events: int = Field(
+        default=10_000, ge=100, le=10_000_000,
+        description="Events a job's own reports (checkpoints, telemetry, anomalies, "
+        "over-budget notes) may store, over all its attempts; past it one "
+        "`reports_capped` event is stored and nothing more (its newest checkpoint is still "
+        "kept in its record). Bounds the state a chatty job can make the daemon keep.")
     backoff_base_seconds: float = Field(
         default=30.0, ge=0,
         description="Seconds before the first retry of a failed or OOM-killed job (while "

@@ -123,6 +123,9 @@ CREATE TABLE IF NOT EXISTS fairshare (
 );
 """
 
+# the event kinds a job's own reports become (engine.max_report_events counts these)
+REPORT_KINDS = ("checkpoint_committed", "telemetry", "anomaly", "events_over_budget",
+                "reports_capped")
 SPEC_CACHE_BYTES = 8 << 20  # parsed specs kept in memory, by the size of their JSON
 ENV_BLOB_BYTES = 1024  # an env at least this large is stored once per content
 _TERMINAL_SQL = "('succeeded', 'failed', 'cancelled', 'timed_out')"
@@ -537,6 +540,14 @@ class Store:
                                     "job_id=? ORDER BY seq LIMIT ? OFFSET ?",
                                     (job_id, limit, first)).fetchall()
         return total, first, [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
+
+    def report_event_count(self, job_id: int) -> int:
+        """Events of `job_id` that came from its own reports (the engine's cap)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE job_id=? AND kind IN (?, ?, ?, ?, ?)",
+                (job_id, *REPORT_KINDS)).fetchone()
+        return int(row[0])
 
     def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
         """Events stored after sequence number `seq` (0: from the start), with their
