@@ -6,7 +6,10 @@ read requests, write answers, enforce deadlines. Each connection carries one req
 and one answer (launcher.protocol), and everything it may cost is bounded
 (launcher.limits.DaemonLimits):
 - connections: a total cap and a per-uid cap (the uid from SO_PEERCRED); a connection
-  past either is answered "too many connections for uid U: N" and closed at once;
+  past either is answered "too many connections for uid U: N" and closed at once; new
+  connections per uid are a token bucket checked on SO_PEERCRED alone, before anything
+  else is done for the connection, so a connect/close loop costs one getsockopt and a
+  short "busy" answer per connection (marked `retry`: nothing of it was read);
 - bytes: a request longer than `max_request_bytes` is answered "request too large" and
   closed; a uid holding more than a quarter of `max_buffered_bytes` has its unfinished
   requests left unread (in the kernel) until its answers drain, and above the whole
