@@ -24,6 +24,25 @@ carry the load, not the cap). "before" needs a checkout of the old code:
         --before /tmp/gpu-audit-before --json bench/results/launcher_attacks.json
 
 Runs as root (it creates the attacking users and removes them afterwards).
+
+`--load` runs the second set instead: one user trying to starve, bloat or out-quota the
+daemon (bob attacks; root's pings and alice's CLI calls are the other users), each
+reporting the other users' ping p50/p99/max and failures, alice's failed CLI calls, the
+daemon's peak RSS (VmHWM) and the growth of its database (launcher.db with its WAL):
+
+- events_flood: a `gpus: 0` job appends 200 KB of checkpoint_committed lines every 0.5 s
+  for 30 s (the flood that made the daemon unreachable for 5.5 minutes);
+- amplification: 16 submissions of a 258 KB pipeline whose top-level env (250 x 1,000
+  characters) would be copied into 100 jobs, then 16 of the largest that is accepted (8
+  jobs); then a restart and one `status` from a user with no jobs;
+- connect_close: four processes connect and close as fast as they can for 30 s;
+- projects: bob writes `project: vision` (a project of alice's group) to fill its cap;
+- cpu_jobs: bob submits 600 `gpus: 0` jobs (6 x 100) that each run 3 processes;
+- socket_dir: `launcher serve` run by hand creates its socket's directory; can alice
+  connect?
+
+    PYTHONPATH=. .venv/bin/python bench/bench_launcher_attacks.py --load \\
+        --json bench/results/launcher_hostile_load.json
 """
 
 from __future__ import annotations
@@ -54,7 +73,8 @@ from tests.launcher.runtime.users import (
 )
 
 MIB = 1 << 20
-RAISED = {"limits": {"per_uid_connections": 4096, "max_connections": 8192}}
+RAISED = {"limits": {"per_uid_connections": 4096, "max_connections": 8192,
+                     "per_uid_connect_rate": 100000, "per_uid_connect_burst": 100000}}
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -195,6 +215,216 @@ def submission(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
         _done(d, home)
 
 
+# ------------------------------------------------ one user starving or bloating the daemon
+
+
+def _db_bytes(d: LauncherDaemon) -> int:
+    return sum(p.stat().st_size for p in d.state.glob("launcher.db*"))
+
+
+def _spec(home: Path, name: str, doc: object) -> str:
+    p = home / name
+    p.write_text(yaml.safe_dump(doc))
+    p.chmod(0o644)
+    return p.name
+
+
+def _measure(d: LauncherDaemon, seconds: float, cli_calls: int) -> dict[str, Any]:
+    """While an attack runs: open-loop pings for `seconds` (one every 60 ms) from root,
+    and `cli_calls` `gpu-audit launcher queue` as alice spread over the same time."""
+    failed: list[str] = []
+
+    def clis() -> None:
+        gap = seconds / max(1, cli_calls)
+        for _ in range(cli_calls):
+            t = time.monotonic()
+            r = d.client(ALICE, "queue", check=False, timeout=60)
+            if r.returncode != 0:
+                failed.append(r.stderr.strip()[-120:])
+            time.sleep(max(0.0, gap - (time.monotonic() - t)))
+
+    t = threading.Thread(target=clis)
+    t.start()
+    pings = _pings(d.socket, int(seconds / 0.06), 0.06)
+    t.join(120)
+    return {"pings": pings, "cli_calls": cli_calls, "cli_failed": len(failed),
+            "cli_errors": sorted(set(failed))[:2]}
+
+
+def _peak_mb(d: LauncherDaemon) -> float:
+    assert d.proc is not None
+    return round(_status_kb(d.proc.pid, "VmHWM") / 1024, 1)
+
+
+_FLOODER = """
+import json, os, time
+f = open(os.environ["GPU_AUDIT_EVENTS_FILE"], "a")
+pad = "p" * 120
+end = time.time() + 30
+step = 0
+while time.time() < end:
+    chunk = []
+    for _ in range(1000):  # about 200 KB
+        step += 1
+        chunk.append(json.dumps({"event": "checkpoint_committed", "time": time.time(),
+                                 "step": step, "path": "/ckpt/" + pad}))
+    f.write("\\n".join(chunk) + "\\n")
+    f.flush()
+    time.sleep(0.5)
+print(step)
+"""
+
+
+def events_flood(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    d, home = _daemon(repo, extra)
+    try:
+        db0 = _db_bytes(d)
+        job = int(d.client(BOB, "submit", _spec(home, "flood.yaml", {
+            "name": "flood", "gpus": 0, "command": [job_python(), "-c", _FLOODER]})
+        ).stdout.split(": ", 1)[1].split()[0])
+        d.wait_state(job, {"running"}, timeout=60)
+        out = _measure(d, 30.0, 10)
+        d.wait_state(job, {"succeeded", "failed"}, timeout=600)
+        st = time.perf_counter()
+        full = d.ask({"op": "status", "id": job})["job"]
+        out.update({"status_ms": round((time.perf_counter() - st) * 1000, 1),
+                    "lines_written": int(d.client(BOB, "logs", str(job)).stdout.strip()),
+                    "events_stored": full.get("events_total", len(full["events"])),
+                    "over_budget_events": sum(e["kind"] == "events_over_budget"
+                                              for e in full["events"]),
+                    "last_checkpoint_step": full["last_checkpoint_step"],
+                    "peak_rss_mb": _peak_mb(d),
+                    "db_growth_mb": round((_db_bytes(d) - db0) / MIB, 2),
+                    "alive": d.alive()})
+        return out
+    finally:
+        _done(d, home)
+
+
+_BIG_ENV = {f"V{i}": "x" * 1000 for i in range(250)}
+
+
+def amplification(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    d, home = _daemon(repo, extra)
+    try:
+        db0 = _db_bytes(d)
+        py = job_python()
+        jobs = [{"name": "first", "gpus": 0, "command": [py, "-c", "raise SystemExit(1)"]}]
+        jobs += [{"name": f"j{i}", "gpus": 0, "after": ["first"],
+                  "command": [py, "-c", "pass"]} for i in range(99)]
+        big = _spec(home, "amp.yaml", {"env": _BIG_ENV, "jobs": jobs})
+        small = _spec(home, "amp8.yaml", {"env": _BIG_ENV, "jobs": jobs[:8]})
+        refused = accepted = 0
+        result: dict[str, Any] = {}
+
+        def submit_all() -> None:
+            nonlocal refused, accepted
+            for name in [big] * 16 + [small] * 16:
+                r = d.client(BOB, "submit", name, check=False, timeout=120)
+                accepted += r.returncode == 0
+                refused += r.returncode != 0
+                if r.returncode != 0 and "said" not in result:
+                    result["said"] = r.stderr.strip()[-200:]
+
+        t = threading.Thread(target=submit_all)
+        t.start()
+        result.update(_measure(d, 20.0, 6))
+        t.join(600)
+        result.update({"submissions_accepted": accepted, "submissions_refused": refused,
+                       "peak_rss_mb": _peak_mb(d),
+                       "db_growth_mb": round((_db_bytes(d) - db0) / MIB, 2)})
+        d.stop()
+        d.start()
+        rss0 = d.rss_bytes()
+        st = time.perf_counter()
+        r = d.client(ALICE, "status", check=False)
+        result.update({"restart_status_s": round(time.perf_counter() - st, 2),
+                       "restart_status_ok": r.returncode == 0,
+                       "rss_after_restart_mb": round(rss0 / MIB, 1),
+                       "rss_after_status_mb": round(d.rss_bytes() / MIB, 1),
+                       "alive": d.alive()})
+        return result
+    finally:
+        _done(d, home)
+
+
+def connect_close(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    d, home = _daemon(repo, extra)
+    try:
+        with Holding(BOB, "connect_close", d.socket, 4, 120):
+            out = _measure(d, 30.0, 15)
+            out["peak_rss_mb"] = _peak_mb(d)
+        out["alive"] = d.alive()
+        return out
+    finally:
+        _done(d, home)
+
+
+VISION = f"gpa-vision-{ALICE.rsplit('-', 1)[1]}"
+
+
+def projects(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    local_user(ALICE, groups=(VISION,))
+    extra = {**(extra or {}), "core": {
+        "projects": {"vision": {"groups": [VISION]}},
+        "quotas": {"projects": {"vision": {"max_queued_jobs": 4}}}}}
+    d, home = _daemon(repo, extra)
+    try:
+        hold = {"gpus": 2, "command": [job_python(), "-c", "import time; time.sleep(60)"]}
+        bob = d.client(BOB, "submit", _spec(home, "squat.yaml", {"project": "vision", "jobs": [
+            {"name": f"s{i}", **hold} for i in range(4)]}), check=False)
+        alice = d.client(ALICE, "submit", _spec(home, "mine.yaml", {
+            "project": "vision", "jobs": [{"name": f"a{i}", **hold} for i in range(4)]}),
+            check=False)
+        return {"bob_exit": bob.returncode, "bob_said": bob.stderr.strip()[-220:],
+                "alice_exit": alice.returncode, "alice_said": alice.stdout.strip()[:60]}
+    finally:
+        _done(d, home)
+
+
+def cpu_jobs(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    d, home = _daemon(repo, extra)
+    try:
+        py = job_python()
+        three = ("import subprocess, sys, time; ps = [subprocess.Popen([sys.executable, '-c', "
+                 "'import time; time.sleep(90)']) for _ in range(2)]; time.sleep(90)")
+        name = _spec(home, "cpu.yaml", {"jobs": [
+            {"name": f"c{i}", "gpus": 0, "command": [py, "-c", three]} for i in range(100)]})
+        outcomes = [d.client(BOB, "submit", name, check=False, timeout=120).returncode
+                    for _ in range(6)]
+        time.sleep(3.0)
+        out = _measure(d, 30.0, 10)
+        states = [j["state"] for j in d.ask({"op": "queue"})["jobs"]]
+        out.update({"submissions_accepted": outcomes.count(0),
+                    "running": states.count("running"),
+                    "waiting": sum(s in ("queued", "requeued") for s in states),
+                    "peak_rss_mb": _peak_mb(d), "alive": d.alive()})
+        return out
+    finally:
+        _done(d, home)
+
+
+def socket_dir(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    home = shared_dir()
+    sock = home / "run" / "gpu-audit" / "launcher.sock"
+    d = LauncherDaemon(home, gpus=1, extra={**(extra or {}), "socket": str(sock)},
+                       repo=repo)
+    d.socket = sock
+    try:
+        d.start()
+        r = d.client(ALICE, "queue", check=False)
+        return {"dir_mode": oct(sock.parent.stat().st_mode & 0o777),
+                "other_user_served": r.returncode == 0,
+                "said": (r.stderr.strip() or r.stdout.strip())[-160:]}
+    finally:
+        _done(d, home)
+
+
+LOAD: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {
+    "events_flood": events_flood, "amplification": amplification,
+    "connect_close": connect_close, "projects": projects, "cpu_jobs": cpu_jobs,
+    "socket_dir": socket_dir}
+
 SCENARIOS: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {
     "memory": memory, "flood": flood, "latency": latency, "submission": submission}
 
@@ -203,17 +433,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, help="a checkout of the code before issue 20")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--only", choices=sorted(SCENARIOS))
+    ap.add_argument("--only", choices=sorted({*SCENARIOS, *LOAD}))
+    ap.add_argument("--load", action="store_true",
+                    help="the starve/bloat/out-quota attacks (after only, default limits)")
     args = ap.parse_args()
     local_user(ALICE)
     local_user(BOB)
     sides: list[tuple[str, Path, dict[str, Any] | None]] = []
     if args.before:
         sides.append(("before", args.before.resolve(), None))
-    sides += [("after", REPO, None), ("after, per-uid cap raised", REPO, RAISED)]
+    sides += [("after", REPO, None)]
+    if not args.load:
+        sides.append(("after, per-uid cap raised", REPO, RAISED))
     out: dict[str, Any] = {}
     try:
-        for name, scenario in SCENARIOS.items():
+        for name, scenario in (LOAD if args.load else SCENARIOS).items():
             if args.only and name != args.only:
                 continue
             for side, repo, extra in sides:

@@ -255,7 +255,9 @@ LAUNCHER_REQUESTS = _metric("gpu_audit_launcher_requests_total", "counter",
                             "code).", "launcher", ("op", "outcome"))
 LAUNCHER_REFUSED = _metric("gpu_audit_launcher_connections_refused_total", "counter",
                            "Connections answered \"too many connections\" and closed, by the "
-                           "cap they hit (per_uid, total).", "launcher", ("reason",))
+                           "cap they hit (per_uid, total, per_uid_rate: new connections per "
+                           "second).",
+                           "launcher", ("reason",))
 LAUNCHER_DROPPED = _metric("gpu_audit_launcher_connections_dropped_total", "counter",
                            "Connections closed by the daemon before a normal end, by reason: "
                            "read_timeout (no whole request in time), write_timeout (the client "

@@ -135,6 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     client("queue", "Waiting and running jobs, each waiting job's priority by term.")
     c = client("status", "Your jobs, or one job in detail.")
     c.add_argument("id", nargs="?")
+    c.add_argument("--events-from", type=int, metavar="N",
+                   help="With an id: the page of its events from event N (0: the oldest); "
+                   "default: the newest 200.")
     c = client("logs", "A job's output (your own jobs; admins: all).")
     c.add_argument("id")
     c.add_argument("--follow", "-f", action="store_true", help="Keep printing until it ends.")
@@ -184,6 +187,14 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, {key: getattr(args, key) for key in serve_options()})
     setup_logging(config.log_level)
     _gpu_source(config.gpus)  # a bad source is exit 2 before anything starts
+    if config.core.quotas.projects and not config.core.projects:
+        import logging
+
+        logging.getLogger("gpu_audit.launcher").warning(
+            "core.quotas.projects sets limits for %s, but core.projects configures no "
+            "membership: any user may name any project, so those limits bound only what "
+            "users choose to write (list each project's groups or users in core.projects)",
+            ", ".join(sorted(config.core.quotas.projects)[:10]))
     # the daemon's own files are private unless made otherwise (the socket, the job
     # directories and the job-mapping files set their modes); jobs get the umask it had
     job_umask = os.umask(0o077)
@@ -228,7 +239,7 @@ def _build(config: LauncherConfig, stats: Any = None, job_umask: int = 0o022) ->
     from gpu_audit.http.webconfig import WebConfig, load_web_config
     from launcher.audit import LauncherAudit
     from launcher.engine import Engine
-    from launcher.executor import ProcessExecutor
+    from launcher.executor import EventsBudget, ProcessExecutor
     from launcher.jobmap import JobMapWriter
     from launcher.scheduler import Scheduler
     from launcher.service import Service
@@ -237,16 +248,19 @@ def _build(config: LauncherConfig, stats: Any = None, job_umask: int = 0o022) ->
 
     gpus = _gpu_source(config.gpus)
     sim = config.gpus.startswith("sim:")
+    lim = config.limits
+    events = EventsBudget(lim.events_window_seconds, lim.events_max_bytes,
+                          lim.events_max_lines)
     executor: ProcessExecutor
     if sim:
         from launcher.sim.binding import SimGpuBinding, SimGpuView  # asked for by name
 
         binding = SimGpuBinding(config.state_dir, gpus, allow_root_jobs=config.allow_root_jobs,
-                                job_umask=job_umask)
+                                job_umask=job_umask, events=events)
         executor, gpus = binding, SimGpuView(gpus, binding)
     else:
         executor = ProcessExecutor(config.state_dir, allow_root_jobs=config.allow_root_jobs,
-                                   job_umask=job_umask)
+                                   job_umask=job_umask, events=events)
     store = Store(config.state_dir / "launcher.db")
     engine = Engine(store, Scheduler(config.core.policy), gpus, executor, time.time,
                     config.core)
@@ -310,7 +324,10 @@ def _client(cmd: str, args: argparse.Namespace) -> int:
     elif cmd == "queue":
         resp = call(sock, {"op": "queue"})
     elif cmd == "status":
-        resp = call(sock, {"op": "status", "id": args.id})
+        req = {"op": "status", "id": args.id}
+        if args.events_from is not None:
+            req["events_from"] = args.events_from
+        resp = call(sock, req)
     elif cmd == "logs":
         return _logs(sock, args)
     else:
@@ -361,7 +378,12 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
         start = f"resumes from step {step}" if step is not None else "starts over (no checkpoint)"
         return f"queued again: {pairs}; job {resp['id']} {start}"
     if cmd == "queue":
-        return _render_queue(resp["jobs"])
+        text = _render_queue(resp["jobs"])
+        total = resp.get("waiting_total")
+        shown = sum(1 for j in resp["jobs"] if j.get("state") not in ("running", "preempting"))
+        if isinstance(total, int) and total > shown:
+            text += f"\n... and {total - shown} more waiting (lower priority)"
+        return text
     if cmd == "status":
         if "job" in resp:
             return _render_job(resp["job"])
@@ -436,6 +458,10 @@ def _render_job(j: Mapping[str, Any]) -> str:
     lines.append(f"  GPU-seconds allocated {j.get('allocated_gpu_seconds', 0):.1f}, lost "
                  f"{j.get('lost_gpu_seconds', 0):.1f}")
     events = list(j.get("events", []))
+    total, first = j.get("events_total"), j.get("events_from")
+    if isinstance(total, int) and isinstance(first, int) and len(events) < total:
+        lines.append(f"  events {first}..{first + len(events) - 1} of {total} "
+                     f"(--events-from N for another page)")
     telemetry = [e for e in events if e["kind"] == "telemetry"]
     if telemetry:
         last = telemetry[-1]

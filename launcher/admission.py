@@ -4,6 +4,9 @@ numbers and the limit (its configuration key), so the client can print them all 
 exit 2:
 
 - at most `quotas.max_jobs_per_submission` jobs;
+- each job's project is one its user may use: with `projects` (core.projects) configured,
+  a listed project by its members only and no unlisted project but `default`; without,
+  any name (a free label);
 - each job's urgency is a level of `policy.urgency_levels` its user may use (the
   level's `groups`; admins may use every level);
 - it can run on this node at all: no more GPUs than the node has, no more memory per GPU
@@ -22,8 +25,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from launcher import reasons as r
-from launcher.config import PolicyConfig, QuotaConfig
-from launcher.spec import JobSpec
+from launcher.config import PolicyConfig, ProjectMembers, QuotaConfig
+from launcher.spec import JobSpec, expansion_problems
 from launcher.store import Store
 
 FAILED_STATES = frozenset({"failed", "cancelled", "timed_out"})
@@ -43,6 +46,34 @@ def urgency_problems(specs: Sequence[JobSpec], policy: PolicyConfig,
             out.append(f"{s.name}: urgency {level!r} is for members of "
                        f"{', '.join(found.groups) or 'no group'} "
                        f"(policy.urgency_levels.{level}.groups)")
+    return out
+
+
+DEFAULT_PROJECT = "default"
+
+
+def project_problems(specs: Sequence[JobSpec], owner: str, groups: Collection[str],
+                     is_admin: bool, projects: Mapping[str, ProjectMembers]) -> list[str]:
+    """Jobs naming a project their user may not use. With no membership configured
+    (`projects` empty) every project is a free label; otherwise only listed projects
+    (and `default`, unless listed) may be named, each by its members."""
+    if not projects or is_admin:
+        return []
+    out = []
+    mine = set(groups)
+    for name in sorted({s.project for s in specs}):
+        members = projects.get(name)
+        if members is None:
+            if name == DEFAULT_PROJECT:
+                continue
+            listed = ", ".join(sorted(projects)[:20])
+            out.append(f"project {name!r} is not a project here (core.projects lists "
+                       f"{listed}); leave `project:` out for the project "
+                       f"{DEFAULT_PROJECT!r}, or ask the node's admin to add it")
+        elif owner not in members.users and not mine & set(members.groups):
+            out.append(f"project {name!r} is for {members.describe()} (core.projects."
+                       f"{name}); {owner} is not a member: ask the node's admin to add "
+                       "you to one of its groups or to its users")
     return out
 
 
@@ -130,11 +161,18 @@ def dependency_problems(specs: Sequence[JobSpec], owner: str, store: Store) -> l
 def submission_problems(specs: Sequence[JobSpec], *,
                         owner: str, groups: Collection[str], is_admin: bool,
                         policy: PolicyConfig, quotas: QuotaConfig, node: Sequence[int],
-                        store: Store) -> list[str]:
+                        store: Store,
+                        projects: Mapping[str, ProjectMembers] | None = None) -> list[str]:
     """Every reason this submission may not be queued (empty: it may)."""
     if len(specs) > quotas.max_jobs_per_submission:
         return [f"{len(specs)} jobs in one submission; at most "
                 f"{quotas.max_jobs_per_submission} (quotas.max_jobs_per_submission)"]
+    expanded = expansion_problems(specs, quotas.max_expanded_bytes)
+    if expanded:
+        return expanded
+    refused = project_problems(specs, owner, groups, is_admin, projects or {})
+    if refused:  # quotas of a project one may not use are nobody's business
+        return refused
     return [*urgency_problems(specs, policy, groups, is_admin),
             *node_problems(specs, node),
             *quota_problems(specs, owner, quotas, store),

@@ -32,6 +32,7 @@ from gpu_audit.spool.writer import SpoolWriter
 log = logging.getLogger(__name__)
 
 STREAM = "launcher"
+_BATCH = 256  # records committed together at most (a round's worth)
 
 
 def _driver_version() -> str | None:
@@ -126,6 +127,7 @@ class LauncherAudit:
         )
         self._producer.start()
         self.emitted = 0
+        self._pending: list[Any] = []
 
     def emit(self, event: str, job: Mapping[str, Any], *, at: float | None = None) -> None:
         record = job_event(
@@ -137,12 +139,22 @@ class LauncherAudit:
             job=job,
             simulated=self._simulated,
         )
-        self._producer.commit_records([record])
+        self._pending.append(record)
         self.emitted += 1
+        if len(self._pending) >= _BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the records emitted since the last flush together (one spool write and
+        fsync for a whole round, not one per record)."""
+        if self._pending:
+            records, self._pending = self._pending, []
+            self._producer.commit_records(records)
 
     def stats(self) -> Mapping[str, int]:
         return self._producer.stats()
 
     def close(self) -> None:
+        self.flush()
         self._producer.stop()
         self._spool.close()

@@ -206,6 +206,12 @@ class EngineConfig(BaseModel):
         description="A job's step/loss reports are kept as job events at most once per "
         "this many seconds (every report still reaches the launcher's metrics endpoint); "
         "0 keeps every one.")
+    max_report_events: int = Field(
+        default=10_000, ge=100, le=10_000_000,
+        description="Events a job's own reports (checkpoints, telemetry, anomalies, "
+        "over-budget notes) may store, over all its attempts; past it one "
+        "`reports_capped` event is stored and nothing more (its newest checkpoint is still "
+        "kept in its record). Bounds the state a chatty job can make the daemon keep.")
     backoff_base_seconds: float = Field(
         default=30.0, ge=0,
         description="Seconds before the first retry of a failed or OOM-killed job (while "
@@ -244,6 +250,10 @@ class QuotaLimits(BaseModel):
         default=None, ge=0, le=1_000_000,
         description="Jobs it may have waiting (queued, requeued or held); a submission "
         "past it is refused.")
+    max_running_jobs: int | None = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Jobs it may have running at once, CPU-only (gpus: 0) jobs included; "
+        "the next waits (reason user_limit / project_limit).")
     max_gpu_hours: float | None = Field(
         default=None, ge=0, le=1e9, allow_inf_nan=False,
         description="GPU-hours its jobs may hold (allocated, fractions by their share) "
@@ -252,13 +262,19 @@ class QuotaLimits(BaseModel):
 
 
 class UserQuotaLimits(QuotaLimits):
-    """Every user's limits; null: no limit. The waiting-job cap is on by default: one
-    user cannot flood the queue (3,000 jobs made `queue` take 4 s)."""
+    """Every user's limits; null: no limit. The waiting- and running-job caps are on by
+    default: one user cannot flood the queue (3,000 jobs made `queue` take 4 s) nor the
+    node's CPUs."""
 
     max_queued_jobs: int | None = Field(
         default=200, ge=0, le=1_000_000,
         description="Jobs a user may have waiting (queued, requeued or held); a "
         "submission past it is refused.")
+    max_running_jobs: int | None = Field(
+        default=32, ge=0, le=1_000_000,
+        description="Jobs a user may have running at once, CPU-only (gpus: 0) jobs "
+        "included (600 of them from one user made the node answer everyone else late); "
+        "the next waits (reason user_limit).")
 
 
 class QuotaConfig(BaseModel):
@@ -288,6 +304,23 @@ class QuotaConfig(BaseModel):
     max_jobs_per_submission: int = Field(
         default=100, ge=1, le=SPEC.max_jobs,
         description="Jobs one submission may hold; a larger one is refused whole.")
+    max_expanded_bytes: int = Field(
+        default=2 * 1024 * KIB, ge=KIB, le=256 * 1024 * KIB,
+        description="Bytes of one submission once expanded: every job with the "
+        "pipeline's defaults (env, command, ...) copied in, as stored. A small YAML whose "
+        "shared env is copied into 100 jobs used to add 24 MB of state per submission; "
+        "past this it is refused, checked in the reader process before the daemon holds "
+        "it.")
+    max_finished_jobs_per_user: int = Field(
+        default=1000, ge=10, le=10_000_000,
+        description="Finished (succeeded, failed, cancelled, timed out) jobs kept per "
+        "user; the oldest beyond it are deleted with their events and decisions (not one "
+        "a waiting or running job still depends on). Bounds the state one user can make "
+        "the daemon keep.")
+    finished_retention_seconds: float = Field(
+        default=30 * 86400.0, gt=0, le=3660 * 86400.0, allow_inf_nan=False,
+        description="Finished jobs older than this (since they finished) are deleted the "
+        "same way.")
     max_spec_bytes: int = Field(
         default=256 * KIB, ge=KIB, le=64 * 1024 * KIB,
         description="Bytes of one submission's YAML; a larger one is refused before it "
@@ -311,6 +344,52 @@ class QuotaConfig(BaseModel):
         return f"quotas.{kind}.{field}"
 
 
+_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+
+
+class ProjectMembers(BaseModel):
+    """Who may queue jobs against one project (a job's `project:`): members of any of
+    `groups` and the users in `users`. Root and admin_group members may use every
+    project."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: list[str] = Field(
+        default_factory=list, max_length=MAX_LEVEL_GROUPS,
+        description="Unix groups whose members may use the project (the caller's groups "
+        "as the kernel reports them at connect).")
+    users: list[str] = Field(
+        default_factory=list, max_length=10_000,
+        description="User names that may use the project besides the groups' members.")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        bad = [g for g in v if not _GROUP_NAME.match(g)]
+        if bad:
+            raise ValueError(f"not group names: {', '.join(repr(g[:40]) for g in bad[:5])}")
+        return v
+
+    @field_validator("users")
+    @classmethod
+    def _users(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not _USER_NAME.match(u)]
+        if bad:
+            raise ValueError(f"not user names: {', '.join(repr(u[:40]) for u in bad[:5])}")
+        return v
+
+    def describe(self) -> str:
+        """Who the members are, in words (for a refusal)."""
+        parts = []
+        if self.groups:
+            parts.append(f"members of group {', '.join(self.groups)}")
+        if self.users:
+            parts.append(f"user {', '.join(self.users[:10])}"
+                         + (f" and {len(self.users) - 10} more" if len(self.users) > 10
+                            else ""))
+        return " or ".join(parts) or "nobody (no groups, no users)"
+
+
 class LauncherCoreConfig(BaseModel):
     """The scheduling policy and the engine's protocol timings, shared with replay."""
 
@@ -326,3 +405,11 @@ class LauncherCoreConfig(BaseModel):
         default_factory=QuotaConfig,
         description="Per-user and per-project limits (running GPUs, waiting jobs, "
         "GPU-hours per window) and the size of one submission.")
+    projects: dict[str, ProjectMembers] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Who may use each project (unix groups and/or users). Empty: no "
+        "membership is enforced and `project:` is a free label any user may write (its "
+        "per-project quotas then bound only what users choose to write). Once any "
+        "project is listed, a job may name only a listed project its user is a member "
+        "of, or none (the project `default`, open to all unless listed here); anything "
+        "else is refused at submission.")

@@ -6,7 +6,10 @@ read requests, write answers, enforce deadlines. Each connection carries one req
 and one answer (launcher.protocol), and everything it may cost is bounded
 (launcher.limits.DaemonLimits):
 - connections: a total cap and a per-uid cap (the uid from SO_PEERCRED); a connection
-  past either is answered "too many connections for uid U: N" and closed at once;
+  past either is answered "too many connections for uid U: N" and closed at once; new
+  connections per uid are a token bucket checked on SO_PEERCRED alone, before anything
+  else is done for the connection, so a connect/close loop costs one getsockopt and a
+  short "busy" answer per connection (marked `retry`: nothing of it was read);
 - bytes: a request longer than `max_request_bytes` is answered "request too large" and
   closed; a uid holding more than a quarter of `max_buffered_bytes` has its unfinished
   requests left unread (in the kernel) until its answers drain, and above the whole
@@ -30,6 +33,7 @@ import errno
 import logging
 import selectors
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +52,9 @@ Handler = Callable[[Caller, bytes, object], dict[str, Any] | None]
 Identify = Callable[[socket.socket], Caller]
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-_ACCEPTS_PER_ROUND = 64  # so reading, writing and the engine keep their turns in a flood
+_ACCEPTS_PER_ROUND = 256  # so reading, writing and the engine keep their turns in a flood
+_UCRED = struct.Struct("3i")
+_RATE_UIDS = 4096  # uids whose connect rate is remembered at once (bounded memory)
 _SWEEP_EVERY = 0.05
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
@@ -115,6 +121,7 @@ class ConnectionLoop:
         self._accept_logged = False
         self._notes = _LogOnce()
         self._next_sweep = 0.0
+        self._rate: dict[int, tuple[float, float]] = {}  # uid -> (tokens, as of)
 
     @property
     def open_connections(self) -> int:
@@ -214,8 +221,37 @@ class ConnectionLoop:
             self._sel.unregister(self._listener)
             self._listening = False
 
+    def _over_rate(self, uid: int) -> bool:
+        """A token bucket per uid: per_uid_connect_rate new connections a second, bursts
+        of per_uid_connect_burst."""
+        now = self._clock()
+        rate, burst = self.limits.per_uid_connect_rate, self.limits.per_uid_connect_burst
+        tokens, then = self._rate.get(uid, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - then) * rate)
+        if tokens < 1.0:
+            self._rate[uid] = (tokens, now)
+            return True
+        if len(self._rate) >= _RATE_UIDS and uid not in self._rate:
+            self._rate = {u: v for u, v in self._rate.items() if v[0] < burst - 1}
+        self._rate[uid] = (tokens - 1.0, now)
+        return False
+
     def _admit(self, sock: socket.socket) -> None:
         sock.setblocking(False)
+        try:
+            # the uid alone first (one getsockopt): a uid over its connect rate costs
+            # nothing more than this and a short answer
+            _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                      _UCRED.size))
+        except OSError:
+            sock.close()
+            return
+        if self._over_rate(uid):
+            self._refuse(sock, uid, "per_uid_rate", f"too many new connections from uid "
+                                                    f"{uid}: at most "
+                                                    f"{self.limits.per_uid_connect_rate:g} a "
+                                                    "second; try again")
+            return
         try:
             caller = self._identify(sock)
         except OSError as exc:
@@ -242,7 +278,9 @@ class ConnectionLoop:
             log.warning("uid %d: %s (refused; further refusals of this uid are counted in "
                         "gpu_audit_launcher_connections_refused_total)", uid, message)
         with contextlib.suppress(OSError):
-            sock.send(protocol.encode(protocol.error("busy", message)), socket.MSG_NOSIGNAL)
+            # retry: nothing of the request was read, so the client may send it again
+            sock.send(protocol.encode(protocol.error("busy", message, retry=True)),
+                      socket.MSG_NOSIGNAL)
         sock.close()
 
     # --- read, answer, write -------------------------------------------------------------

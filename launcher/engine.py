@@ -154,6 +154,7 @@ class Engine(Requests):
         self._over_fraction: set[tuple[int, int]] = set()
         self._killed_at: dict[int, float] = {}
         self._telemetry_kept_at: dict[int, float] = {}
+        self._reports_stored: dict[int, int] = {}  # job -> report events stored (cap)
         self._tick_events: list[Event] | None = None  # collecting while a tick runs
         # idle reclaim: since when each active job has been measured idle, and the
         # whole-GPU jobs re-admitted as a share of their GPU (job id -> fraction; durable
@@ -192,8 +193,11 @@ class Engine(Requests):
             self.last_gpus = gpus
             self._note_node(gpus)
             self._account(now, gpus, active)
-        for report in self.executor.reports():
-            self._report(report)
+        reports = self.executor.reports()
+        if reports:
+            with self.store.transaction():  # one commit for the round's reports
+                for report in reports:
+                    self._report(report)
         exits = self.executor.poll()
         for ex in exits:
             self._exit(ex)
@@ -285,15 +289,32 @@ class Engine(Requests):
             if rec.state in ACTIVE:
                 self.store.update(rec.id, last_checkpoint_time=r.time,
                                   last_checkpoint_step=step if isinstance(step, int) else None)
-            self._event(r.time, rec.id, "checkpoint_committed", dict(r.data))
+            self._store_report(rec, r, "checkpoint_committed")
         elif r.kind == "telemetry":
             # a report per training step would be a stored row per step: keep one a while
             kept = self._telemetry_kept_at.get(rec.id)
             if kept is None or r.time - kept >= self.ec.telemetry_event_interval_seconds:
                 self._telemetry_kept_at[rec.id] = r.time
-                self._event(r.time, rec.id, r.kind, dict(r.data))
+                self._store_report(rec, r, r.kind)
         else:
-            self._event(r.time, rec.id, r.kind, dict(r.data))
+            self._store_report(rec, r, r.kind)
+
+    def _store_report(self, rec: JobRecord, r: Report, kind: str) -> None:
+        """Store what a job reported as its event, up to engine.max_report_events per
+        job: past it, one `reports_capped` event and nothing more (its newest checkpoint
+        is still kept in its record), so a job cannot grow the store without end."""
+        n = self._reports_stored.get(rec.id)
+        if n is None:
+            n = self.store.report_event_count(rec.id)
+        cap = self.ec.max_report_events
+        if n < cap:
+            self._event(r.time, rec.id, kind, dict(r.data))
+        elif n == cap:
+            self._event(r.time, rec.id, "reports_capped", {
+                "limit": cap, "key": "engine.max_report_events"})
+            log.warning("job %d stored %d reported events (engine.max_report_events): "
+                        "its further reports are not stored", rec.id, cap)
+        self._reports_stored[rec.id] = min(n + 1, cap + 1)
 
     def _exit(self, ex: Exit) -> None:
         rec = self.store.get(ex.job_id)

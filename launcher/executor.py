@@ -43,8 +43,15 @@ from launcher import procfs
 from launcher.audit import fingerprint_from
 from launcher.engine import Exit, Report
 from launcher.gpustate import GpuInfo
-from launcher.jobfiles import JobFiles, LineSplitter, event_step, event_time
-from launcher.privileges import can_switch_users
+from launcher.jobfiles import (
+    MAX_EVENT_LINE,
+    JobFiles,
+    LineSplitter,
+    checkpoint_of,
+    event_step,
+    event_time,
+)
+from launcher.privileges import can_switch_users, lowered
 from launcher.probe import Probes
 from launcher.safefs import RefusedFile
 from launcher.spec import JobSpec
@@ -78,6 +85,15 @@ _STDERR_TAIL_BYTES = 16 * 1024
 _EVENTS_READ_LIMIT = 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class EventsBudget:
+    """What the daemon reads of one job's events file per window (DaemonLimits)."""
+
+    window_seconds: float = 10.0
+    max_bytes: int = 256 * 1024
+    max_lines: int = 2000
+
+
 class ExecutorError(GpuAuditError):
     """An attempt could not be started; the message says why and what to do."""
 
@@ -107,6 +123,12 @@ class _Attempt:
     preempt_acked: float | None = None
     pids: set[int] = field(default_factory=set)
     oom_kills_at_start: int | None = None
+    # the events budget (DaemonLimits.events_*): what this window has taken so far
+    window_end: float = 0.0
+    window_bytes: int = 0
+    window_lines: int = 0
+    over: bool = False  # the budget ran out in this window: the backlog is skipped
+    dropped_from: int | None = None  # where lines read but past the budget begin
 
 
 class ProcessExecutor:
@@ -121,6 +143,7 @@ class ProcessExecutor:
         extra_env: Mapping[str, str] | None = None,
         job_umask: int = 0o022,
         switch_users: bool | None = None,
+        events: EventsBudget | None = None,
     ) -> None:
         self._files = JobFiles(Path(state_dir) / "logs")
         self._allow_root = allow_root_jobs
@@ -135,6 +158,7 @@ class ProcessExecutor:
         self._injected: list[Exit] = []
         self._probes = Probes()
         self._probe_env: dict[int, dict[str, str]] = {}
+        self._budget = events or EventsBudget()
 
     @property
     def allow_root_jobs(self) -> bool:
@@ -226,7 +250,7 @@ class ProcessExecutor:
             # user (Popen's cwd= would chdir as root, before the identity changes)
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", _wrapper(spec.preempt_signal), "gpu-audit-job",
-                 str(cwd), *argv],
+                 str(cwd), *lowered(argv)],
                 cwd="/", env=full_env, stdin=subprocess.DEVNULL, stdout=files.stdout,
                 stderr=files.stderr, start_new_session=True, close_fds=True,
                 umask=self._umask, **kw,
@@ -340,7 +364,7 @@ class ProcessExecutor:
         for a in self._running.values():
             self._tail_events(a)
         out, self._reports = self._reports, []
-        return out
+        return coalesce(out)
 
     def poll(self) -> list[Exit]:
         """Reap every attempt that ended (never blocks)."""
@@ -362,6 +386,8 @@ class ProcessExecutor:
                 done = self.finished_while_away(job_id, a.attempt, a.uid)
                 code = done.code if done is not None else 128 + signal.SIGKILL
             self._tail_events(a)
+            if a.over:
+                self._skip_backlog(a)  # its newest checkpoint may be in what it skipped
             # the leader is gone; what it left in its group is killed now (the engine's
             # release barrier checks the GPUs on top of this)
             if self.group_alive(a.pgid):
@@ -418,9 +444,26 @@ class ProcessExecutor:
                 a.events_offset = got[1].st_size
 
     def _tail_events(self, a: _Attempt) -> None:
+        """Read what the job appended to its events file, within its budget: at most
+        `max_bytes` and `max_lines` per window, never more than what is left of it in one
+        read. A job that writes more has the rest skipped when the next window opens (the
+        newest checkpoint in the skipped part still counts), is named in the log and gets
+        an `events_over_budget` report: it cannot make the daemon read, parse or store
+        more than the budget, however fast it writes."""
+        b = self._budget
+        now = time.monotonic()
+        if now >= a.window_end:
+            if a.over:
+                self._skip_backlog(a)
+            a.window_end, a.window_bytes, a.window_lines, a.over = \
+                now + b.window_seconds, 0, 0, False
+        left = b.max_bytes - a.window_bytes
+        if a.over or left <= 0:
+            a.over = True
+            return
         try:
             got = self._files.read(a.job_id, a.attempt, "events.jsonl", owner=a.uid,
-                                   offset=a.events_offset, size=_EVENTS_READ_LIMIT)
+                                   offset=a.events_offset, size=min(left, _EVENTS_READ_LIMIT))
         except RefusedFile as exc:
             if not a.refused:
                 log.warning("job %s: its events file is refused (%s); its reports are "
@@ -433,8 +476,17 @@ class ProcessExecutor:
         if not got or not got[0]:
             return
         data = got[0]
+        read_from = a.events_offset
         a.events_offset += len(data)
+        a.window_bytes += len(data)
+        if a.window_bytes >= b.max_bytes and got[1].st_size > a.events_offset:
+            a.over = True
         for line in a.lines.feed(data):
+            if a.window_lines >= b.max_lines:
+                a.over = True
+                a.dropped_from = read_from  # scanned for a checkpoint when skipping
+                break  # the rest of this read is dropped (it is past the budget)
+            a.window_lines += 1
             try:
                 doc = orjson.loads(line)
             except orjson.JSONDecodeError:
@@ -443,6 +495,50 @@ class ProcessExecutor:
                 continue
             self._note(a, doc)
             self._events.append(JobEvent(a.job_id, a.attempt, doc))
+
+    def _skip_backlog(self, a: _Attempt) -> None:
+        """The job wrote past its budget: jump to the end of its events file, taking only
+        the newest checkpoint from the last bytes skipped (one bounded read)."""
+        try:
+            got = self._files.read(a.job_id, a.attempt, "events.jsonl", owner=a.uid,
+                                   offset=0, size=0)
+        except (OSError, RefusedFile):
+            return
+        if got is None:
+            return
+        end = got[1].st_size
+        skipped = max(0, end - a.events_offset)
+        start = a.events_offset if a.dropped_from is None else a.dropped_from
+        a.dropped_from = None
+        tail_from = max(start, end - MAX_EVENT_LINE)
+        with contextlib.suppress(OSError, RefusedFile):
+            tail = self._files.read(a.job_id, a.attempt, "events.jsonl", owner=a.uid,
+                                    offset=tail_from, size=end - tail_from)
+            lines = tail[0].split(b"\n") if tail else []
+            for line in reversed(lines[1:] if tail_from > start else lines):
+                found = checkpoint_of(line)
+                if found is not None:
+                    t, step = found
+                    when = min(t, self._clock()) if t is not None else self._clock()
+                    if (when, step) != (a.last_checkpoint_time, a.last_checkpoint_step) and (
+                            a.last_checkpoint_time is None
+                            or when >= a.last_checkpoint_time):
+                        a.last_checkpoint_time = when
+                        if step is not None:
+                            a.last_checkpoint_step = step
+                        self._reports.append(Report(a.job_id, when, "checkpoint", {
+                            "step": step, "skipped_over_budget": True}))
+                    break
+        a.events_offset = end
+        a.lines = LineSplitter()
+        b = self._budget
+        log.warning("job %s (uid %d) wrote more to its events file than its budget (%d bytes "
+                    "and %d lines per %g s; limits.events_max_bytes, events_max_lines): "
+                    "%d bytes skipped", a.job_id, a.uid, b.max_bytes, b.max_lines,
+                    b.window_seconds, skipped)
+        self._reports.append(Report(a.job_id, self._clock(), "events_over_budget", {
+            "attempt": a.attempt, "skipped_bytes": skipped, "max_bytes": b.max_bytes,
+            "max_lines": b.max_lines, "window_seconds": b.window_seconds}))
 
     def _note(self, a: _Attempt, doc: Mapping[str, Any]) -> None:
         event = doc.get("event")
@@ -462,3 +558,44 @@ class ProcessExecutor:
             self._reports.append(Report(a.job_id, when, "anomaly", data))
         elif event == "preempt_requested":
             a.preempt_acked = when
+
+
+_MAX_ANOMALY_KINDS = 8  # distinct anomaly reasons kept per job per round; the rest counted
+
+
+def coalesce(reports: list[Report]) -> list[Report]:
+    """One round's reports, at most a few per job: the newest checkpoint (its `count`:
+    how many commits it stands for), the newest telemetry, and anomalies merged by reason
+    (the latest of each, with its `count`; past eight reasons the rest are one anomaly
+    `other`). A job committing a checkpoint per line thus costs one stored event per
+    round, not one per line."""
+    out: list[Report] = []
+    latest: dict[tuple[int, str], tuple[Report, int]] = {}
+    kinds: dict[int, int] = {}
+    for rep in reports:
+        if rep.kind == "anomaly":
+            reason = rep.data.get("reason")
+            key = f"anomaly:{reason}" if isinstance(reason, str) else "anomaly:"
+            if (rep.job_id, key) not in latest:
+                if kinds.get(rep.job_id, 0) >= _MAX_ANOMALY_KINDS:
+                    key = "anomaly:\0other"
+                else:
+                    kinds[rep.job_id] = kinds.get(rep.job_id, 0) + 1
+        elif rep.kind in ("checkpoint", "telemetry"):
+            key = rep.kind
+        else:
+            out.append(rep)
+            continue
+        prev = latest.get((rep.job_id, key))
+        n = prev[1] + 1 if prev is not None else 1
+        keep = rep if prev is None or rep.time >= prev[0].time else prev[0]
+        latest[(rep.job_id, key)] = (keep, n)
+    for (_, key), (rep, n) in latest.items():
+        data = dict(rep.data)
+        if n > 1:
+            data["count"] = n
+        if key == "anomaly:\0other":
+            data = {"reason": "other", "count": n}
+        out.append(Report(rep.job_id, rep.time, rep.kind, data))
+    out.sort(key=lambda rep: rep.time)
+    return out

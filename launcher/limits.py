@@ -69,6 +69,22 @@ class DaemonLimits(BaseModel):
         default=32, ge=1, le=1_000_000,
         description="Connections one uid may hold open at once; the next is answered "
         "\"too many connections for uid U: N\" and closed.")
+    per_uid_connect_rate: float = Field(
+        default=50.0, gt=0, le=1_000_000, allow_inf_nan=False,
+        description="New connections per second one uid may open, on average (bursts up "
+        "to per_uid_connect_burst); one past it is answered \"busy\" and closed before "
+        "anything else is done for it, so a connect/close loop costs the daemon almost "
+        "nothing and cannot crowd out other users (the client retries busy answers for "
+        "a few seconds).")
+    per_uid_connect_burst: int = Field(
+        default=100, ge=1, le=1_000_000,
+        description="New connections one uid may open at once before "
+        "per_uid_connect_rate applies.")
+    listen_backlog: int = Field(
+        default=4096, ge=16, le=65535,
+        description="Connections the kernel queues for the daemon before it accepts them "
+        "(capped by net.core.somaxconn); a connection finding the queue full waits in the "
+        "client, which retries for a few seconds before saying the daemon is busy.")
     max_request_bytes: int = Field(
         default=1 * MIB, ge=4 * KIB, le=64 * MIB,
         description="Bytes of one request (one JSON line, a submission's YAML included); "
@@ -92,6 +108,26 @@ class DaemonLimits(BaseModel):
         description="Seconds a client has to read its answer once it is ready; a client "
         "that does not read is dropped (counted and logged once), so it never stalls the "
         "daemon or anyone else.")
+    daemon_nice: int = Field(
+        default=-10, ge=-20, le=19,
+        description="The daemon's CPU priority (nice value), raised at start when it "
+        "may (root or CAP_SYS_NICE): one user's busy processes (four connect/close loops "
+        "on two cores) otherwise leave the loop that answers everyone a fifth of a CPU. "
+        "Jobs, fingerprint probes and the submission reader run at the priority the "
+        "daemon was started with (through nice(1)).")
+    events_window_seconds: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="The window the events budget of a job counts in (below).")
+    events_max_bytes: int = Field(
+        default=256 * KIB, ge=4 * KIB, le=64 * MIB,
+        description="Bytes of a job's events file (GPU_AUDIT_EVENTS_FILE) the daemon reads "
+        "per job per events_window_seconds; what a job writes beyond it is skipped (the "
+        "newest checkpoint in it still counts), named in the daemon's log and stored as an "
+        "`events_over_budget` event of the job. Never more than this is read per tick.")
+    events_max_lines: int = Field(
+        default=2000, ge=10, le=1_000_000,
+        description="Lines of a job's events file the daemon takes per job per "
+        "events_window_seconds; the rest is skipped as for events_max_bytes.")
 
 
 # Ranges of the numbers a request may carry (launcher/protocol.py).

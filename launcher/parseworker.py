@@ -27,7 +27,7 @@ import orjson
 
 from gpu_audit.errors import ConfigError
 from launcher.privileges import can_switch_users
-from launcher.spec import load_submission
+from launcher.spec import expansion_problems, load_submission
 
 NOBODY = 65534
 _FRAME = struct.Struct(">I")
@@ -66,9 +66,16 @@ def _give_up_privileges() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def answer(text: str, source: str, levels: list[str] | None = None) -> dict[str, Any]:
+def answer(text: str, source: str, levels: list[str] | None = None,
+           max_expanded: int | None = None) -> dict[str, Any]:
     try:
         specs = load_submission(text, source=source, levels=levels)
+        if max_expanded is not None:
+            # here, in the capped worker: an expanded submission past the limit never
+            # reaches the daemon's memory
+            too_big = expansion_problems(specs, max_expanded)
+            if too_big:
+                return {"problems": too_big}
     except ConfigError as exc:
         return {"problems": list(exc.problems)}
     except MemoryError:
@@ -87,8 +94,10 @@ def main() -> int:
             return 0
         request = orjson.loads(data)
         levels = request.get("levels")
+        limit = request.get("max_expanded")
         result = answer(str(request.get("text", "")), str(request.get("source", "")),
-                        [str(v) for v in levels] if isinstance(levels, list) else None)
+                        [str(v) for v in levels] if isinstance(levels, list) else None,
+                        limit if isinstance(limit, int) else None)
         stdout.write(frame(result))
         stdout.flush()
 

@@ -11,7 +11,10 @@ keep CAP_SETUID through execve and could make itself root; with the inheritable 
 program carrying that capability as an inheritable file capability would get it.
 Without them, execve clears every capability, so jobs (and fingerprint probes) hold none
 whatever the daemon holds. `raise_nofile()` lifts RLIMIT_NOFILE to its hard limit
-(connections are files).
+(connections are files). `raise_priority(nice)` gives the daemon a CPU priority above
+its users' processes (a user's busy loops must not starve the loop that answers
+everyone); `lowered(argv)` puts what it starts for users (jobs, probes, the submission
+reader) back at the priority the daemon was started with.
 
 This module must never add a capability, and never lower the file limit.
 """
@@ -33,6 +36,41 @@ CAP_SETGID = 6
 CAP_SETUID = 7
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+_BASE_NICE: int | None = None  # the nice value the daemon was started with, once raised
+
+
+def raise_priority(nice: int) -> bool:
+    """Set the daemon's nice value to `nice` (lower is more CPU) when that is above
+    its priority now; False (logged) where it may not (no CAP_SYS_NICE)."""
+    global _BASE_NICE  # noqa: PLW0603 - one process-wide setting, made once at start
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice >= current:
+        return True
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as exc:
+        log.warning("cannot raise the launcher's CPU priority to nice %d (%s): a user "
+                    "running busy loops may slow its answers; grant CAP_SYS_NICE or set "
+                    "Nice= in its unit", nice, exc.strerror)
+        return False
+    _BASE_NICE = current
+    return True
+
+
+def lowered(argv: list[str]) -> list[str]:
+    """`argv` run at the priority the daemon was started with (through nice(1), which
+    execs it: same process, same group), or unchanged when the daemon kept it."""
+    if _BASE_NICE is None:
+        return argv
+    delta = _BASE_NICE - os.getpriority(os.PRIO_PROCESS, 0)
+    if delta <= 0:
+        return argv
+    return [_NICE, "-n", str(delta), "--", *argv]
+
+
+_NICE = next((p for p in ("/usr/bin/nice", "/bin/nice") if os.path.exists(p)), "nice")
 
 
 def capability_sets(status: Path = Path("/proc/self/status")) -> dict[str, int]:

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from launcher.audit import PROBE
+from launcher.privileges import lowered
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class Probes:
         kw: dict[str, Any] = {"user": uid, "group": gid, "extra_groups": groups} \
             if switch else {}
         try:
-            proc = subprocess.Popen([key[0], "-I", "-c", PROBE], stdout=subprocess.PIPE,
+            proc = subprocess.Popen(lowered([key[0], "-I", "-c", PROBE]),
+                                    stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                     env=dict(env), cwd="/", start_new_session=True,
                                     close_fds=True, **kw)

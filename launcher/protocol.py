@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ _MAX_TEXT = 4096
 
 # The keys each op takes (besides "op"), and those it needs.
 KEYS: dict[str, frozenset[str]] = {
-    "ping": frozenset(), "queue": frozenset(), "status": frozenset({"id"}),
+    "ping": frozenset(), "queue": frozenset(), "status": frozenset({"id", "events_from"}),
     "logs": frozenset({"id", "stream", "offset", "attempt"}),
     "submit": frozenset({"spec", "path", "cwd"}),
     "cancel": frozenset({"id"}), "hold": frozenset({"id"}), "release": frozenset({"id"}),
@@ -78,6 +79,7 @@ class Request:
     spec: str | None = None
     path: str = "<submission>"
     cwd: str | None = None
+    events_from: int | None = None  # status: the first event of the page (default: newest)
 
 
 def encode(doc: dict[str, Any]) -> bytes:
@@ -157,6 +159,9 @@ def parse_request(line: bytes) -> Request | dict[str, Any]:
         fields["id"] = _integer("id", doc["id"], 1, MAX_JOB_ID, problems)
     if doc.get("offset") is not None and "offset" in keys:
         fields["offset"] = _integer("offset", doc["offset"], 0, MAX_LOG_OFFSET, problems)
+    if doc.get("events_from") is not None and "events_from" in keys:
+        fields["events_from"] = _integer("events_from", doc["events_from"], 0,
+                                         MAX_LOG_OFFSET, problems)
     if doc.get("attempt") is not None and "attempt" in keys:
         fields["attempt"] = _integer("attempt", doc["attempt"], 1, MAX_ATTEMPT, problems)
     if doc.get("stream") is not None and "stream" in keys:
@@ -178,36 +183,68 @@ def parse_request(line: bytes) -> Request | dict[str, Any]:
 # --- the client ---------------------------------------------------------------------------
 
 
-def _connect(path: Path, timeout: float) -> socket.socket:
+BUSY_RETRY_SECONDS = 5.0  # how long a client keeps trying a daemon whose queue is full
+
+
+class DaemonBusy(ProtocolError):
+    """The daemon's connection queue stayed full (or it kept answering busy) for the
+    whole retry window."""
+
+
+def _connect_once(path: Path, timeout: float) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+    # a blocking connect with a send timeout: when the daemon's listen queue is full the
+    # kernel lets this wait for room (woken as the daemon accepts) instead of failing
+    # with EAGAIN at once, as a non-blocking connect does
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                 struct.pack("ll", int(timeout), int((timeout % 1) * 1e6)))
     try:
         s.connect(str(path))
-    except FileNotFoundError:
+    except BaseException:
         s.close()
-        raise ProtocolError(
-            f"no launcher socket at {path}: is `gpu-audit launcher serve` running "
-            "(or pass --socket)?") from None
-    except ConnectionRefusedError:
-        s.close()
-        raise ProtocolError(
-            f"the launcher at {path} refused the connection: the daemon is not "
-            "running (a stale socket file is left)") from None
-    except PermissionError:
-        s.close()
-        raise ProtocolError(
-            f"permission denied on {path}: the socket is restricted to a group you "
-            "are not in") from None
-    except TimeoutError:
-        s.close()
-        raise ProtocolError(f"the launcher at {path} did not accept the connection within "
-                            f"{timeout:g} s") from None
-    except OSError as exc:
-        s.close()
-        raise ProtocolError(f"cannot connect to the launcher at {path}: "
-                            f"{exc.strerror or exc}") from None
+        raise
     s.setblocking(False)
     return s
+
+
+def _connect(path: Path, timeout: float) -> socket.socket:
+    """A connection to the daemon; a full listen queue (EAGAIN) is retried with a growing
+    pause for up to BUSY_RETRY_SECONDS, then reported as the daemon being busy."""
+    deadline = time.monotonic() + min(timeout, BUSY_RETRY_SECONDS)
+    pause = 0.01
+    while True:
+        left = max(0.05, deadline - time.monotonic())
+        try:
+            return _connect_once(path, min(left, 1.0))
+        except FileNotFoundError:
+            raise ProtocolError(
+                f"no launcher socket at {path}: is `gpu-audit launcher serve` running "
+                "(or pass --socket)?") from None
+        except ConnectionRefusedError:
+            raise ProtocolError(
+                f"the launcher at {path} refused the connection: the daemon is not "
+                "running (a stale socket file is left)") from None
+        except PermissionError:
+            raise ProtocolError(
+                f"permission denied on {path}: the socket is restricted to a group you "
+                "are not in (or its directory is closed to you)") from None
+        except (BlockingIOError, TimeoutError, InterruptedError):
+            if time.monotonic() >= deadline:
+                raise DaemonBusy(_busy(path)) from None
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                raise ProtocolError(f"cannot connect to the launcher at {path}: "
+                                    f"{exc.strerror or exc}") from None
+            if time.monotonic() >= deadline:
+                raise DaemonBusy(_busy(path)) from None
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.5)
+
+
+def _busy(path: Path) -> str:
+    return (f"the launcher at {path} is busy: it took no new connection for "
+            f"{BUSY_RETRY_SECONDS:g} s (its queue is full; another user may be flooding "
+            "it). Try again in a moment; if it lasts, tell the node's admin")
 
 
 def _exchange(s: socket.socket, data: bytes, path: Path, timeout: float) -> bytes:
@@ -257,8 +294,23 @@ def _exchange(s: socket.socket, data: bytes, path: Path, timeout: float) -> byte
 
 def call(path: Path, request: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
     """Send one request to the daemon at `path` and return its response. Raises
-    RequestTooLarge when the daemon refused it for its size, ProtocolError when it
-    could not be reached or did not answer within `timeout` seconds."""
+    RequestTooLarge when the daemon refused it for its size, DaemonBusy when it stayed
+    busy (full queue, or busy answers to this uid's new connections) for a few seconds,
+    ProtocolError when it could not be reached or did not answer within `timeout`
+    seconds."""
+    deadline = time.monotonic() + min(timeout, BUSY_RETRY_SECONDS)
+    pause = 0.02
+    while True:
+        doc = _call_once(path, request, timeout)
+        if doc.get("error") != "busy" or doc.get("retry") is not True:
+            return doc
+        if time.monotonic() >= deadline:
+            raise DaemonBusy(f"the launcher at {path} is busy: {doc.get('message')}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _call_once(path: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     data = encode(request)
     s = _connect(path, timeout)
     try:

@@ -81,6 +81,7 @@ class Budget:
         self.usage = usage
         self.now = now
         self.held: dict[tuple[str, str], float] = defaultdict(float)
+        self.jobs: dict[tuple[str, str], int] = defaultdict(int)
         for job in running:
             self.take(job)
 
@@ -98,6 +99,12 @@ class Budget:
                         f"{kind} {name} held {used:.1f} of {limits.max_gpu_hours:g} "
                         f"GPU-hours in the last {r.span(self.config.window_seconds)} "
                         f"({key})")
+            if limits.max_running_jobs is not None \
+                    and self.jobs[(kind, name)] >= limits.max_running_jobs:
+                key = self.config.key(kind, name, "max_running_jobs")
+                return code, r.cut(
+                    f"{kind} {name} has {self.jobs[(kind, name)]} jobs running, at most "
+                    f"{limits.max_running_jobs} (CPU-only jobs count too; {key})")
             if limits.max_running_gpus is not None and share > 0:
                 holding = self.held[(kind, name)]
                 if holding + share > limits.max_running_gpus + 1e-9:
@@ -112,3 +119,5 @@ class Budget:
         """`job` holds (or will hold) its GPUs."""
         self.held[("user", job.user)] += job.spec.gpu_share
         self.held[("project", job.project)] += job.spec.gpu_share
+        self.jobs[("user", job.user)] += 1
+        self.jobs[("project", job.project)] += 1

@@ -97,7 +97,8 @@ class Requests:
         policy = self.scheduler.config
         problems = submission_problems(
             specs, owner=owner, groups=groups, is_admin=is_admin, policy=policy,
-            quotas=self.config.quotas, node=list(self.node.values()), store=self.store)
+            quotas=self.config.quotas, node=list(self.node.values()), store=self.store,
+            projects=self.config.projects)
         if problems:
             raise LauncherError(f"the submission cannot be queued ({len(problems)} "
                                 f"problem{'s' if len(problems) != 1 else ''})", problems)

@@ -77,10 +77,17 @@ def open_dir(path: Path, *, mode: int | None, create: bool = True,
             except FileNotFoundError:
                 if not create:
                     raise
+                want = (0o700 if mode is None else mode) if last else 0o755
+                created = False
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, (0o700 if mode is None else mode) if last else 0o755,
-                             dir_fd=fd)
+                    os.mkdir(name, want, dir_fd=fd)
+                    created = True
                 sub = _open_sub(fd, name, here)
+                if created:
+                    # mkdir's mode passes through the umask (the daemon's is 077): the
+                    # mode is set explicitly, or a socket's directory made here would
+                    # shut every other user out
+                    os.fchmod(sub, want)
             except OSError as exc:
                 raise _unsafe_open(here, exc) from None
             os.close(fd)

@@ -17,7 +17,9 @@ hold, release and read the logs of their own jobs; members of the configured adm
 
 The socket is created through a descriptor of its checked directory: a stale socket
 there is removed by name relative to it (never following a link), the mode comes from
-the umask at bind and the group from fchownat without following links.
+the umask at bind and the group from fchownat without following links. A directory
+made for it is chmod'ed explicitly (0755, never the daemon's 077 umask); an existing
+one the users socket_mode admits could not search is refused with the fix named.
 
 This module must never run a job or a client request as root on someone's behalf, never
 wait on a client, and never let a bad request take the daemon down (it gets an error
@@ -43,7 +45,7 @@ from launcher.connections import ConnectionLoop
 from launcher.limits import DaemonLimits
 from launcher.loopstats import LoopStats
 from launcher.peer import Caller, admin_gid, peer_of
-from launcher.privileges import drop_ambient, raise_nofile
+from launcher.privileges import drop_ambient, raise_nofile, raise_priority
 from launcher.safefs import UnsafePath, open_dir
 from launcher.service import Service
 from launcher.submissions import SubmissionReader
@@ -99,6 +101,7 @@ class Daemon:
         name = self.socket_path.name
         dirfd = open_dir(self.socket_path.parent, mode=0o755, shared_final=True)
         self._dirfd = dirfd
+        self._check_reachable(dirfd)
         # we hold the instance lock, so a socket file left here is a dead daemon's; a
         # link or anything else with its name is removed, never followed
         with contextlib.suppress(FileNotFoundError):
@@ -118,9 +121,30 @@ class Daemon:
         if not stat.S_ISSOCK(st.st_mode):
             raise UnsafePath(f"{self.socket_path} is not the socket just bound")
         self._bound_ino = st.st_ino
-        s.listen(128)
+        s.listen(self.limits.listen_backlog)
         s.setblocking(False)
         return s
+
+    def _check_reachable(self, dirfd: int) -> None:
+        """Refuse a socket directory the users socket_mode admits could not enter: a
+        socket they may open is no use behind a directory they may not search."""
+        st = os.fstat(dirfd)
+        dmode = stat.S_IMODE(st.st_mode)
+        where = self.socket_path.parent
+        if self._mode & 0o007 and not dmode & 0o001:
+            raise UnsafePath(
+                f"{where} is mode {dmode:04o}: other users cannot reach the socket in it, "
+                f"which socket_mode {self._mode:04o} opens to them; chmod o+x {where} (or "
+                "remove it and let the launcher create it 0755)")
+        if self._mode & 0o070 and not self._mode & 0o007 and not dmode & 0o001:
+            import grp  # noqa: PLC0415 - only with a group socket
+
+            gid = grp.getgrnam(self._group).gr_gid if self._group else os.getegid()
+            if not (dmode & 0o010 and st.st_gid == gid):
+                raise UnsafePath(
+                    f"{where} is mode {dmode:04o}, group {st.st_gid}: the socket's group "
+                    f"(gid {gid}) cannot reach the socket in it; give it that group with "
+                    f"g+x, or o+x")
 
     def serve(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -133,7 +157,8 @@ class Daemon:
             limits=self.limits, stats=self.stats)
         self._reader = SubmissionReader(
             timeout_seconds=self.limits.submit_timeout_seconds,
-            levels=list(self.service.engine.scheduler.config.urgency_levels))
+            levels=list(self.service.engine.scheduler.config.urgency_levels),
+            max_expanded=self.service.engine.config.quotas.max_expanded_bytes)
         self._loop.watch(self._reader.wakeup_fd, self._submissions_read)
         log.info("launcher listening on %s (tick %.2g s; at most %d connections, %d per "
                  "uid)", self.socket_path, self._tick, self.limits.max_connections,
@@ -249,7 +274,8 @@ def handle_line(service: Service, caller: Caller, line: bytes,
 
 def prepare_process(limits: DaemonLimits) -> None:
     """Process-wide settings before anything starts: the file limit raised to its hard
-    limit (warned about when the connection cap does not fit under it) and no ambient
+    limit (warned about when the connection cap does not fit under it), the CPU priority
+    raised (limits.daemon_nice; what it starts for users is put back) and no ambient
     capability for the jobs to inherit."""
     soft, _ = raise_nofile()
     if limits.max_connections + _RESERVED_FILES > soft:
@@ -257,6 +283,7 @@ def prepare_process(limits: DaemonLimits) -> None:
                     "%d for the daemon's own files): accept() will fail first; the daemon "
                     "then pauses accepting and keeps serving", limits.max_connections, soft,
                     _RESERVED_FILES)
+    raise_priority(limits.daemon_nice)
     if not drop_ambient():
         raise RuntimeError("cannot clear the ambient capability set: refusing to start "
                            "jobs that would inherit the daemon's capabilities")

@@ -43,6 +43,9 @@ from launcher.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 MAX_STATUS_ROWS = 5000  # `status` without an id lists at most the newest this many jobs
+PRUNE_EVERY_SECONDS = 60.0
+QUEUE_WAITING_ROWS = 1000  # waiting jobs one `queue` answer lists (the highest first)
+STATUS_EVENTS = 200  # events (and decisions) one `status ID` answer carries: a page
 
 
 class Service:
@@ -67,6 +70,7 @@ class Service:
         self.telemetry = telemetry
         self._clock = clock
         self._events_seen = 0
+        self._next_prune = 0.0
         self._mapped: dict[int, set[int]] = {}  # job -> pids its mapping file lists
         # audit records of a job whose job_started waits for its fingerprint (the probe of
         # its interpreter runs in the background): emitted in order once it is known
@@ -133,8 +137,25 @@ class Service:
         counts.update(self.store.wait_reason_counts())
         self.telemetry.set_waiting({k: n for k, n in counts.items() if k})
         self._refresh_jobmap()
+        self._prune()
         for job_id in [j for j in self._held if not self.executor.fingerprint_pending(j)]:
             self._release(job_id)
+        if self.audit is not None:
+            self.audit.flush()  # the round's records in one spool commit
+
+    def _prune(self) -> None:
+        """Every minute: delete finished jobs past their user's count or their age
+        (quotas.max_finished_jobs_per_user, finished_retention_seconds)."""
+        now = self._clock()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_EVERY_SECONDS
+        q = self.engine.config.quotas
+        gone = self.store.prune(now, q.max_finished_jobs_per_user, q.finished_retention_seconds)
+        if gone:
+            log.info("deleted %d finished jobs past quotas.max_finished_jobs_per_user (%d) "
+                     "or finished_retention_seconds (%g)", gone, q.max_finished_jobs_per_user,
+                     q.finished_retention_seconds)
 
     def _release(self, job_id: int) -> None:
         """Emit the held records of `job_id`, its job_started now with its fingerprint."""
@@ -325,11 +346,12 @@ class Service:
         rows = []
         for job in self.store.jobs(ACTIVE):
             rows.append(_summary(job))
-        for job, breakdown in self.engine.queue_view(self._clock()):
+        view = self.engine.queue_view(self._clock())
+        for job, breakdown in view[:QUEUE_WAITING_ROWS]:  # the highest priorities
             row = _summary(job)
             row["priority"] = breakdown.as_dict()
             rows.append(row)
-        return {"ok": True, "jobs": rows}
+        return {"ok": True, "jobs": rows, "waiting_total": len(view)}
 
     def _retry(self, caller: Caller, req: Request) -> dict[str, Any]:
         job_id = req.id
@@ -345,9 +367,8 @@ class Service:
                 "resumes_from_step": jobs[0].last_checkpoint_step if jobs else None}
 
     def _status(self, caller: Caller, req: Request) -> dict[str, Any]:
-        if req.id is None:
-            jobs = [j for j in self.store.jobs()
-                    if caller.admin or j.uid == caller.uid][-MAX_STATUS_ROWS:]
+        if req.id is None:  # filtered and limited in SQL: no other user's job is loaded
+            jobs = self.store.jobs_of(None if caller.admin else caller.uid, MAX_STATUS_ROWS)
             return {"ok": True, "jobs": [_summary(j) for j in jobs]}
         job = self.store.get(req.id)
         if job is None:
@@ -355,12 +376,15 @@ class Service:
         out = _summary(job)
         if not caller.may_act_on(job.uid):
             return {"ok": True, "job": out}  # like the queue: no spec, env or events
+        total, first, events = self.store.events_page(job.id, req.events_from,
+                                                      STATUS_EVENTS)
         out.update({
             "spec": job.spec.model_dump(mode="json"),
-            "events": [{"time": e.time, "kind": e.kind, **e.data}
-                       for e in self.store.events(job.id)],
+            "events": [{"time": e.time, "kind": e.kind, **e.data} for e in events],
+            "events_total": total, "events_from": first,
             "decisions": [{"time": t, "action": a, "breakdown": b}
-                          for t, _, a, b in self.store.decisions(job.id)],
+                          for t, _, a, b in self.store.decisions(job.id,
+                                                                 newest=STATUS_EVENTS)],
         })
         return {"ok": True, "job": out}
 

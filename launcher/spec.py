@@ -23,11 +23,19 @@ import os
 import re
 import shlex
 import signal
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, validation_problems
@@ -125,7 +133,9 @@ class JobSpec(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _command(cls, v: list[str] | str) -> list[str] | str:
+    def _command(cls, v: list[str] | str, info: ValidationInfo) -> list[str] | str:
+        if isinstance(info.context, dict) and info.context.get(STORED):
+            return v  # checked when it was submitted; splitting 256 KiB again takes 1 s
         if isinstance(v, str):
             try:
                 words = shlex.split(v)
@@ -366,3 +376,20 @@ def _cycles(graph: Mapping[str, tuple[Loc, list[str]]]) -> list[tuple[Loc, str]]
                 path.pop()
                 stack.pop()
     return out
+
+
+# The validation context of a spec the launcher checked before (read back from its store
+# or from its submission reader): its command line is not split again.
+STORED = "stored"
+TRUSTED = {STORED: True}
+
+
+def expansion_problems(specs: Sequence[JobSpec], limit: int) -> list[str]:
+    """The problem with a submission whose jobs, defaults copied into each, add up to
+    more than `limit` bytes as stored (none when they do not)."""
+    total = sum(len(s.model_dump_json()) for s in specs)
+    if total <= limit:
+        return []
+    return [f"the submission expands to {total} bytes over its {len(specs)} jobs (the "
+            f"top-level keys, env included, are copied into every job); at most {limit} "
+            "(quotas.max_expanded_bytes): put large shared values in a file the jobs read"]

@@ -5,21 +5,29 @@ WAL journal, synchronous=FULL, and every change that belongs together in one
 transaction (`with store.transaction():`), so a daemon killed at any point reopens with
 each submission either wholly present or absent and no job twice. `Store(":memory:")`
 serves replay.
+
+What one user can make it hold is bounded: a job's `env` of 1 KiB or more is stored
+once per distinct content (`blobs`), so a pipeline's shared env is not copied into each
+of its jobs; parsed specs are cached up to SPEC_CACHE_BYTES (least recently used out);
+finished jobs past `prune()`'s per-user count or age are deleted with their events and
+decisions; lists are filtered and limited in SQL, never by loading every job.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher.spec import JobSpec
+from launcher.spec import TRUSTED, JobSpec
 
 JobState = Literal["queued", "held", "running", "preempting", "requeued", "succeeded",
                    "failed", "cancelled", "timed_out"]
@@ -27,7 +35,7 @@ WAITING: frozenset[str] = frozenset({"queued", "requeued"})
 ACTIVE: frozenset[str] = frozenset({"running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # What each older schema lacks, added in place when a newer daemon opens it (a lab's
 # queue survives the upgrade): version 1 had no wait reasons, no starting priority and
 # no usage window (issue 24).
@@ -35,6 +43,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN wait_reason TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN wait_detail TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN start_priority REAL"),
+    # version 2 stored every job's env inline: a pipeline's shared env once per job
+    2: ("ALTER TABLE jobs ADD COLUMN env_blob TEXT",),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,9 +79,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason TEXT NOT NULL DEFAULT '',
     wait_reason TEXT NOT NULL DEFAULT '',
     wait_detail TEXT NOT NULL DEFAULT '',
-    start_priority REAL
+    start_priority REAL,
+    env_blob TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid, id);
+CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id INTEGER,
@@ -109,6 +122,13 @@ CREATE TABLE IF NOT EXISTS fairshare (
     PRIMARY KEY (kind, name)
 );
 """
+
+# the event kinds a job's own reports become (engine.max_report_events counts these)
+REPORT_KINDS = ("checkpoint_committed", "telemetry", "anomaly", "events_over_budget",
+                "reports_capped")
+SPEC_CACHE_BYTES = 8 << 20  # parsed specs kept in memory, by the size of their JSON
+ENV_BLOB_BYTES = 1024  # an env at least this large is stored once per content
+_TERMINAL_SQL = "('succeeded', 'failed', 'cancelled', 'timed_out')"
 
 # columns a caller may set through update(); anything else is a programming error
 _MUTABLE = frozenset({
@@ -222,7 +242,8 @@ class Store:
         self.path = str(path)
         self._lock = threading.RLock()
         self._depth = 0
-        self._specs: dict[int, JobSpec] = {}
+        self._specs: OrderedDict[int, tuple[JobSpec, int]] = OrderedDict()  # id -> (spec, cost)
+        self._spec_bytes = 0
         if self.path != ":memory:":
             _private(Path(self.path))
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
@@ -288,11 +309,11 @@ class Store:
             submission = int(row[0])
             ids: dict[str, int] = {}
             for spec in specs:
+                text, blob = self._spec_text(spec)
                 cur = self._db.execute(
                     "INSERT INTO jobs (submission, name, spec, uid, user, state, after_ids, "
-                    "submitted_at, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (submission, spec.name, spec.model_dump_json(), uid, user, state,
-                     "[]", now, now))
+                    "submitted_at, queued_at, env_blob) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (submission, spec.name, text, uid, user, state, "[]", now, now, blob))
                 assert cur.lastrowid is not None
                 ids[spec.name] = cur.lastrowid
             for spec in specs:
@@ -307,18 +328,105 @@ class Store:
             row = self._db.execute(_SELECT + " WHERE id=?", (job_id,)).fetchone()
         return self._records([row])[0] if row else None
 
+    def _spec_text(self, spec: JobSpec) -> tuple[str, str | None]:
+        """The spec's JSON as stored, and the hash of its env where that is stored once
+        in `blobs` (inside the caller's transaction)."""
+        if spec.env:
+            env = json.dumps(spec.env, sort_keys=True)
+            if len(env) >= ENV_BLOB_BYTES:
+                digest = hashlib.sha256(env.encode("utf-8", "surrogatepass")).hexdigest()
+                self._db.execute("INSERT INTO blobs VALUES (?, ?) ON CONFLICT(hash) DO "
+                                 "NOTHING", (digest, env))
+                return spec.model_copy(update={"env": {}}).model_dump_json(), digest
+        return spec.model_dump_json(), None
+
     def _records(self, rows: Sequence[Sequence[Any]]) -> list[JobRecord]:
-        missing = [r[0] for r in rows if r[0] not in self._specs]
+        found: dict[int, JobSpec] = {}
+        missing: list[int] = []
+        for r in rows:
+            cached = self._specs.get(r[0])
+            if cached is None:
+                missing.append(r[0])
+            else:
+                self._specs.move_to_end(r[0])
+                found[r[0]] = cached[0]
+        envs: dict[str, dict[str, str]] = {}  # blobs read in this call: one dict shared
         for start in range(0, len(missing), 500):
             chunk = missing[start:start + 500]
             marks = ",".join("?" * len(chunk))
             with self._lock:
-                found = self._db.execute(
-                    f"SELECT id, spec FROM jobs WHERE id IN ({marks})", chunk  # noqa: S608
-                ).fetchall()
-            for job_id, text in found:  # specs never change once stored: parse each once
-                self._specs[job_id] = JobSpec.model_validate_json(text)
-        return [_record(r, self._specs) for r in rows]
+                got = self._db.execute(
+                    f"SELECT id, spec, env_blob FROM jobs WHERE id IN ({marks})",  # noqa: S608
+                    chunk).fetchall()
+                need = sorted({b for _, _, b in got if b is not None and b not in envs})
+                for h in need:
+                    row = self._db.execute("SELECT data FROM blobs WHERE hash=?",
+                                           (h,)).fetchone()
+                    envs[h] = json.loads(row[0]) if row else {}
+            for job_id, text, blob in got:  # specs never change once stored
+                spec = JobSpec.model_validate_json(text, context=TRUSTED)
+                cost = len(text)
+                if blob is not None:
+                    spec = spec.model_copy(update={"env": envs[blob]})
+                    cost += 64  # the env is shared by every job of its blob
+                found[job_id] = spec
+                self._cache(job_id, spec, cost)
+        return [_record(r, found) for r in rows]
+
+    def _cache(self, job_id: int, spec: JobSpec, cost: int) -> None:
+        """Keep a parsed spec, evicting the least recently used past SPEC_CACHE_BYTES."""
+        old = self._specs.pop(job_id, None)
+        if old is not None:
+            self._spec_bytes -= old[1]
+        self._specs[job_id] = (spec, cost)
+        self._spec_bytes += cost
+        while self._spec_bytes > SPEC_CACHE_BYTES and len(self._specs) > 1:
+            _, (_, gone) = self._specs.popitem(last=False)
+            self._spec_bytes -= gone
+
+    @property
+    def spec_cache_bytes(self) -> int:
+        return self._spec_bytes
+
+    def jobs_of(self, uid: int | None, limit: int) -> list[JobRecord]:
+        """The newest `limit` jobs of `uid` (None: of everyone), in id order: filtered
+        and limited in SQL."""
+        where, args = ("WHERE uid=? ", [uid]) if uid is not None else ("", [])
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM ({_SELECT} {where}ORDER BY id DESC LIMIT ?) ORDER BY id",  # noqa: S608
+                [*args, limit]).fetchall()
+        return self._records(rows)
+
+    def prune(self, now: float, per_user: int, retention_seconds: float) -> int:
+        """Delete finished jobs beyond `per_user` per user (the oldest first) or finished
+        more than `retention_seconds` ago, with their events and decisions; never one a
+        job that has not finished still depends on, nor one whose GPU release is still
+        being watched. Returns how many went."""
+        with self.transaction():
+            ids = [int(r[0]) for r in self._db.execute(
+                f"SELECT id FROM (SELECT id, finished_at, ROW_NUMBER() OVER (PARTITION BY "  # noqa: S608
+                f"uid ORDER BY id DESC) AS n FROM jobs WHERE state IN {_TERMINAL_SQL}) "
+                "WHERE (n > ? OR finished_at < ?) "
+                "AND id NOT IN (SELECT json_each.value FROM jobs AS w, "
+                f"json_each(w.after_ids) WHERE w.after_ids != '[]' AND w.state NOT IN "
+                f"{_TERMINAL_SQL}) AND id NOT IN (SELECT job_id FROM barriers)",
+                (per_user, now - retention_seconds)).fetchall()]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                marks = ",".join("?" * len(chunk))
+                for table, col in (("events", "job_id"), ("decisions", "job_id"),
+                                   ("jobs", "id")):
+                    self._db.execute(f"DELETE FROM {table} WHERE {col} IN ({marks})",  # noqa: S608
+                                     chunk)
+            if ids:
+                self._db.execute("DELETE FROM blobs WHERE hash NOT IN (SELECT env_blob FROM "
+                                 "jobs WHERE env_blob IS NOT NULL)")
+        for job_id in ids:
+            gone = self._specs.pop(job_id, None)
+            if gone is not None:
+                self._spec_bytes -= gone[1]
+        return len(ids)
 
     def jobs(self, states: Iterable[str] | None = None,
              with_dependencies: bool = False) -> list[JobRecord]:
@@ -419,6 +527,28 @@ class Store:
             rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         return [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
 
+    def events_page(self, job_id: int, start: int | None,
+                    limit: int) -> tuple[int, int, list[Event]]:
+        """(how many events the job has, the index of the first returned, at most `limit`
+        of them from index `start`; None: the newest `limit`), read by SQL, not by loading
+        every event of a chatty job."""
+        with self._lock:
+            total = int(self._db.execute("SELECT COUNT(*) FROM events WHERE job_id=?",
+                                         (job_id,)).fetchone()[0])
+            first = max(0, total - limit) if start is None else min(start, total)
+            rows = self._db.execute("SELECT time, job_id, kind, data FROM events WHERE "
+                                    "job_id=? ORDER BY seq LIMIT ? OFFSET ?",
+                                    (job_id, limit, first)).fetchall()
+        return total, first, [Event(t, j, k, json.loads(d)) for t, j, k, d in rows]
+
+    def report_event_count(self, job_id: int) -> int:
+        """Events of `job_id` that came from its own reports (the engine's cap)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE job_id=? AND kind IN (?, ?, ?, ?, ?)",
+                (job_id, *REPORT_KINDS)).fetchone()
+        return int(row[0])
+
     def events_after(self, seq: int, limit: int = 10_000) -> list[tuple[int, Event]]:
         """Events stored after sequence number `seq` (0: from the start), with their
         sequence numbers, oldest first: a follower (audit, telemetry) keeps the last seq
@@ -454,13 +584,18 @@ class Store:
                              "VALUES (?, ?, ?, ?)",
                              (now, job_id, action, json.dumps(breakdown, sort_keys=True)))
 
-    def decisions(self, job_id: int | None = None) -> list[tuple[float, int, str, dict[str, Any]]]:
-        sql = "SELECT time, job_id, action, breakdown FROM decisions"
+    def decisions(self, job_id: int | None = None, *, newest: int | None = None,
+                  ) -> list[tuple[float, int, str, dict[str, Any]]]:
+        """Decisions in order (of one job); `newest`: only the newest that many."""
+        sql = "SELECT seq, time, job_id, action, breakdown FROM decisions"
         args: tuple[int, ...] = ()
         if job_id is not None:
             sql, args = sql + " WHERE job_id=?", (job_id,)
+        if newest is not None:
+            # an integer and our own constant SQL: no value of a caller's in the text
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT {int(newest)})"  # noqa: S608
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+            rows = [r[1:] for r in self._db.execute(sql + " ORDER BY seq", args).fetchall()]
         return [(t, j, a, json.loads(b)) for t, j, a, b in rows]
 
     # ------------------------------------------------------------------------ fair share

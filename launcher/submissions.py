@@ -32,7 +32,8 @@ from typing import Any
 import orjson
 
 from launcher.parseworker import frame
-from launcher.spec import JobSpec
+from launcher.privileges import lowered
+from launcher.spec import TRUSTED, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,11 @@ class SubmissionReader:
     """See the module docstring."""
 
     def __init__(self, *, timeout_seconds: float = 10.0, max_pending: int = 64,
-                 per_uid: int = 8, levels: list[str] | None = None) -> None:
+                 per_uid: int = 8, levels: list[str] | None = None,
+                 max_expanded: int | None = None) -> None:
         self._timeout = timeout_seconds
         self._levels = levels  # the urgency levels (an unknown one is listed as a problem)
+        self._max_expanded = max_expanded  # quotas.max_expanded_bytes, checked there
         self._max_pending, self._per_uid = max_pending, per_uid
         self._lock = threading.Condition()
         self._waiting: collections.OrderedDict[int, collections.deque[_Job]] = \
@@ -151,11 +154,16 @@ class SubmissionReader:
         if self._worker is None or self._worker.poll() is not None:
             # this very interpreter, through /proc/self/exe: a daemon that gave up root
             # may no longer be able to look up the path it was started from
+            argv = [sys.executable, "-m", "launcher.parseworker"]
+            exe = "/proc/self/exe" if os.path.exists("/proc/self/exe") else None
+            if lowered(argv) != argv:  # through nice(1): it needs the real path
+                with contextlib.suppress(OSError):
+                    argv[0] = os.readlink("/proc/self/exe")
+                argv, exe = lowered(argv), None
             self._worker = subprocess.Popen(
-                [sys.executable, "-m", "launcher.parseworker"], stdin=subprocess.PIPE,
+                argv, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-                start_new_session=True, cwd="/",
-                executable="/proc/self/exe" if os.path.exists("/proc/self/exe") else None)
+                start_new_session=True, cwd="/", executable=exe)
         return self._worker
 
     def _stop_worker(self) -> None:
@@ -177,7 +185,8 @@ class SubmissionReader:
         deadline = time.monotonic() + self._timeout
         try:
             worker.stdin.write(frame({"text": job.text, "source": job.source,
-                                      "levels": self._levels}))
+                                      "levels": self._levels,
+                                      "max_expanded": self._max_expanded}))
             worker.stdin.flush()
         except OSError:
             self._stop_worker()
@@ -192,7 +201,8 @@ class SubmissionReader:
         doc: dict[str, Any] = orjson.loads(data)
         if "problems" in doc:
             return Parsed(None, [str(p) for p in doc["problems"]])
-        return Parsed([JobSpec.model_validate(s) for s in doc["specs"]], [])
+        # the worker validated them; only the command's splitting is not repeated
+        return Parsed([JobSpec.model_validate(s, context=TRUSTED) for s in doc["specs"]], [])
 
     @staticmethod
     def _answer(worker: subprocess.Popen[bytes], deadline: float) -> bytes | None:

@@ -102,6 +102,7 @@ def well_formed(draw: st.DrawFn) -> dict[str, Any]:
         doc[key] = draw({
             "id": st.one_of(st.integers(1, 4), st.sampled_from(["1", "2", "9"])),
             "offset": st.integers(0, 1 << 20), "attempt": st.integers(1, 3),
+            "events_from": st.integers(0, 500),
             "stream": st.sampled_from(["out", "err"]), "spec": _SPECS,
             "path": st.sampled_from(["a.yaml", "/x/b.yaml"]),
             "cwd": st.sampled_from(["/tmp", "/", "rel"]),

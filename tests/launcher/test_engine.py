@@ -422,3 +422,24 @@ def test_preempt_by_urgency_lets_fair_share_order_the_queue_but_not_preempt(
     node.submit("{name: mine, command: x}")
     node.run(20)
     assert ("preempt_signal" in node.kinds(running)) is preempts
+
+
+def test_a_jobs_reported_events_are_capped_and_its_newest_checkpoint_kept() -> None:
+    """A job reporting a checkpoint every round for ever: past engine.max_report_events
+    one reports_capped event is stored and nothing more, while its record still follows
+    its newest checkpoint."""
+    node = Node(gpus=1, default=SimBehaviour(work_seconds=10_000),
+                engine_config=EngineConfig(max_report_events=100))
+    (job,) = node.submit("{name: t, command: x}")
+    node.run(5)
+    for step in range(300):
+        node.executor._reports.append(
+            Report(job, node.now + step * 0.01, "anomaly", {"reason": f"r{step}"}))
+        if step % 10 == 9:
+            node.run(1)
+    node.executor._reports.append(Report(job, node.now, "checkpoint", {"step": 4242}))
+    node.run(1)
+    kinds = [e.kind for e in node.store.events(job)]
+    assert kinds.count("anomaly") + kinds.count("checkpoint_committed") == 100
+    assert kinds.count("reports_capped") == 1
+    assert node.rec(job).last_checkpoint_step == 4242

@@ -132,7 +132,7 @@ def test_a_per_user_override_replaces_only_the_keys_it_sets() -> None:
     quotas = QuotaConfig(user=UserQuotaLimits(max_running_gpus=1, max_queued_jobs=2),
                          users={"alice": QuotaLimits(max_running_gpus=3)})
     assert quotas.limits_for("user", "alice").model_dump() == QuotaLimits(
-        max_running_gpus=3, max_queued_jobs=2).model_dump()
+        max_running_gpus=3, max_queued_jobs=2, max_running_jobs=32).model_dump()
     node = _node(quotas)
     node.run(10)
     assert _problems(node, "{name: big, command: x, gpus: 4}") == [

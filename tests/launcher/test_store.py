@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.spec import load_submission
+from launcher.spec import JobSpec, load_submission
 from launcher.store import Event, Store
 
 PIPE = load_submission("""jobs:
@@ -157,3 +157,44 @@ CREATE TABLE jobs (
     with pytest.raises(RuntimeError, match="schema 99"):
         sqlite3.connect(path).execute("UPDATE meta SET value='99'").connection.commit()
         Store(path)
+
+
+def test_the_spec_cache_is_bounded_by_bytes_and_shared_envs_stored_once(
+        tmp_path: Path) -> None:
+    """Many jobs with a large shared env: one blob row, specs read back whole, and the
+    parsed-spec cache stays under its byte budget however many jobs are read."""
+    from launcher import store as store_mod
+
+    store = Store(tmp_path / "s.db")
+    env = {f"V{i}": "y" * 1000 for i in range(200)}
+    big = [JobSpec(name=f"j{i}", command="true", env=env, gpus=0) for i in range(50)]
+    ids = store.add_jobs(big, 1000, "alice", 1.0)
+    small = [JobSpec(name=f"s{i}", command=["echo", "x" * 100_000], gpus=0)
+             for i in range(120)]
+    store.add_jobs(small, 1000, "alice", 2.0)
+    assert store._db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+    assert all(j.spec.env == env for j in store.jobs() if j.id in ids)
+    assert store.spec_cache_bytes <= store_mod.SPEC_CACHE_BYTES
+    assert len(store.jobs_of(1000, 5)) == 5 and store.jobs_of(1001, 5) == []
+
+
+def test_prune_keeps_what_a_waiting_job_depends_on_and_the_newest_per_user(
+        tmp_path: Path) -> None:
+    """Finished jobs past the per-user count go with their events; one a waiting job's
+    `after` names stays, as do the newest of each user and other users' jobs."""
+    store = Store(tmp_path / "s.db")
+    done = store.add_jobs([JobSpec(name=f"d{i}", command="true") for i in range(6)],
+                          1000, "alice", 1.0)
+    for i in done:
+        store.update(i, state="succeeded", finished_at=2.0)
+        store.add_event(Event(2.0, i, "succeeded", {}))
+    [waiter] = store.add_jobs([JobSpec(name="w", command="true", after=[done[0]])],
+                              1000, "alice", 3.0)
+    bobs = store.add_jobs([JobSpec(name="b", command="true")], 1001, "bob", 1.0)
+    store.update(bobs[0], state="failed", finished_at=2.0)
+    assert store.prune(10.0, per_user=2, retention_seconds=1e9) == 3
+    left = {j.id for j in store.jobs()}
+    assert left == {done[0], done[4], done[5], waiter, bobs[0]}
+    assert store.events(done[1]) == []
+    assert store.prune(1e6, per_user=2, retention_seconds=10.0) == 3  # age: all but d0
+    assert {j.id for j in store.jobs()} == {done[0], waiter}

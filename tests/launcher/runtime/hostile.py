@@ -13,6 +13,9 @@ are in place, then wait):
 - `big_lines SOCKET N SIZE`: N connections each send SIZE bytes with no newline; report
   the answers read back.
 - `non_readers SOCKET N REQUEST`: N connections each send REQUEST and never read.
+- `connect_close SOCKET PROCS SECONDS`: PROCS processes each connect and close at once,
+  as fast as they can, for SECONDS (or until the test leaves the block); the result
+  counts the connects that got in and those refused with EAGAIN.
 - `plant_links DIR NAME=TARGET...`: replace NAME in DIR with a symbolic link to TARGET;
   report which succeeded and the error of the others.
 """
@@ -234,7 +237,46 @@ def plant_links(directory: str, *pairs: str) -> None:
     print(json.dumps(done))
 
 
+def _connect_close_loop(path: str, seconds: float, out: int) -> None:
+    ok = again = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+            ok += 1
+        except BlockingIOError:
+            again += 1
+        except OSError:
+            again += 1
+        s.close()
+    os.write(out, f"{ok} {again}\n".encode())
+    os._exit(0)
+
+
+def connect_close(path: str, procs: str, seconds: str) -> None:
+    r, w = os.pipe()
+    kids = []
+    for _ in range(int(procs)):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            _connect_close_loop(path, float(seconds), w)
+        kids.append(pid)
+    os.close(w)
+    time.sleep(0.5)  # the loops are running before the test measures
+    print(json.dumps({"procs": len(kids)}))
+    sys.stdout.flush()
+    sys.stdin.read()
+    for pid in kids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
 ATTACKS: dict[str, Callable[..., None]] = {
+    "connect_close": connect_close,
     "flood": flood, "big_lines": big_lines, "non_readers": non_readers,
     "plant_links": plant_links,
 }

@@ -149,6 +149,7 @@ def test_accept_running_out_of_files_is_survived_logged_once_and_counted(
     and answers again once his connections are gone."""
     d = LauncherDaemon(home, gpus=1, nofile=128, extra={
         "limits": {"max_connections": 4096, "per_uid_connections": 4096,
+                   "per_uid_connect_rate": 100000, "per_uid_connect_burst": 100000,
                    "request_timeout_seconds": 2}}).start()
     try:
         with Holding(BOB, "flood", d.socket, 400) as bob:

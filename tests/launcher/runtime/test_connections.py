@@ -159,10 +159,69 @@ def test_per_uid_cap_refuses_with_the_uid_and_the_cap() -> None:
 
         assert extra.recv(200).decode() == (
             '{"ok":false,"error":"busy","message":"too many connections for uid '
-            f'{os.getuid()}: 2"}}\n')
+            f'{os.getuid()}: 2","retry":true}}\n')
         assert r.stats.count("refused", "per_uid") == 1
         held[0].sendall(b'{"op":"ping"}\n')
         held[0].settimeout(5)
         assert held[0].recv(100).startswith(b'{"ok":true')
     finally:
         r.close()
+
+
+def test_connect_rate_per_uid_refuses_the_excess_cheaply_and_recovers() -> None:
+    """A uid opening connections faster than per_uid_connect_rate (past its burst) is
+    answered busy, marked retryable, counted; once the bucket refills it is served."""
+    r = _Running(DaemonLimits(per_uid_connect_rate=5, per_uid_connect_burst=3))
+    try:
+        answers = []
+        for _ in range(6):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(r.path))
+            s.sendall(b'{"op":"ping"}\n')
+            s.settimeout(5)
+            answers.append(s.recv(300).decode())
+            s.close()
+        busy = [a for a in answers if '"error":"busy"' in a]
+        assert busy and all('"retry":true' in a and "new connections" in a for a in busy)
+        assert r.stats.count("refused", "per_uid_rate") == len(busy)
+        time.sleep(0.5)  # the bucket refills at 5 a second
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(r.path))
+        s.sendall(b'{"op":"ping"}\n')
+        s.settimeout(5)
+        assert s.recv(100).startswith(b'{"ok":true')
+    finally:
+        r.close()
+
+
+def test_the_client_retries_a_full_queue_then_says_the_daemon_is_busy() -> None:
+    """A daemon whose listen queue is full (here: a listener that never accepts, its
+    queue filled): the client keeps trying for a few seconds, then raises DaemonBusy
+    with a message that says so, instead of "Resource temporarily unavailable"."""
+    from launcher.protocol import BUSY_RETRY_SECONDS, DaemonBusy
+
+    d = Path(tempfile.mkdtemp())
+    path = d / "full.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    fillers = []
+    try:
+        while True:  # fill the queue: the next connect would get EAGAIN
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(path))
+            except BlockingIOError:
+                s.close()
+                break
+            fillers.append(s)
+        with pytest.raises(DaemonBusy) as err:
+            call(path, {"op": "ping"}, timeout=30)
+        assert f"took no new connection for {BUSY_RETRY_SECONDS:g} s" in str(err.value)
+        assert "queue is full" in str(err.value)
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+        shutil.rmtree(d, ignore_errors=True)

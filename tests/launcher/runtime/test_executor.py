@@ -237,3 +237,22 @@ def test_a_hostile_interpreter_never_stalls_the_start(tmp_path: Path) -> None:
     assert "python" not in ex.fingerprint(13)
     ex.kill_group(13)
     _wait_exit(ex, 13)
+
+
+def test_a_rounds_reports_are_coalesced_per_job() -> None:
+    """Many checkpoint lines of one job in a round become its newest, with the count;
+    anomalies merge by reason (past eight reasons into one `other`)."""
+    from launcher.engine import Report
+    from launcher.executor import coalesce
+
+    reps = [Report(1, float(t), "checkpoint", {"step": t}) for t in range(100)]
+    reps += [Report(2, 5.0, "checkpoint", {"step": 7})]
+    reps += [Report(1, 50.0 + i, "anomaly", {"reason": f"r{i % 12}"}) for i in range(24)]
+    out = coalesce(reps)
+    ckpt = [r for r in out if r.kind == "checkpoint"]
+    assert [(r.job_id, r.data["step"], r.data.get("count")) for r in ckpt] == [
+        (2, 7, None), (1, 99, 100)]
+    anomalies = [r for r in out if r.kind == "anomaly"]
+    assert len(anomalies) == 9
+    other = [r for r in anomalies if r.data["reason"] == "other"]
+    assert other and other[0].data["count"] == 8
