@@ -15,9 +15,8 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,10 @@ import yaml
 
 from launcher.protocol import ProtocolError, call
 from tests.netutil import free_port
+from tests.polling import wait_for
 
 GPU_AUDIT = [sys.executable, "-m", "gpu_audit_app"]
 REPO = Path(__file__).resolve().parents[3]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(step)
 
 
 _AS_USER = """

@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from launcher.protocol import call
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import LauncherDaemon
 from tests.launcher.runtime.hostile import Holding, as_user
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
+from tests.polling import wait_for
 
 PY = job_python()
 MIB = 1 << 20
@@ -211,7 +212,9 @@ def test_clients_that_never_read_do_not_stall_anyone(daemon: LauncherDaemon,
     request = json.dumps({"op": "logs", "id": job, "offset": 0})
     with Holding(ALICE, "non_readers", daemon.socket, 5, request) as alice:
         assert alice.result["connected"] == 5
-        time.sleep(0.5)  # the daemon has their requests and tries to answer
+        # the daemon has their requests and holds answers it cannot write
+        wait_for(lambda: _counter(daemon.scrape(), "gpu_audit_launcher_buffered_bytes") > 0,
+                 30, "the daemon to hold answers the non-readers do not read")
         started = time.monotonic()
         assert call(daemon.socket, {"op": "ping"}, timeout=5)["ok"]
         assert time.monotonic() - started < 5

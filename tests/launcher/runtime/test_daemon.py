@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for, write_spec
+from tests.launcher.runtime.daemon import LauncherDaemon, write_spec
 from tests.launcher.runtime.users import (
     ADMINS,
     ALICE,
@@ -18,6 +18,7 @@ from tests.launcher.runtime.users import (
     job_python,
     local_user,
 )
+from tests.polling import wait_for
 
 PY = job_python()
 

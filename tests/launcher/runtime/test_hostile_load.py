@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import LauncherDaemon
 from tests.launcher.runtime.hostile import Holding
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
+from tests.polling import wait_for
 
 PY = job_python()
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for, write_spec
+from tests.launcher.runtime.daemon import LauncherDaemon, write_spec
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
+from tests.polling import wait_for
 
 PY = job_python()
 LEVEL_GROUP = f"gpa-deadline-{secrets.token_hex(3)}"

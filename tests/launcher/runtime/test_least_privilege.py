@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launcher.runtime.daemon import LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import LauncherDaemon
 from tests.launcher.runtime.users import ALICE, BOB, LAUNCHER, job_python, local_user
+from tests.polling import wait_for
 
 PY = job_python()
 CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN")

@@ -19,8 +19,9 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from gpu_audit.audit.schema import record_schema
 from gpu_audit.audit.verify import verify_spool_dir
 from gpu_audit.spool.reader import SpoolReader
-from tests.launcher.runtime.daemon import REPO, LauncherDaemon, wait_for
+from tests.launcher.runtime.daemon import REPO, LauncherDaemon
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
+from tests.polling import wait_for
 
 PY = job_python()
 STEPS = 300
