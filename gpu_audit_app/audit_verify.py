@@ -13,6 +13,7 @@ there is no record to verify (a wrong folder must not read as a healthy, empty t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from datetime import datetime
@@ -92,7 +93,14 @@ def verify_command(args: argparse.Namespace) -> int:
         report, expected = verify_jsonl(path, key), EXPECTED_PATH
     if _nothing_to_verify(report, str(path), expected):
         return EXIT_USAGE
-    print(report.render())
+    return _print(report, args)
+
+
+def _print(report: VerifyReport, args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.render())
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
@@ -129,5 +137,4 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     if _nothing_to_verify(report, f"sink {args.sink} from {args.time_from} to {args.time_to}",
                           "expected the records shipped to it in that range"):
         return EXIT_USAGE
-    print(report.render())
-    return EXIT_OK if report.ok else EXIT_FAILURE
+    return _print(report, args)

@@ -125,6 +125,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     v.add_argument("--witness-at", metavar="RFC3339",
                    help="--witness: the heads as Prometheus held them at this time "
                    "(default now; earlier than the shipper's lag for a live archive).")
+    v.add_argument("--json", action="store_true",
+                   help="The report as one JSON document (same exit code).")
     v.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Archive: verify hosts' streams in N processes (default: one per "
                    "CPU).")

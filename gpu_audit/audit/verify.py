@@ -118,6 +118,20 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.counts
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as data (`audit verify --json`): the listed problems, every count."""
+        return {
+            "source": self.source, "ok": self.ok, "records": self.records,
+            "streams": {name: {"first_seq": s.first_seq, "last_seq": s.last_seq,
+                               "records": s.records}
+                        for name, s in sorted(self.streams.items())},
+            "counts": dict(sorted(self.counts.items())),
+            "problems": [{"kind": p.kind, "where": p.where, "stream": p.stream,
+                          "seq": p.seq, "id": p.id, "detail": p.detail}
+                         for p in self.problems],
+            "unlisted": sum(self.counts.values()) - len(self.problems),
+        }
+
     def render(self) -> str:
         total = sum(self.counts.values())
         head = f"audit verify{' ' + self.source if self.source else ''}: {self.records} records"

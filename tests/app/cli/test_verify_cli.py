@@ -169,3 +169,25 @@ def test_the_default_archive_sink_is_named_archive(
     assert main(["audit", "verify", "--config", str(cfg), "--sink", "nope",
                  "--from", "2020-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"]) == 2
     assert "configured: archive" in capsys.readouterr().err
+
+
+def test_verify_json_is_the_report_as_data(
+    spool_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`audit verify --json` prints one JSON document (ok, records, streams, problems with
+    where each is, counts by kind) and keeps the exit code: 0 intact, 1 damaged."""
+    assert main(["audit", "verify", "--json", str(spool_dir)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["problems"] == [] and doc["counts"] == {}
+    assert doc["records"] > 0
+    assert sum(s["records"] for s in doc["streams"].values()) == doc["records"]
+
+    lines = _export_jsonl(spool_dir, tmp_path / "t.jsonl")
+    del lines[len(lines) // 2]
+    (tmp_path / "t.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    assert main(["audit", "verify", "--json", str(tmp_path / "t.jsonl")]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False
+    assert doc["counts"]["gap"] >= 1
+    gap = next(p for p in doc["problems"] if p["kind"] == "gap")
+    assert gap["where"].startswith("line ") and gap["stream"] and gap["detail"]
