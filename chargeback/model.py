@@ -300,6 +300,9 @@ class Request:
     # archive: Prometheus that kept the exporters' chain heads (gpu_audit_audit_head); the
     # archive must hold each of them, as `audit verify --witness` checks
     witness: str | None = None
+    # --sink NAME: which configured archive or search sink to read (needed when the
+    # configuration has two of the source's kind)
+    sink: str | None = None
     # archive, unkeyed trail: bill sealed parts from their rollups without reading them,
     # though no key proves them (the bill is then marked unverified, saying why)
     trust_unkeyed_seals: bool = False

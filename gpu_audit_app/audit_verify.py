@@ -105,7 +105,7 @@ def _print(report: VerifyReport, args: argparse.Namespace) -> int:
 
 
 def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
-    from gpu_audit_app.config import load_settings
+    from gpu_audit_app.config import load_settings, pick_sink
     from shipper.sinks.errors import ReadBackUnsupported
     from shipper.sinks.registry import create_sink
 
@@ -115,16 +115,13 @@ def _verify_sink(args: argparse.Namespace, key: bytes | None) -> int:
     start = _parse_time(args.time_from, "--from")
     end = _parse_time(args.time_to, "--to")
     config = load_settings(args.config)
-    # a sink's name defaults to its type (the name of its cursor in `spool stats`)
-    names = config.shipper.sink_names()
-    wanted = [s for s, name in zip(config.shipper.sinks, names, strict=True)
-              if name == args.sink]
-    if not wanted:
-        listed = ", ".join(names) or "none"
-        print(f"gpu-audit audit verify: no sink named {args.sink!r} (configured: {listed})",
-              file=sys.stderr)
+    try:
+        chosen = pick_sink(config, None, "configured", args.sink,
+                           str(args.config or "(default configuration)"))
+    except ConfigError as exc:
+        print(f"gpu-audit audit verify: {'; '.join(exc.problems)}", file=sys.stderr)
         return EXIT_USAGE
-    sink = create_sink(wanted[0], spool_dir=config.spool.directory)
+    sink = create_sink(chosen, spool_dir=config.spool.directory)
     try:
         report = verify_readback(sink.read_back(start, end), hmac_key=key,
                                  source=f"sink {args.sink}")

@@ -35,8 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
     when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
     when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
-    p.add_argument("--source", default=None,
-                   choices=("prometheus", "archive", "elasticsearch", "opensearch"))
+    p.add_argument("--source", default=None, metavar="SOURCE",
+                   choices=("prometheus", "archive", "elasticsearch", "opensearch"),
+                   help="Where the usage comes from: prometheus (default), archive, "
+                   "elasticsearch or opensearch.")
     p.add_argument("--compare-with", metavar="SOURCE[,SOURCE]", default="",
                    help="Also read these sources for the same period and report how their "
                    "bills differ (e.g. --source prometheus --compare-with archive).")
@@ -44,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus-compatible query API (Prometheus, VictoriaMetrics, ...).")
     p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
                    "archive and the sinks are.")
+    p.add_argument("--sink", metavar="NAME",
+                   help="The configured archive or search sink to read (its name, or its "
+                   "type when unnamed), when the configuration has more than one.")
     p.add_argument("--rates", metavar="FILE", help="Rates file (YAML; see "
                    "chargeback/examples/rates.yaml). Without it: a showback (GPU-hours and "
                    "energy, no cost).")
@@ -110,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def request(args: argparse.Namespace) -> Request:
     start, end = period(args)
     return Request(start=start, end=end, source=args.source or "prometheus",
-                   config=args.config,
+                   config=args.config, sink=args.sink,
                    prometheus_url=args.prometheus_url, rates=args.rates,
                    directory=args.directory, idle_policy=args.idle_policy, out=args.out,
                    include_simulated=args.include_simulated,
@@ -138,8 +143,8 @@ def _settings(req: Request) -> Any:
 
     path = Path(req.config) if req.config else None
     if req.source == "archive":
-        return chargeback_sources.archive_source(path)
-    return chargeback_sources.search_settings(path, req.source)
+        return chargeback_sources.archive_source(path, req.sink)
+    return chargeback_sources.search_settings(path, req.source, req.sink)
 
 
 def _archive(req: Request, progress: bool) -> SourceData:

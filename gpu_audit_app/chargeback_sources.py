@@ -3,46 +3,34 @@
 or a search sink's connection. Sink configuration is the shipper's, and chargeback may
 not import shipper, so the app layer reads it here and hands chargeback plain values.
 
-Raises ConfigError naming every problem (no such sink, two candidates and no name, a
-secret that cannot be read).
+The configuration is read with every layer (file, GPU_AUDIT__* variables), and the sink
+is chosen as `audit verify --sink` chooses it (gpu_audit_app.config.pick_sink). Raises
+ConfigError naming every problem (no such sink, two candidates and no name, a secret
+that cannot be read).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
 
 from chargeback.sources.search_query import SearchSettings
 from gpu_audit.audit.canonical import load_hmac_key
 from gpu_audit.credentials import resolve_secret
 from gpu_audit.errors import ConfigError
-from gpu_audit_app.config import Config, load_config
+from gpu_audit_app.config import load_settings, pick_sink
 from shipper.sinks.archive.config import ArchiveSinkConfig
 from shipper.sinks.elasticsearch.config import ElasticsearchSinkConfig, SearchSinkConfigBase
 from shipper.sinks.opensearch.config import OpenSearchSinkConfig
 
-T = TypeVar("T")
 
-
-def _pick(cfg: Config, kind: type[T], what: str, name: str | None, path: Path | None) -> T:
-    found = [s for s in cfg.shipper.sinks if isinstance(s, kind)]
-    if name is not None:
-        found = [s for s in found if getattr(s, "name", "") == name]
-    where = str(path) if path else "(default configuration)"
-    if not found:
-        raise ConfigError(where, [f"shipper.sinks: no {what} sink"
-                                  + (f" named {name!r}" if name else "")])
-    if len(found) > 1:
-        names = ", ".join(repr(getattr(s, "name", "")) for s in found)
-        raise ConfigError(where, [f"shipper.sinks: {len(found)} {what} sinks ({names}); "
-                                  "name the one to bill from"])
-    return found[0]
+def _where(path: Path | None) -> str:
+    return str(path) if path else "(default configuration)"
 
 
 def archive_source(path: Path | None, name: str | None = None) -> tuple[Path, bytes | None]:
     """(the archive directory, the audit HMAC key or None) of the configuration."""
-    cfg = load_config(path)
-    sink = _pick(cfg, ArchiveSinkConfig, "archive", name, path)
+    cfg = load_settings(path)
+    sink = pick_sink(cfg, ArchiveSinkConfig, "archive", name, _where(path))
     key_file = cfg.audit.hmac_key_file
     try:
         key = load_hmac_key(key_file) if key_file is not None else None
@@ -53,10 +41,10 @@ def archive_source(path: Path | None, name: str | None = None) -> tuple[Path, by
 
 def search_settings(path: Path | None, kind: str, name: str | None = None) -> SearchSettings:
     """The connection to the configuration's Elasticsearch or OpenSearch sink."""
-    cfg = load_config(path)
+    cfg = load_settings(path)
     model: type[SearchSinkConfigBase] = (
         ElasticsearchSinkConfig if kind == "elasticsearch" else OpenSearchSinkConfig)
-    sink = _pick(cfg, model, kind, name, path)
+    sink = pick_sink(cfg, model, kind, name, _where(path))
     what = f"sink {sink.name or sink.type}"
     password = resolve_secret(f"{what}: password", sink.password_env, sink.password_file)
     api_key = resolve_secret(f"{what}: api_key", sink.api_key_env, sink.api_key_file)

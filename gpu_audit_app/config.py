@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -22,8 +22,10 @@ from exporter.config import ExporterConfig
 from gpu_audit.audit.config import AuditConfig
 from gpu_audit.config_layers import KeyPath, load_layered
 from gpu_audit.config_section import Section
+from gpu_audit.errors import ConfigError
 from gpu_audit.spool.config import SpoolConfig
 from shipper.config import ShipperConfig
+from shipper.sinks.config import SinkConfig
 
 
 class Config(Section):
@@ -76,6 +78,35 @@ def default_audit_interval(sample_seconds: float) -> float:
     if sample_seconds >= 60:
         return sample_seconds
     return round(max(1, round(60 / sample_seconds)) * sample_seconds, 9)
+
+
+S = TypeVar("S")
+
+
+@overload
+def pick_sink(config: Config, kind: type[S], what: str, name: str | None, where: str) -> S: ...
+@overload
+def pick_sink(config: Config, kind: None, what: str, name: str | None,
+              where: str) -> SinkConfig: ...
+def pick_sink(config: Config, kind: type[S] | None, what: str, name: str | None,
+              where: str) -> S | SinkConfig:
+    """The configured sink a command reads from (chargeback, audit verify, the Slurm bill):
+    the one of `kind` (None: any kind) named `name` (a sink's name is its type unless set,
+    as `spool stats` and the cursors show it), or the only one of `kind` when no name is
+    given. ConfigError names the candidates and `--sink NAME` when the choice is unclear."""
+    names = config.shipper.sink_names()
+    found = [(n, s) for n, s in zip(names, config.shipper.sinks, strict=True)
+             if (kind is None or isinstance(s, kind)) and (name is None or n == name)]
+    if not found:
+        listed = ", ".join(names) or "none"
+        named = f" named {name!r}" if name is not None else ""
+        raise ConfigError(where, [f"shipper.sinks: no {what} sink{named} (configured: "
+                                  f"{listed})"])
+    if len(found) > 1:
+        listed = ", ".join(repr(n) for n, _ in found)
+        raise ConfigError(where, [f"shipper.sinks: {len(found)} {what} sinks ({listed}); "
+                                  "name the one to read with --sink NAME"])
+    return found[0][1]
 
 
 def load_settings(

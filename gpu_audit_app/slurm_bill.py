@@ -52,10 +52,10 @@ def slurm_bill_command(args: argparse.Namespace) -> int:
     key = None
     trails = [Path(t) for t in args.trail]
     if not trails:
-        archive, key = archive_source(Path(args.config) if args.config else None)
+        archive, key = archive_source(Path(args.config) if args.config else None, args.sink)
         trails = [archive]
     elif args.config:
-        _, key = archive_source(Path(args.config))
+        _, key = archive_source(Path(args.config), args.sink)
     missing = [str(t) for t in trails if not t.is_dir()]
     if missing:
         raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])

@@ -238,3 +238,36 @@ def test_real_elasticsearch_answers_the_same_aggregations(tmp_path: Path) -> Non
         elasticsearch.Elasticsearch(url).indices.refresh(index="gpu-audit-*")
         d = read_search(_req(), _settings("elasticsearch", url))
     _check_against_the_archive(d, tmp_path)
+
+
+def test_two_archive_sinks_are_chosen_by_name_as_audit_verify_chooses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two archive sinks, `--sink NAME` names the one to bill from (a sink's name is
+    its type unless set, as `spool stats` shows it), and the choice reads the same
+    configuration layers as every command (GPU_AUDIT__* overrides included)."""
+    from gpu_audit_app.chargeback_sources import archive_source
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"spool: {{directory: {tmp_path / 'spool'}}}\n"
+        "shipper:\n  sinks:\n"
+        f"    - {{type: archive, directory: {tmp_path / 'local'}}}\n"
+        f"    - {{type: archive, name: offsite, directory: {tmp_path / 'nfs'}}}\n")
+    with pytest.raises(ConfigError, match=r"2 archive sinks \('archive', 'offsite'\).*--sink"):
+        archive_source(cfg)
+    assert archive_source(cfg, "offsite")[0] == tmp_path / "nfs"
+    assert archive_source(cfg, "archive")[0] == tmp_path / "local"
+    with pytest.raises(ConfigError, match="no archive sink named 'nope'"):
+        archive_source(cfg, "nope")
+    monkeypatch.setenv("GPU_AUDIT__AUDIT__HMAC_KEY_FILE", str(tmp_path / "key"))
+    (tmp_path / "key").write_text("k\n")
+    assert archive_source(cfg, "offsite")[1] == b"k"
+
+
+def test_chargeback_takes_sink(tmp_path: Path) -> None:
+    """`gpu-audit chargeback --sink NAME` is an option of the command."""
+    from gpu_audit_app.cli import build_parser
+
+    args = build_parser("chargeback").parse_args(
+        ["chargeback", "--month", "2026-11", "--source", "archive", "--sink", "offsite"])
+    assert args.sink == "offsite"
