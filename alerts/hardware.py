@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from alerts.params import Params, human_duration
-from alerts.promql import GPU, alternation, num, sel, with_owner
+from alerts.promql import alternation, num, sel, with_owner
 from alerts.rule import Alert
+from gpu_audit.rules import GPU
 
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 # the owner sentence of a description: empty when the GPU had no owner

@@ -1,6 +1,7 @@
 """PromQL building blocks shared by the recording and alerting rules.
 
-Label sets are written once here so every rule aggregates the same way. The exporter's
+The label sets every rule aggregates by, the idle threshold and the rules a bill reads are
+gpu_audit.rules' (one definition for every component). The exporter's
 `job` label is the workload's job (Prometheus must scrape it with `honor_labels: true`,
 see alerts/README.md); `instance` is the node.
 """
@@ -8,12 +9,7 @@ see alerts/README.md); `instance` is the node.
 from __future__ import annotations
 
 from alerts.params import Params
-
-GPU = "instance, gpu, uuid"
-"""One GPU: the node and the device."""
-IDENTITY = "user, project, job"
-"""One owner: who, for which project, in which job."""
-GPU_IDENTITY = f"{GPU}, {IDENTITY}"
+from gpu_audit.rules import promql_number
 
 
 def sel(p: Params, *matchers: str) -> str:
@@ -30,10 +26,7 @@ def alternation(values: list[str] | list[int]) -> str:
     return "|".join(str(v) for v in values)
 
 
-def num(value: float) -> str:
-    """A number as PromQL and people read it, exactly: 1073741824, 0.95, 600.5 (never
-    rounded to six digits as `:g` would, 1.07374e+09)."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+num = promql_number  # a number as PromQL and people read it, exactly
 
 
 def indent(expr: str, by: str = "  ") -> str:

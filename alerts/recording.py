@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.params import Params, duration_seconds, format_duration
-from alerts.promql import GPU, GPU_IDENTITY, IDENTITY, num, sel
+from alerts.promql import num, sel
+from gpu_audit.rules import GPU, GPU_IDENTITY, IDENTITY, bill_rules, power_split
 
 
 def _rule(record: str, expr: str) -> dict[str, Any]:
@@ -20,56 +21,32 @@ def _rule(record: str, expr: str) -> dict[str, Any]:
 
 
 def recording_rules(p: Params) -> list[dict[str, Any]]:
-    """The recording rules in evaluation order (later rules read earlier ones)."""
+    """The recording rules in evaluation order (later rules read earlier ones). The rules
+    a bill reads are gpu_audit.rules' (chargeback evaluates the same expressions in raw
+    mode); the owners' sums and the fleet's are built here."""
     proc_mem = f"gpu_process_memory_used_bytes{sel(p)}"
     proc_sm = f"gpu_process_sm_utilization_ratio{sel(p)}"
     util = f"gpu_utilization_ratio{sel(p)}"
     power = f"gpu_power_usage_watts{sel(p)}"
-    # an identity's SM use on a GPU it holds (several processes of one identity summed)
-    sm_held = (f"(sum by ({GPU_IDENTITY}) ({proc_sm})"
-               f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
-    # and its memory there: the split's second step (no per-process SM, as under MIG)
-    mem_held = (f"(sum by ({GPU_IDENTITY}) ({proc_mem})"
-                f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
-    # The one energy rule (docs/CHARGEBACK.md; gpu_audit.audit.accounting.energy_weights
-    # for the audit records): each GPU's power split over its holders by SM use, else by
-    # memory (no per-process SM, or all at 0), else evenly.
-    split = (f"    {sm_held}\n"
-             f"      / on (instance, uuid) group_left ()\n"
-             f"    (sum by (instance, uuid) {sm_held} > 0)\n"
-             f"    or on (instance, uuid)\n"
-             f"    {mem_held}\n"
-             f"      / on (instance, uuid) group_left ()\n"
-             f"    (sum by (instance, uuid) {mem_held} > 0)\n"
-             f"    or on (instance, uuid)\n")
-    # MIG: the instances an identity holds, each with its weight (its profile's compute
-    # slices / the GPU's; gpu_audit.model.mig, docs/CHARGEBACK.md "MIG: billed by the
-    # slice"); no series on a GPU counted whole
-    mig_held = (f"(max by ({GPU_IDENTITY}, gpu_instance_id)"
-                f" (gpu_process_mig_weight_ratio{sel(p)})"
-                f" and on ({GPU_IDENTITY}) gpu:gpu_held:bool)")
-    alloc = f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})"
-    equal = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-             "  count by (instance, uuid) (gpu:gpu_held:bool)")
+    bill = bill_rules(sel(p), p.waste.idle_utilization)
+
+    def from_bill(*records: str) -> list[dict[str, Any]]:
+        return [_rule(r, bill[r]) for r in records]
+
     return [
-        _rule("gpu:gpu_held:bool",
-              f"max by ({GPU_IDENTITY}) ({proc_mem} > bool 0) == 1"),
-        _rule("gpu:gpu_idle_held:bool",
-              f"gpu:gpu_held:bool and on (instance, uuid)\n"
-              f"  (max by (instance, uuid) ({util}) < {num(p.waste.idle_utilization)})"),
+        *from_bill("gpu:gpu_held:bool", "gpu:gpu_idle_held:bool"),
         _rule("user_project_job:gpus_held:sum",
               f"sum by ({IDENTITY}) (gpu:gpu_held:bool)"),
         _rule("user_project_job:gpus_busy:sum",
               f"sum by ({IDENTITY}) ({proc_sm})"),
         _rule("user_project_job:gpu_memory_used_bytes:sum",
               f"sum by ({IDENTITY}) ({proc_mem})"),
-        # each GPU's power split over the identities holding it: in proportion to their
-        # SM utilisation, else to their memory (no per-process utilisation, as under
-        # MIG, or all at 0), else evenly
+        # each GPU's power split over the identities holding it (the one energy rule,
+        # gpu_audit.rules.power_split)
         _rule("user_project_job:gpu_power_watts:sum",
               f"sum by ({IDENTITY}) (\n"
               f"  (\n"
-              f"{split}"
+              f"{power_split(sel(p))}"
               f"    (gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
               f"      count by (instance, uuid) (gpu:gpu_held:bool))\n"
               f"  )\n"
@@ -80,39 +57,10 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
         _rule("gpu:allocation_utilization_ratio",
               f"max by ({GPU_IDENTITY}) (gpu_allocation_info{sel(p)})\n"
               f"  * on (instance, uuid) group_left () max by (instance, uuid) ({util})"),
-        # per GPU and identity, for chargeback (a bill needs the GPU, for its model):
-        # the part of the GPU it holds (1, or on a MIG GPU its instances' weights), the
-        # holder's share (1 / holders; on a MIG GPU each instance's weight / its
-        # holders), its SM use, its power share
-        _rule("gpu:gpu_held:weight",
-              f"sum by ({GPU_IDENTITY}) {mig_held}\nor\ngpu:gpu_held:bool"),
-        # what was reserved for the identity (gpu_allocation_info), weighted as held time
-        # is; not through the utilisation, which a MIG parent does not report
-        _rule("gpu:gpu_allocated:weight",
-              f"sum by ({GPU_IDENTITY}) (max by ({GPU_IDENTITY}, gpu_instance_id)"
-              f" (gpu_process_mig_weight_ratio{sel(p)})"
-              f" and on ({GPU_IDENTITY}) {alloc})\nor\n{alloc}"),
-        _rule("gpu:gpu_held:share",
-              f"sum by ({GPU_IDENTITY}) (\n"
-              f"  {mig_held}\n"
-              f"    / on (instance, uuid, gpu_instance_id) group_left ()\n"
-              f"  count by (instance, uuid, gpu_instance_id) {mig_held}\n"
-              f")\n"
-              f"or\n"
-              f"{equal}"),
-        _rule("gpu:gpu_busy:sum",
-              f"sum by ({GPU_IDENTITY}) ({proc_sm})"),
-        _rule("gpu:gpu_power_watts:share",
-              f"(\n"
-              f"{split}"
-              f"    ({equal})\n"
-              f")\n"
-              f"* on (instance, uuid) group_left () max by (instance, uuid) ({power})"),
-        # per GPU, for chargeback: up (1/0; its samples also count the time down),
-        # utilisation and power, one series per physical GPU
-        _rule("gpu:gpu_up:max", f"max by ({GPU}) (gpu_up{sel(p)})"),
-        _rule("gpu:gpu_utilization_ratio:max", f"max by ({GPU}) ({util})"),
-        _rule("gpu:gpu_power_watts:max", f"max by ({GPU}) ({power})"),
+        # per GPU and identity, and per GPU: what chargeback reads
+        *from_bill("gpu:gpu_held:weight", "gpu:gpu_allocated:weight", "gpu:gpu_held:share",
+                   "gpu:gpu_busy:sum", "gpu:gpu_power_watts:share", "gpu:gpu_up:max",
+                   "gpu:gpu_utilization_ratio:max", "gpu:gpu_power_watts:max"),
         _rule("fleet:gpus:count",
               f"count(gpu_up{sel(p)} == 1) or vector(0)"),
         _rule("fleet:gpus_held:sum",

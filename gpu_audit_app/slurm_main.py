@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from gpu_audit.rules import IDLE_UTILIZATION
 
 if TYPE_CHECKING:
     from chargeback.slurm.report import RunReport
@@ -116,8 +117,8 @@ def _idle_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus (or a compatible engine) scraping the nodes' exporters.")
     p.add_argument("--window", type=float, default=1800.0, metavar="SECONDS",
                    help="Judge the last this many seconds (default 1800).")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="RATIO",
-                   help="Idle below this mean GPU utilisation (default 0.05).")
+    p.add_argument("--threshold", type=float, default=IDLE_UTILIZATION, metavar="RATIO",
+                   help=f"Idle below this mean GPU utilisation (default {IDLE_UTILIZATION:g}).")
     p.add_argument("--min-runtime", type=float, default=None, metavar="SECONDS",
                    help="Leave younger jobs alone (default: the window).")
     p.add_argument("--action", choices=("flag", "requeue"), default="flag",

@@ -12,6 +12,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpu_audit.rules import IDLE_UTILIZATION
 from launcher.limits import KIB, SPEC
 
 # `hand-launched` is a replay baseline (people starting jobs by hand while at their
@@ -137,7 +138,7 @@ class PolicyConfig(BaseModel):
         "of higher or equal priority; a one-GPU job that cannot is re-admitted as a share "
         "of its GPU (policy `priority` only).")
     idle_util_threshold: float = Field(
-        default=0.05, ge=0, le=1,
+        default=IDLE_UTILIZATION, ge=0, le=1,
         description="A job whose measured utilisation (the GPU's utilisation x the job's "
         "share of the memory in use there, 0-1) is under this on every GPU it holds is "
         "idle.")

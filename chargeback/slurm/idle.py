@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpu_audit.rules import IDLE_UTILIZATION
+
 ACTIONS = ("flag", "requeue")
 # squeue reasons of a pending job that waits for GPUs others hold
 WAITING_REASONS = frozenset({"Resources", "Priority", "ReqNodeNotAvail"})
@@ -48,7 +50,7 @@ class Measured:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    threshold: float = 0.05
+    threshold: float = IDLE_UTILIZATION
     window_s: float = 1800.0
     min_runtime_s: float = 1800.0
     min_coverage: float = 0.8

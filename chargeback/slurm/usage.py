@@ -28,8 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_audit.rules import IDLE_UTILIZATION
+
 # Below this GPU utilisation a held GPU is idle (chargeback's idle-held GPU-hours).
-IDLE_UTILIZATION = 0.05
 
 
 @dataclass(slots=True)

@@ -57,76 +57,17 @@ from typing import Any
 
 from chargeback.model import UNATTRIBUTED, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.errors import GpuAuditError
+from gpu_audit.rules import bill_rules
 
 DEFAULT_INTERVAL = 60.0
 _SEL = '{simulated!="true"}'
 _DAY = 86400.0
 
-_SMH = ("(sum by (instance, gpu, uuid, user, project, job) "
-        "(gpu_process_sm_utilization_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
-        " gpu:gpu_held:bool)")
-
-# ... and its memory there (the energy rule's second step: no per-process SM)
-_MEMH = ("(sum by (instance, gpu, uuid, user, project, job) "
-         "(gpu_process_memory_used_bytes{S}) and on (instance, gpu, uuid, user, project, job)"
-         " gpu:gpu_held:bool)")
-
-# ... the MIG instances it holds, each with its weight (gpu_audit.model.mig)
-_MIGH = ("(max by (instance, gpu, uuid, user, project, job, gpu_instance_id)"
-         " (gpu_process_mig_weight_ratio{S}) and on (instance, gpu, uuid, user, project, job)"
-         " gpu:gpu_held:bool)")
-# ... what was reserved for it
-_ALLOC = "max by (instance, gpu, uuid, user, project, job) (gpu_allocation_info{S})"
-# ... and the equal split of a GPU over its holders
-_EQUAL = ("gpu:gpu_held:bool / on (instance, uuid) group_left ()\n"
-          "  count by (instance, uuid) (gpu:gpu_held:bool)")
-
-# The recording rules this source reads, as alerts/rules/recording.yaml renders them
-# with the production parameters (tests/chargeback check the two agree). `{S}` is the
-# simulated filter. Used verbatim in raw mode.
-RULES: dict[str, str] = {
-    "gpu:gpu_held:bool":
-        "max by (instance, gpu, uuid, user, project, job) "
-        "(gpu_process_memory_used_bytes{S} > bool 0) == 1",
-    "gpu:gpu_idle_held:bool":
-        "gpu:gpu_held:bool and on (instance, uuid)\n"
-        "  (max by (instance, uuid) (gpu_utilization_ratio{S}) < 0.05)",
-    "gpu:gpu_held:weight":
-        "sum by (instance, gpu, uuid, user, project, job) {MIGH}\nor\ngpu:gpu_held:bool",
-    "gpu:gpu_allocated:weight":
-        "sum by (instance, gpu, uuid, user, project, job) (max by (instance, gpu, uuid, user,"
-        " project, job, gpu_instance_id) (gpu_process_mig_weight_ratio{S}) and on (instance,"
-        " gpu, uuid, user, project, job) {ALLOC})\nor\n{ALLOC}",
-    "gpu:gpu_held:share":
-        "sum by (instance, gpu, uuid, user, project, job) (\n"
-        "  {MIGH}\n"
-        "    / on (instance, uuid, gpu_instance_id) group_left ()\n"
-        "  count by (instance, uuid, gpu_instance_id) {MIGH}\n"
-        ")\n"
-        "or\n"
-        "{EQUAL}",
-    "gpu:gpu_busy:sum":
-        "sum by (instance, gpu, uuid, user, project, job) (gpu_process_sm_utilization_ratio{S})",
-    "gpu:gpu_power_watts:share":
-        "(\n"
-        "    {SMH}\n"
-        "      / on (instance, uuid) group_left ()\n"
-        "    (sum by (instance, uuid) {SMH} > 0)\n"
-        "    or on (instance, uuid)\n"
-        "    {MEMH}\n"
-        "      / on (instance, uuid) group_left ()\n"
-        "    (sum by (instance, uuid) {MEMH} > 0)\n"
-        "    or on (instance, uuid)\n"
-        "    ({EQUAL})\n"
-        ")\n"
-        "* on (instance, uuid) group_left () max by (instance, uuid) "
-        "(gpu_power_usage_watts{S})",
-    "gpu:gpu_up:max": "max by (instance, gpu, uuid) (gpu_up{S})",
-    "gpu:gpu_utilization_ratio:max": "max by (instance, gpu, uuid) (gpu_utilization_ratio{S})",
-    "gpu:gpu_power_watts:max": "max by (instance, gpu, uuid) (gpu_power_usage_watts{S})",
-}
-RULES = {k: v.replace("{SMH}", _SMH).replace("{MEMH}", _MEMH).replace("{MIGH}", _MIGH)
-         .replace("{EQUAL}", _EQUAL).replace("{ALLOC}", _ALLOC) for k, v in RULES.items()}
+# The recording rules this source reads: gpu_audit.rules' expressions, the ones
+# alerts/rules/recording.yaml renders (one definition; with the production parameters the
+# shipped file holds exactly these). `{S}` is the simulated filter, filled in per query;
+# used verbatim in raw mode.
+RULES: dict[str, str] = bill_rules("{S}")
 
 _OWNER = "instance, uuid, user, project"
 # name -> (query template, per-owner?); {R} sum window, {RE} energy window, {I} interval

@@ -14,9 +14,9 @@ import orjson
 
 from chargeback.model import Request, SourceData
 from gpu_audit.errors import GpuAuditError
+from gpu_audit.rules import IDLE_UTILIZATION
 from gpu_audit.tls import TlsConfig
 
-IDLE_UTILIZATION = 0.05
 PAGE_SIZE = 1000
 UNKNOWN_MODEL = "unknown"
 POWER_SCRIPT = (

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-IDLE_UTILIZATION = 0.05
+from gpu_audit.rules import IDLE_UTILIZATION
 
 Owner = tuple[str | None, str | None]  # (user, project)
 UNATTRIBUTED: Owner = (None, None)

@@ -27,11 +27,12 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpu_audit.rules import IDLE_UTILIZATION
 from launcher.replay.demand import demand_ceiling, earliest_finish, night_deadline
 from launcher.replay.executor import Interval, JobTruth
 from launcher.replay.trace import URGENCIES, Trace
 
-IDLE_UTIL = 0.05
+IDLE_UTIL = IDLE_UTILIZATION
 HOUR = 3600.0
 
 

@@ -260,8 +260,8 @@ def test_two_archive_sinks_are_chosen_by_name_as_audit_verify_chooses(
     with pytest.raises(ConfigError, match="no archive sink named 'nope'"):
         archive_source(cfg, "nope")
     monkeypatch.setenv("GPU_AUDIT__AUDIT__HMAC_KEY_FILE", str(tmp_path / "key"))
-    (tmp_path / "key").write_text("k\n")
-    assert archive_source(cfg, "offsite")[1] == b"k"
+    (tmp_path / "key").write_text("offsite-hmac-key-0123456789\n")
+    assert archive_source(cfg, "offsite")[1] == b"offsite-hmac-key-0123456789"
 
 
 def test_chargeback_takes_sink(tmp_path: Path) -> None:
