@@ -303,7 +303,7 @@ def forecast(points: Sequence[tuple[str, float, float]], horizon_days: int) -> F
         r = _trend_point(ti, seasonal)
         mid = sum(b * v for b, v in zip(beta, r, strict=True))
         var = sum(r[i] * inv[i][j] * r[j] for i in range(p) for j in range(p))
-        half = tq * s * math.sqrt(1 + var / 7)  # a week's mean level, not one day
+        half = tq * s * math.sqrt(var + 1 / 7)  # a week's mean: the line's and 7 days' noise
         return mid, mid - half, mid + half
 
     last = t[-1]
