@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="How far ahead the forecast looks (default 183: six months).")
     p.add_argument("--whatif-gpus", metavar="N", type=int, action="append", default=[],
                    help="Replay the period's launcher queue with N more GPUs (repeatable).")
+    p.add_argument("--node-gpus", metavar="N", type=int, default=None,
+                   help="GPUs of the launcher's node for the replay (default: the GPUs the "
+                   "store's jobs were started on).")
     p.add_argument("--whatif-trace", metavar="FILE",
                    help="Replay this trace (docs/REPLAY.md) instead of the queue rebuilt "
                    "from --launcher-state.")
@@ -164,7 +167,8 @@ def whatif(args: argparse.Namespace, start: datetime, end: datetime
            ) -> tuple[list[WhatIf], str]:
     """The queue replayed by the launcher's own engine: as configured without idle
     reclaim (the baseline), with idle reclaim, and with +N GPUs."""
-    return run_whatif(args.whatif_trace, args.launcher_state, args.whatif_gpus, start, end)
+    return run_whatif(args.whatif_trace, args.launcher_state, args.whatif_gpus, start, end,
+                      node_gpus=args.node_gpus)
 
 
 def capacity_command(args: argparse.Namespace) -> int:
@@ -177,6 +181,8 @@ def capacity_command(args: argparse.Namespace) -> int:
         problems.append("--prometheus-url URL is needed with --source prometheus")
     if args.horizon_days < 1:
         problems.append(f"--horizon-days {args.horizon_days}: at least 1")
+    if args.node_gpus is not None and not 1 <= args.node_gpus <= 64:
+        problems.append(f"--node-gpus {args.node_gpus}: 1 to 64 (the replay engine's node)")
     if any(n < 1 for n in args.whatif_gpus):
         problems.append("--whatif-gpus N: N is at least 1")
     if problems:

@@ -6,8 +6,8 @@ submitted differently to a bigger node.
 
 The trace comes from `--whatif-trace FILE`, else it is rebuilt from the first
 `--launcher-state` store: each job submitted in the period, its GPU time
-(allocated GPU-seconds / GPUs) as its run time and measured / allocated as its
-utilisation. This module never writes into a store.
+(allocated GPU-seconds / GPUs) as its run time, measured / allocated as its
+utilisation, and a checkpoint every CHECKPOINT_S when its spec names a checkpoint_dir. This module never writes into a store.
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ from launcher.replay.trace import GIB, Trace, TraceHeader, TraceJob, load_trace
 from launcher.store import Store
 
 MAX_GPUS = 64  # the replay engine's node (TraceHeader.gpus)
+# the store keeps no checkpoint interval: a job with a checkpoint_dir is replayed as
+# committing one every 10 minutes (so idle reclaim may preempt it, as the daemon would)
+CHECKPOINT_S = 600.0
 
 
-def trace_from_store(path: str, start: datetime, end: datetime) -> Trace | None:
+def trace_from_store(path: str, start: datetime, end: datetime,
+                     node_gpus: int | None = None) -> Trace | None:
     """The store's jobs submitted in [start, end) as a replay trace (None: none ran)."""
     store = Store(path)
     try:
@@ -56,12 +60,13 @@ def trace_from_store(path: str, start: datetime, end: datetime) -> Trace | None:
                 gpu_fraction=(rec.spec.gpu_fraction if rec.spec.gpu_fraction is not None
                               and rec.spec.gpu_fraction < 1 else None),
                 memory_bytes=min(rec.spec.gpu_memory_bytes or GIB, 80 * GIB),
-                runtime=runtime, util=util))
+                runtime=runtime, util=util,
+                checkpoint_interval=CHECKPOINT_S if rec.spec.checkpoint_dir else None))
     finally:
         store.close()
     if not jobs:
         return None
-    gpus = max(1, min(MAX_GPUS, len(uuids) or max(j.gpus for j in jobs)))
+    gpus = node_gpus or max(1, min(MAX_GPUS, len(uuids) or max(j.gpus for j in jobs)))
     header = TraceHeader(trace=Path(path).stem, gpus=gpus,
                          window_seconds=max(1.0, hi - lo), start=start.date())
     return Trace(header=header, jobs=tuple(sorted(jobs, key=lambda j: (j.arrival, j.name))))
@@ -80,12 +85,13 @@ def _result(name: str, run: ReplayRun) -> WhatIf:
 
 
 def run_whatif(trace_path: str | None, states: list[str], more: list[int],
-               start: datetime, end: datetime) -> tuple[list[WhatIf], str]:
+               start: datetime, end: datetime, *, node_gpus: int | None = None
+               ) -> tuple[list[WhatIf], str]:
     if trace_path is not None:
         trace: Trace | None = load_trace(Path(trace_path))
         where = f"the trace {trace_path}"
     elif states:
-        trace = trace_from_store(states[0], start, end)
+        trace = trace_from_store(states[0], start, end, node_gpus)
         where = f"the jobs of {states[0]} submitted in the period"
     else:
         return [], ("no replay: pass --launcher-state (the queue is rebuilt from it) or "
@@ -109,8 +115,10 @@ def run_whatif(trace_path: str | None, states: list[str], more: list[int],
     note = (f"A replay of {where} ({len(trace.jobs)} jobs, {trace.header.gpus} GPUs) through "
             "the launcher's own engine (policy priority): each job arrives when it did and "
             "runs as long and as busy as measured. Deadline jobs: those submitted 17:00-09:00 "
-            "that could end by 09:00 on an empty node. A replay, not a promise: users "
-            "submit differently to a bigger node.")
+            "that could end by 09:00 on an empty node. Compare the replays with each other, "
+            "not with the measured waits: the replay knows only these jobs, not other "
+            "work on the GPUs. A replay, not a promise: users submit differently to a "
+            "bigger node.")
     if capped:
         note += (f" Not replayed: +{', +'.join(map(str, capped))} GPUs (the replay engine's "
                  f"node has at most {MAX_GPUS}).")

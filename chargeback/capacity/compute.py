@@ -354,6 +354,14 @@ def _h(hours: float) -> str:
     return f"{hours:,.1f} h"
 
 
+def _change(what: str, before: float, after: float) -> str:
+    if round(after, 1) < round(before, 1):
+        return f"{what} cuts the p95 wait from {_h(before)} to {_h(after)}"
+    if round(after, 1) > round(before, 1):
+        return f"{what} raises the p95 wait from {_h(before)} to {_h(after)}"
+    return f"{what} leaves the p95 wait at {_h(before)}"
+
+
 def sentence(cap: Capacity) -> str:
     """The finance sentence, from the numbers alone (docs/CAPACITY.md)."""
     period = [r for r in cap.rows if r.month == "period"]
@@ -387,11 +395,10 @@ def sentence(cap: Capacity) -> str:
     if base is not None and (reclaim is not None or more):
         bits = []
         if reclaim is not None:
-            bits.append(f"reclaiming idle GPUs cuts p95 wait from {_h(base.p95_wait_h)} to "
-                        f"{_h(reclaim.p95_wait_h)}")
+            bits.append(_change("reclaiming idle GPUs", base.p95_wait_h, reclaim.p95_wait_h))
         for x in more:
-            bits.append(f"{x.name[1:]} more would cut it to {_h(x.p95_wait_h)}")
-        parts.append("in a replay of the queue, " + "; ".join(bits))
+            bits.append(_change(f"{x.name[1:]} more", base.p95_wait_h, x.p95_wait_h))
+        parts.append("in a replay of the queue (not a promise), " + "; ".join(bits))
     text = "; ".join(parts) + "."
     fc = cap.forecast
     text += " " + fc.message[0].upper() + fc.message[1:] + "." if fc.message else ""
