@@ -13,7 +13,9 @@ whole period, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
+from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -26,10 +28,10 @@ from chargeback.run import SourceError, has_data
 from chargeback.sources.slurm import SacctError, gpus_of
 from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.capacity_replay import run_whatif
+from gpu_audit_app.capacity_replay import run_whatif, snapshot
 from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.chargeback_period import period
-from launcher.store import WAITING, Store
+from launcher.store import WAITING
 
 SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch")
 BINS = {"hour": 3600.0, "day": 86400.0}
@@ -123,8 +125,12 @@ def launcher_waits(paths: list[str]) -> list[Wait]:
     for path in paths:
         if not Path(path).is_file():
             raise ConfigError("arguments", [f"--launcher-state {path}: no such file"])
-        store = Store(path)
-        try:
+        with ExitStack() as stack:
+            try:
+                store = stack.enter_context(snapshot(path))
+            except sqlite3.DatabaseError as exc:
+                raise ConfigError("arguments", [f"--launcher-state {path}: not a launcher "
+                                                f"store ({exc})"]) from None
             jobs = {j.id: j for j in store.jobs()}
             for kind in ("started", "resumed", "restarted"):
                 for ev in store.events(kind=kind):
@@ -137,8 +143,6 @@ def launcher_waits(paths: list[str]) -> list[Wait]:
             for rec in store.jobs(WAITING):
                 out.append(Wait("launcher", f"{path}:{rec.id}", rec.spec.gpu_share,
                                 rec.queued_at, None))
-        finally:
-            store.close()
     return out
 
 

@@ -7,12 +7,19 @@ submitted differently to a bigger node.
 The trace comes from `--whatif-trace FILE`, else it is rebuilt from the first
 `--launcher-state` store: each job submitted in the period, its GPU time
 (allocated GPU-seconds / GPUs) as its run time, measured / allocated as its
-utilisation, and a checkpoint every CHECKPOINT_S when its spec names a checkpoint_dir. This module never writes into a store.
+utilisation, and a checkpoint every CHECKPOINT_S when its spec names a checkpoint_dir.
+
+A store is read from a snapshot (`snapshot`: SQLite's online backup of it, opened
+read-only, into a temporary file): never written, and a running daemon keeps going.
 """
 
 from __future__ import annotations
 
 import math
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -29,11 +36,30 @@ MAX_GPUS = 64  # the replay engine's node (TraceHeader.gpus)
 CHECKPOINT_S = 600.0
 
 
+@contextmanager
+def snapshot(path: str) -> Iterator[Store]:
+    """A consistent copy of the launcher store at `path`, opened as a Store; the original
+    is opened read-only and never written (a live daemon's WAL is included)."""
+    with tempfile.TemporaryDirectory(prefix="capacity-store-") as tmp:
+        src = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        copy = Path(tmp) / "state.db"
+        dst = sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+            src.close()
+        store = Store(copy)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
 def trace_from_store(path: str, start: datetime, end: datetime,
                      node_gpus: int | None = None) -> Trace | None:
     """The store's jobs submitted in [start, end) as a replay trace (None: none ran)."""
-    store = Store(path)
-    try:
+    with snapshot(path) as store:
         uuids: set[str] = set()
         for kind in ("started", "resumed", "restarted"):
             for ev in store.events(kind=kind):
@@ -62,8 +88,6 @@ def trace_from_store(path: str, start: datetime, end: datetime,
                 memory_bytes=min(rec.spec.gpu_memory_bytes or GIB, 80 * GIB),
                 runtime=runtime, util=util,
                 checkpoint_interval=CHECKPOINT_S if rec.spec.checkpoint_dir else None))
-    finally:
-        store.close()
     if not jobs:
         return None
     gpus = node_gpus or max(1, min(MAX_GPUS, len(uuids) or max(j.gpus for j in jobs)))

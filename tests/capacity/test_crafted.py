@@ -23,9 +23,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("capacity")
     config = write_trail(root)
     store = write_store(root / "state.db")
+    before = store.read_bytes()
     out = root / "out"
     assert main(["capacity", "--config", str(config), *PERIOD, "--launcher-state",
                  str(store), "--out", str(out), "--no-png"]) == 0
+    assert store.read_bytes() == before  # read from a snapshot, never written
     return root, out
 
 

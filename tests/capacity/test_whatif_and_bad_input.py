@@ -109,3 +109,13 @@ def test_bad_arguments_name_every_problem(tmp_path: Path,
                DAY.isoformat(), "--to", END.isoformat(), "--launcher-state",
                str(tmp_path / "nope.db"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "nope.db: no such file" in capsys.readouterr().err
+
+
+def test_a_store_that_is_not_one_is_named(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "state.db"
+    bad.write_bytes(b"not a database" * 100)
+    rc = main(["capacity", "--config", str(write_trail(tmp_path)), "--from",
+               DAY.isoformat(), "--to", END.isoformat(), "--launcher-state", str(bad),
+               "--out", str(tmp_path / "o"), "--no-png"])
+    assert rc == 2 and "state.db: not a launcher store" in capsys.readouterr().err
