@@ -350,16 +350,37 @@ def _span(start: dt.datetime, end: dt.datetime) -> str:
     return f"the {days * 24:,.0f} hours"
 
 
+def _pct(value: float) -> str:
+    """A percentage for the sentence: "<1 %" rather than a "0 %" that is not zero."""
+    if 0 < value < 0.5:
+        return "<1 %"
+    return f"{value:.0f} %"
+
+
+def when(start: dt.datetime, end: dt.datetime) -> str:
+    """The period in words: whole days as dates (the last day included), else times."""
+    if start.time() == end.time() == dt.time(0, 0):
+        return f"{start.date()} to {(end - dt.timedelta(days=1)).date()}"
+    if start.date() == end.date():
+        return f"{start.date()} {start:%H:%M} to {end:%H:%M} UTC"
+    return f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
+
+
+def _gpu_h(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
 def _h(hours: float) -> str:
     return f"{hours:,.1f} h"
 
 
-def _change(what: str, before: float, after: float) -> str:
+def _change(what: str, before: float, after: float, *, plural: bool = False) -> str:
+    s = "" if plural else "s"
     if round(after, 1) < round(before, 1):
-        return f"{what} cuts the p95 wait from {_h(before)} to {_h(after)}"
+        return f"{what} cut{s} the p95 wait from {_h(before)} to {_h(after)}"
     if round(after, 1) > round(before, 1):
-        return f"{what} raises the p95 wait from {_h(before)} to {_h(after)}"
-    return f"{what} leaves the p95 wait at {_h(before)}"
+        return f"{what} raise{s} the p95 wait from {_h(before)} to {_h(after)}"
+    return f"{what} leave{s} the p95 wait at {_h(before)}"
 
 
 def sentence(cap: Capacity) -> str:
@@ -374,20 +395,21 @@ def sentence(cap: Capacity) -> str:
     if len(models) == 1:
         who = f"the {n:,} {models[0].model} GPUs"
     else:
-        who = f"the {n:,} GPUs ({len(models)} models)"
-    end_day = (cap.end - dt.timedelta(seconds=1)).date()
-    parts = [f"Over {_span(cap.start, cap.end)} {cap.start.date()} to {end_day} {who} "
-             f"averaged {site.allocated_pct:.0f} % allocated (p95 "
-             f"{site.allocated_pct_p95:.0f} %) and {site.busy_pct:.0f} % busy; "
-             f"{site.held_idle_pct:.0f} % were held idle and {site.down_pct:.0f} % down"]
+        who = f"the {n:,} GPUs (" + ", ".join(
+            f"{round(m.installed_gpus):,} {m.model}"
+            for m in sorted(models, key=lambda m: -m.installed_gpus)) + ")"
+    parts = [f"Over {_span(cap.start, cap.end)} {when(cap.start, cap.end)} {who} "
+             f"averaged {_pct(site.allocated_pct)} allocated (p95 "
+             f"{_pct(site.allocated_pct_p95)}) and {_pct(site.busy_pct)} busy; "
+             f"{_pct(site.held_idle_pct)} were held idle and {_pct(site.down_pct)} down"]
     w = cap.waits
     if not w.known:
         parts.append("queue waits are not known (no queue was read)")
     elif w.jobs == 0:
         parts.append("no job waited for a GPU")
     else:
-        parts.append(f"{w.queued_gpu_hours:,.0f} GPU-hours of jobs waited (p95 wait "
-                     f"{_h(w.p95_wait_h)}), {100 * w.while_idle_share:.0f} % of them while "
+        parts.append(f"{_gpu_h(w.queued_gpu_hours)} GPU-hours of jobs waited (p95 wait "
+                     f"{_h(w.p95_wait_h)}), {_pct(100 * w.while_idle_share)} of them while "
                      "GPUs were held idle")
     base = next((x for x in cap.whatif if x.name == "baseline"), None)
     reclaim = next((x for x in cap.whatif if x.name == "idle reclaim"), None)
@@ -397,7 +419,8 @@ def sentence(cap: Capacity) -> str:
         if reclaim is not None:
             bits.append(_change("reclaiming idle GPUs", base.p95_wait_h, reclaim.p95_wait_h))
         for x in more:
-            bits.append(_change(f"{x.name[1:]} more", base.p95_wait_h, x.p95_wait_h))
+            bits.append(_change(f"{x.gpus - base.gpus} more GPUs", base.p95_wait_h,
+                                x.p95_wait_h, plural=True))
         parts.append("in a replay of the queue (not a promise), " + "; ".join(bits))
     text = "; ".join(parts) + "."
     fc = cap.forecast

@@ -9,8 +9,10 @@ This module decides nothing about the numbers: it writes what `compute.build` ma
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ from dataclasses import asdict
 from html import escape
 from pathlib import Path
 
+from chargeback.capacity.compute import when
 from chargeback.capacity.model import ALL, Capacity, ModelMonth
 from chargeback.charts import BLUE, GREY, ORANGE, SKY, VERMILLION, Series, stacked_days
 from gpu_audit.atomicfile import replace_file
@@ -93,8 +96,16 @@ def summary(cap: Capacity, *, width: int = 100) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _nice_max(value: float) -> float:
+    """The axis top: 1, 2, 2.5, 5 or 10 times a power of ten, at least `value`."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(step * power for step in (1.0, 2.0, 2.5, 5.0, 10.0) if step * power >= value)
+
+
 def _axis_y(v: float) -> str:
-    return f"{v:,.0f}" if v >= 10 else f"{v:,.1f}"
+    return f"{v:,.0f}" if v >= 10 else (f"{v:.2f}".rstrip("0").rstrip(".") or "0")
 
 
 def line_chart(title: str, xs: list[str], series: list[tuple[str, str, list[float]]],
@@ -107,7 +118,7 @@ def line_chart(title: str, xs: list[str], series: list[tuple[str, str, list[floa
     vals = [v for _, _, ys in series for v in ys]
     if band is not None:
         vals += band[1]
-    ymax = max(vals, default=1.0) * 1.08 or 1.0
+    ymax = _nice_max(max(vals, default=1.0) * 1.02)
     n = max(len(xs), 2)
 
     def px(i: int) -> float:
@@ -146,9 +157,12 @@ def line_chart(title: str, xs: list[str], series: list[tuple[str, str, list[floa
         parts.append(f'<polyline class="line" points="{line}" fill="none" stroke="{color}" '
                      f'stroke-width="1.6"><title>{escape(name)}</title></polyline>')
     step = max(1, len(xs) // 8)
+    short = bool(xs) and xs[0][:10] == xs[-1][:10]  # one day: the hours
     for i in range(0, len(xs), step):
-        parts.append(f'<text x="{px(i):.1f}" y="{top + ph + 14}" text-anchor="middle" '
-                     f'fill="#444">{escape(xs[i][:10])}</text>')
+        label = xs[i][11:16] if short else xs[i][:10]
+        anchor = "end" if px(i) > width - right - 30 else "middle"
+        parts.append(f'<text x="{px(i):.1f}" y="{top + ph + 14}" text-anchor="{anchor}" '
+                     f'fill="#444">{escape(label)}</text>')
     lx = float(left)
     for name, color, _ in series:
         parts.append(f'<rect x="{lx:.1f}" y="{height - 16}" width="10" height="10" '
@@ -162,20 +176,28 @@ def line_chart(title: str, xs: list[str], series: list[tuple[str, str, list[floa
 def charts(cap: Capacity) -> dict[str, str]:
     """name -> SVG: GPU-hours per day by state; allocated GPUs per bin against
     installed; the forecast."""
-    days: dict[str, list[float]] = {}
-    for when, inst, down, alloc, busy, _idle in cap.series:
-        d = days.setdefault(when[:10], [0.0] * 4)
-        h = cap.bin_seconds / 3600
-        d[0] += max(0.0, busy) * h
-        d[1] += max(0.0, alloc - busy) * h
-        d[2] += max(0.0, inst - down - alloc) * h
-        d[3] += down * h
-    names = sorted(days)
+    # mean GPUs in each state per day (per week on long periods): a partial week or a
+    # day with missing bins is then not drawn as a drop in GPU-hours
+    acc: dict[str, list[float]] = {}
+    per = "day"
+    for at, inst, down, alloc, busy, _idle in cap.series:
+        key = at[:10]
+        if (cap.end - cap.start).days > 62:
+            day = dt.date.fromisoformat(key)
+            key = (day - dt.timedelta(days=day.weekday())).isoformat()
+            per = "week (from its Monday)"
+        a = acc.setdefault(key, [0.0] * 5)
+        a[0] += max(0.0, busy)
+        a[1] += max(0.0, alloc - busy)
+        a[2] += max(0.0, inst - down - alloc)
+        a[3] += down
+        a[4] += 1
+    names = sorted(acc)
     out = {"states": stacked_days(
-        "GPU-hours per day: busy, allocated but not busy, free, down", names,
+        f"Mean GPUs per {per}: busy, allocated but not busy, free, down", names,
         [Series("busy", BLUE), Series("allocated, not busy", ORANGE),
          Series("free", GREY), Series("down", VERMILLION)],
-        [[days[d][k] for d in names] for k in range(4)], "GPU-h")}
+        [[acc[d][k] / acc[d][4] for d in names] for k in range(4)], "GPUs")}
     xs = [s[0] for s in cap.series]
     out["allocated"] = line_chart(
         f"Allocated GPUs per {cap.bin_seconds / 3600:g}-hour bin against installed", xs,
@@ -185,13 +207,18 @@ def charts(cap: Capacity) -> dict[str, str]:
     fc = cap.forecast
     if fc.ok and fc.line:
         xs2 = [p[0] for p in fc.line]
-        data = {d: a for d, a, _ in cap.daily}
-        last = cap.daily[-1][0] if cap.daily else ""
+        # the data as a trailing 7-day mean (the trend is a weekly level: one weekday
+        # sampled every 7th day would sit above or below it)
+        days_ = [d for d, _, _ in cap.daily]
+        vals_ = [a for _, a, _ in cap.daily]
+        week = {d: sum(vals_[max(0, i - 6):i + 1]) / len(vals_[max(0, i - 6):i + 1])
+                for i, d in enumerate(days_)}
+        last = days_[-1] if days_ else ""
         split = next((i for i, x in enumerate(xs2) if x > last), None)
         out["forecast"] = line_chart(
-            "Daily allocated GPUs, the fitted trend and its 90 % interval", xs2,
-            [("allocated (daily mean)", ORANGE,
-              [data.get(x, p[1]) if x <= last else p[1] for x, p in zip(xs2, fc.line,
+            "Allocated GPUs (7-day mean), the fitted trend and its 90 % interval", xs2,
+            [("allocated, 7-day mean", ORANGE,
+              [week.get(x, p[1]) if x <= last else p[1] for x, p in zip(xs2, fc.line,
                                                                         strict=True)]),
              ("trend", BLUE, [p[1] for p in fc.line]),
              ("installed", "#222222", [fc.capacity_gpus] * len(xs2))],
@@ -199,17 +226,24 @@ def charts(cap: Capacity) -> dict[str, str]:
     return out
 
 
-def _table(cap: Capacity) -> str:
+def _gpu_h(value: float) -> str:
+    """GPU-hours for a table cell: whole hours from 100 on, else one decimal."""
+    return f"{value:,.0f}" if value >= 100 or value == 0 else f"{value:,.1f}"
+
+
+def _table(cap: Capacity, period: bool) -> str:
     head = ("Month", "GPU model", "GPUs", "Installed GPU-h", "Down GPU-h", "Allocated GPU-h",
             "Busy GPU-h", "Held idle GPU-h", "Free GPU-h", "Allocated %", "p95 allocated GPUs",
             "p99 allocated GPUs", "Hours at \u2265 90 %")
     rows = []
     for r in cap.rows:
-        strong = r.model == ALL or r.month == "period"
-        cells = (r.month, r.model, f"{r.installed_gpus:,.1f}", f"{r.installed_gpu_hours:,.0f}",
-                 f"{r.down_gpu_hours:,.0f}", f"{r.allocated_gpu_hours:,.0f}",
-                 f"{r.busy_gpu_hours:,.0f}", f"{r.held_idle_gpu_hours:,.0f}",
-                 f"{r.free_gpu_hours:,.0f}", f"{r.allocated_pct:.1f}",
+        if (r.month == "period") != period:
+            continue
+        strong = r.model == ALL
+        g = _gpu_h
+        cells = (r.month, r.model, f"{r.installed_gpus:,.1f}", g(r.installed_gpu_hours),
+                 g(r.down_gpu_hours), g(r.allocated_gpu_hours), g(r.busy_gpu_hours),
+                 g(r.held_idle_gpu_hours), g(r.free_gpu_hours), f"{r.allocated_pct:.1f}",
                  f"{r.allocated_gpus_p95:,.1f}", f"{r.allocated_gpus_p99:,.1f}",
                  f"{r.hours_at_90pct:,.0f}")
         tds = "".join(f"<td>{escape(c)}</td>" for c in cells)
@@ -218,12 +252,12 @@ def _table(cap: Capacity) -> str:
     return f"<table><thead><tr>{ths}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def html(cap: Capacity, svgs: dict[str, str], pngs: list[str]) -> str:
+def html(cap: Capacity, svgs: dict[str, str], pngs: list[str], png_why: str = "") -> str:
     w = cap.waits
     if w.known:
-        waits = (f"<p>{w.jobs:,} job(s) waited ({', '.join(w.sources)}); "
-                 f"{w.never_started:,} were still waiting at the period's end (their wait so "
-                 f"far counts). Queued demand: <b>{w.queued_gpu_hours:,.1f} GPU-hours</b> "
+        waits = (f"<p>{w.jobs:,} job(s) waited ({', '.join(w.sources)}); still waiting at "
+                 f"the period's end: {w.never_started:,} (their wait so far counts). "
+                 f"Queued demand: <b>{w.queued_gpu_hours:,.1f} GPU-hours</b> "
                  f"(GPUs asked for \u00d7 time waited). Wait p50 {w.p50_wait_h:.2f} h, p95 "
                  f"<b>{w.p95_wait_h:.2f} h</b>. Of the queued GPU-hours, "
                  f"{w.while_idle_gpu_hours:,.1f} ({100 * w.while_idle_share:.0f} %) waited "
@@ -242,10 +276,11 @@ def html(cap: Capacity, svgs: dict[str, str], pngs: list[str]) -> str:
     notes = "".join(f"<li>{escape(n)}</li>" for n in cap.notes)
     figs = "".join(f'<figure>{svg}</figure>' for svg in svgs.values())
     png_note = ("PNG copies: " + ", ".join(escape(p) for p in pngs) if pngs else
-                "PNG copies not written (no Chromium on this machine); the SVG files are")
+                f"PNG copies not written ({escape(png_why)}); the charts are the chart-*.svg "
+                "files")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<title>GPU capacity {cap.start.date()} .. {cap.end.date()}</title>
+<title>GPU capacity {when(cap.start, cap.end)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 24px; color: #111; max-width: 1200px; }}
 .sentence {{ font-size: 18px; line-height: 1.45; border-left: 4px solid #0072B2;
@@ -254,26 +289,29 @@ table {{ border-collapse: collapse; font-size: 12px; margin: 8px 0; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
 th:nth-child(-n+2), td:nth-child(-n+2) {{ text-align: left; }}
 tr.total td {{ font-weight: 600; background: #fafafa; }}
+td {{ white-space: nowrap; }}
 .note {{ color: #444; font-size: 13px; }}
 figure {{ margin: 10px 0; }}
 </style></head><body>
-<h1>GPU capacity: {cap.start.date()} to {cap.end.date()} (end exclusive)</h1>
+<h1>GPU capacity: {when(cap.start, cap.end)}</h1>
 <p class="sentence">{escape(cap.sentence)}</p>
 <p class="note">Source: {escape(cap.source)}, {cap.bin_seconds / 3600:g}-hour bins.
 {escape(cap.basis)}. Percentages are of installed GPU-hours (up + down).
 Definitions: docs/CAPACITY.md.</p>
+<h2>The period, per GPU model</h2>
+{_table(cap, True)}
 <h2>Per month and GPU model</h2>
-{_table(cap)}
+{_table(cap, False)}
 <h2>Charts</h2>
 {figs}
 <p class="note">{png_note}</p>
 <h2>Demand that waited</h2>
 {waits}
 <h2>Trend and forecast</h2>
-<p>{escape(cap.forecast.message)}</p>
+<p>{escape(cap.forecast.message[:1].upper() + cap.forecast.message[1:])}</p>
 <h2>What-if (a replay, not a promise)</h2>
 {whatif or "<p>No replay was run.</p>"}
-<h2>Notes</h2><ul>{notes}</ul>
+{"<h2>Notes</h2><ul>" + notes + "</ul>" if notes else ""}
 </body></html>
 """
 
@@ -320,6 +358,8 @@ def write_outputs(cap: Capacity, out: Path, *, png: bool = True) -> list[str]:
         if png and svg_to_png(out / f"chart-{name}.svg", out / f"chart-{name}.png"):
             pngs.append(f"chart-{name}.png")
     written += pngs
-    replace_file(out / "capacity.html", html(cap, svgs, pngs).encode())
+    why = ("--no-png" if not png else "no Chromium on this machine, or it failed"
+           if len(pngs) < len(svgs) else "")
+    replace_file(out / "capacity.html", html(cap, svgs, pngs, why).encode())
     written.append("capacity.html")
     return written

@@ -78,9 +78,9 @@ def test_the_sentence_is_made_of_these_numbers(run: tuple[Path, Path]) -> None:
     _, out = run
     summary = (out / "summary.txt").read_text()
     first = summary.split("\n\n", 1)[0].replace("\n", " ")
-    assert first.startswith("Over the 3 hours 2026-11-03 to 2026-11-03 the 4 NVIDIA H100 "
-                            "80GB HBM3 GPUs averaged 67 % allocated (p95 100 %) and 41 % "
-                            "busy; 17 % were held idle and 8 % down; 4 GPU-hours of jobs "
+    assert first.startswith("Over the 3 hours 2026-11-03 00:00 to 03:00 UTC the 4 NVIDIA "
+                            "H100 80GB HBM3 GPUs averaged 67 % allocated (p95 100 %) and 41 % "
+                            "busy; 17 % were held idle and 8 % down; 4.5 GPU-hours of jobs "
                             "waited (p95 wait 1.5 h), 33 % of them while GPUs were held idle")
     assert "forecast" in summary and "too few to fit a trend" in summary
     html = (out / "capacity.html").read_text()
