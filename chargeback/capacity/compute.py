@@ -24,7 +24,7 @@ from chargeback.capacity.model import (
     WaitSummary,
     WhatIf,
 )
-from chargeback.model import SourceData
+from chargeback.model import Fleet, SourceData
 
 H = 3600.0
 DAY = 86400.0
@@ -46,10 +46,14 @@ def figures_of(data: SourceData) -> dict[str, Figures]:
     for model, f in data.fleet.items():
         allocated = min(alloc[model], f.gpu_seconds) if data.allocation_known else (
             f.held_gpu_seconds)
-        out[model] = Figures(installed=f.gpu_seconds + f.down_gpu_seconds,
-                             down=f.down_gpu_seconds, allocated=allocated,
-                             busy=f.busy_gpu_seconds, held_idle=f.idle_held_gpu_seconds)
+        out[model] = figures_from_fleet(f, allocated)
     return out
+
+
+def figures_from_fleet(f: Fleet, allocated: float) -> Figures:
+    return Figures(installed=f.gpu_seconds + f.down_gpu_seconds, down=f.down_gpu_seconds,
+                   allocated=allocated, busy=f.busy_gpu_seconds,
+                   held_idle=f.idle_held_gpu_seconds)
 
 
 def basis(data: SourceData) -> str:
@@ -398,7 +402,10 @@ def sentence(cap: Capacity) -> str:
         who = f"the {n:,} GPUs (" + ", ".join(
             f"{round(m.installed_gpus):,} {m.model}"
             for m in sorted(models, key=lambda m: -m.installed_gpus)) + ")"
-    parts = [f"Over {_span(cap.start, cap.end)} {when(cap.start, cap.end)} {who} "
+    total_h = (cap.end - cap.start).total_seconds() / H
+    cover = ("" if site.hours >= total_h - 1e-6 else
+             f" (with data for {site.hours:,.0f} of its {total_h:,.0f} hours)")
+    parts = [f"Over {_span(cap.start, cap.end)} {when(cap.start, cap.end)}{cover} {who} "
              f"averaged {_pct(site.allocated_pct)} allocated (p95 "
              f"{_pct(site.allocated_pct_p95)}) and {_pct(site.busy_pct)} busy; "
              f"{_pct(site.held_idle_pct)} were held idle and {_pct(site.down_pct)} down"]

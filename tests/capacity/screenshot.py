@@ -31,7 +31,7 @@ def main() -> int:
         store = write_store(root / "state.db")
         cli(["capacity", "--config", str(config), "--from", DAY.isoformat(), "--to",
              END.isoformat(), "--launcher-state", str(store), "--whatif-gpus", "2",
-             "--node-gpus", "4", "--out", str(root / "crafted"), "--no-png"])
+             "--node-gpus", "4", "--bin", "hour", "--out", str(root / "crafted"), "--no-png"])
         chromium.screenshot(root / "crafted" / "capacity.html",
                             dest / "capacity-report-crafted.png", width=1000, height=1400)
     return 0

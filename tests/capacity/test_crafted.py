@@ -26,7 +26,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     before = store.read_bytes()
     out = root / "out"
     assert main(["capacity", "--config", str(config), *PERIOD, "--launcher-state",
-                 str(store), "--out", str(out), "--no-png"]) == 0
+                 str(store), "--out", str(out), "--no-png", "--bin", "hour"]) == 0
     assert store.read_bytes() == before  # read from a snapshot, never written
     return root, out
 
@@ -99,3 +99,18 @@ def test_totals_equal_chargeback(run: tuple[Path, Path]) -> None:
     assert float(r["down_gpu_hours"]) == pytest.approx(recon["down_gpu_hours"], abs=1e-9)
     # free = up - held: chargeback's idle row
     assert float(r["free_gpu_hours"]) == pytest.approx(recon["idle_gpu_hours"], abs=1e-9)
+
+
+def test_day_bins_from_one_read_give_the_same_totals(run: tuple[Path, Path]) -> None:
+    """--bin day reads the archive once (per-day, per-model sums): the period's totals are
+    the hourly run's; only the per-bin figures are coarser (one 3-hour bin here)."""
+    root, out = run
+    day = root / "day"
+    assert main(["capacity", "--config", str(root / "gpu-audit.yaml"), *PERIOD, "--out",
+                 str(day), "--no-png", "--bin", "day"]) == 0
+    hourly, daily = _rows(out)["period", "all models"], _rows(day)["period", "all models"]
+    for col in ("hours", "installed_gpu_hours", "down_gpu_hours", "allocated_gpu_hours",
+                "busy_gpu_hours", "held_idle_gpu_hours", "free_gpu_hours"):
+        assert float(daily[col]) == pytest.approx(float(hourly[col]), abs=1e-9), col
+    assert float(daily["allocated_gpus_p95"]) == pytest.approx(8 / 3, abs=1e-4)
+    assert len(json.loads((day / "capacity.json").read_text())["series"]) == 1

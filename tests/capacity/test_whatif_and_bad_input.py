@@ -87,10 +87,11 @@ def test_bins_without_data_are_left_out_not_zero(tmp_path: Path) -> None:
     config = write_trail(tmp_path)
     out = tmp_path / "out"
     assert main(["capacity", "--config", str(config), "--from", "2026-11-02T22:00:00Z",
-                 "--to", END.isoformat(), "--out", str(out), "--no-png"]) == 0
+                 "--to", END.isoformat(), "--out", str(out), "--no-png", "--bin", "hour"]) == 0
     doc = json.loads((out / "capacity.json").read_text())
     assert doc["bins_missing"] == 2
     assert any("2 of 5 bin(s) had no data" in n for n in doc["notes"])
+    assert "(with data for 3 of its 5 hours)" in doc["sentence"]
     site = next(r for r in doc["rows"] if r["month"] == "period" and r["model"] == "all models")
     assert site["hours"] == 3 and site["allocated_gpus_mean"] == pytest.approx(8 / 3)
 
