@@ -78,7 +78,7 @@ def test_too_few_days_and_none() -> None:
     assert forecast([], 183).message == "no data: nothing to fit"
 
 
-@pytest.mark.parametrize(("df", "exact"), [(1, 6.313752), (3, 2.353363), (5, 2.015048), (10, 1.812461), (30, 1.697261),
-                                           (100, 1.660234)])
+@pytest.mark.parametrize(("df", "exact"), [(1, 6.313752), (3, 2.353363), (5, 2.015048),
+                                           (10, 1.812461), (30, 1.697261), (100, 1.660234)])
 def test_t_quantile(df: int, exact: float) -> None:
     assert t_quantile(0.95, df) == pytest.approx(exact, abs=2e-3)
