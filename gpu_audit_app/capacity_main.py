@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -178,14 +179,16 @@ def launcher_waits(paths: list[str]) -> list[Wait]:
     return out
 
 
-def slurm_waits(start: datetime, end: datetime) -> list[Wait]:
+def slurm_waits(start: datetime, end: datetime,
+                run: Callable[[str, Sequence[str]], str] | None = None) -> list[Wait]:
     """Pending stretches from sacct: each job (and each requeued run) from Eligible to
-    Start, GPUs from ReqTRES's gres/gpu; a job still pending has no Start."""
+    Start, GPUs from ReqTRES's gres/gpu; a job still pending has no Start. `run`: the
+    command runner (default gpu_audit.slurmcmd.run), as chargeback's read_sacct takes."""
     fields = ("JobIDRaw", "Eligible", "Start", "ReqTRES", "State")
     args = ["-a", "-X", "-D", "-n", "-P", "-S", slurmcmd.slurm_time(start.timestamp()),
             "-E", slurmcmd.slurm_time(end.timestamp() - 1), "-o", ",".join(fields)]
     try:
-        rows = slurmcmd.parsable(slurmcmd.run("sacct", args), fields)
+        rows = slurmcmd.parsable((run or slurmcmd.run)("sacct", args), fields)
     except slurmcmd.SlurmCommandError as exc:
         raise SacctError(str(exc)) from None
     out = []
