@@ -458,4 +458,9 @@ def build(start: dt.datetime, end: dt.datetime, source: str, bin_seconds: float,
         cap.notes.append(f"{missing} of {len(bins)} bin(s) had no data from the source: "
                          "left out of the means and percentiles (not counted as 0)")
     cap.sentence = sentence(cap)
+    # a reader who sees only the sentence must see these too
+    if any(n.startswith("INCOMPLETE") for n in cap.notes):
+        cap.sentence = "INCOMPLETE (records missing, --allow-gaps): " + cap.sentence
+    if any(n.startswith("SIMULATED") for n in cap.notes):
+        cap.sentence = "SIMULATED DATA, not real hardware: " + cap.sentence
     return cap
