@@ -32,6 +32,7 @@ BUSY_LINE = 0.90  # "hours at >= 90 % allocated"
 MIN_FORECAST_DAYS = 14  # fewer daily points say nothing about a trend
 SEASONAL_DAYS = 28  # four of each weekday before a weekday term is fitted
 LEVEL = 0.90  # the intervals stated (two-sided)
+SATURATED = 0.95  # the last week's allocation at this share of installed: at capacity
 
 
 def figures_of(data: SourceData) -> dict[str, Figures]:
@@ -223,6 +224,12 @@ def t_quantile(p: float, df: int) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * d**3))
 
 
+def _rate(x: float) -> str:
+    """A slope in GPUs a day to two decimals; under 0.005 either way it is 0.00 (no
+    "-0.00", no 2.9e-06 in a sentence for finance)."""
+    return "0.00" if abs(x) < 0.005 else f"{x:+,.2f}"
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     """Gauss-Jordan with partial pivoting (the normal equations are tiny)."""
     n = len(b)
@@ -301,8 +308,19 @@ def forecast(points: Sequence[tuple[str, float, float]], horizon_days: int) -> F
         eff = [0.0, *beta[2:]]
         mean = sum(eff) / 7
         fc.weekday_effect = [e - mean for e in eff]
-    trend = (f"allocated demand changed by {fc.slope_gpus_per_day:+,.2f} GPUs a day "
-             f"(90 % interval {fc.slope_low:+,.2f} to {fc.slope_high:+,.2f}) over {n} days")
+    trend = (f"allocated demand changed by {_rate(fc.slope_gpus_per_day)} GPUs a day "
+             f"(90 % interval {_rate(fc.slope_low)} to {_rate(fc.slope_high)}) over {n} "
+             "days")
+    recent = sum(y[-7:]) / len(y[-7:])
+    if capacity > 0 and recent >= SATURATED * capacity:
+        # allocation cannot exceed what is installed: a trend of it says nothing more
+        fc.message = (f"allocated demand is already at installed capacity: "
+                      f"{100 * recent / capacity:.0f} % of the {capacity:,.0f} GPUs over the "
+                      "last 7 days, so allocation cannot show how much more is wanted (the "
+                      f"queued demand does); {trend}")
+        fc.reach_date = fc.reach_earliest = fc.reach_latest = points[-1][0]
+        fc.ok = True
+        return fc
     if n < MIN_FORECAST_DAYS or n < horizon_days:
         fc.message = (f"{n} day(s) of data cannot support a {horizon_days}-day forecast "
                       f"(it needs at least {max(MIN_FORECAST_DAYS, horizon_days)} days: no "

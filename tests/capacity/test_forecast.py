@@ -82,3 +82,13 @@ def test_too_few_days_and_none() -> None:
                                            (10, 1.812461), (30, 1.697261), (100, 1.660234)])
 def test_t_quantile(df: int, exact: float) -> None:
     assert t_quantile(0.95, df) == pytest.approx(exact, abs=2e-3)
+
+
+def test_demand_already_at_capacity_is_said_so() -> None:
+    """Allocation cannot exceed what is installed: a flat trend at 100 % is not 'never
+    reaches capacity'."""
+    fc = forecast(_points(183, a=990.0, b=0.0, sd=3), 183)
+    assert fc.message.startswith("allocated demand is already at installed capacity: 99 % "
+                                 "of the 1,000 GPUs over the last 7 days")
+    assert fc.reach_date == fc.reach_earliest == _points(183)[-1][0]
+    assert "does not reach" not in fc.message
