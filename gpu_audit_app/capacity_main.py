@@ -249,6 +249,10 @@ def capacity_command(args: argparse.Namespace) -> int:
             sources.append("slurm")
         except SacctError as exc:
             notes.append(f"Slurm pending times not read: {exc}")
+    if args.bin == "day":
+        notes.append("day bins: p95/p99 allocated GPUs are of daily means (peaks inside a "
+                     "day do not show) and 'hours at >= 90 %' counts the hours of whole days "
+                     "whose mean was at least 90 % (--bin hour for hourly bins)")
     runs, note = whatif(args, start, end)
     cap = build(start, end, args.source, BINS[args.bin], bins, basis_text, waits, sources,
                 args.horizon_days, runs, note, notes)
