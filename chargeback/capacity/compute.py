@@ -405,10 +405,10 @@ def _h(hours: float) -> str:
 def _change(what: str, before: float, after: float, *, plural: bool = False) -> str:
     s = "" if plural else "s"
     if round(after, 1) < round(before, 1):
-        return f"{what} cut{s} the p95 wait from {_h(before)} to {_h(after)}"
+        return f"{what} cut{s} the replayed p95 wait from {_h(before)} to {_h(after)}"
     if round(after, 1) > round(before, 1):
-        return f"{what} raise{s} the p95 wait from {_h(before)} to {_h(after)}"
-    return f"{what} leave{s} the p95 wait at {_h(before)}"
+        return f"{what} raise{s} the replayed p95 wait from {_h(before)} to {_h(after)}"
+    return f"{what} leave{s} the replayed p95 wait at {_h(before)}"
 
 
 def sentence(cap: Capacity) -> str:

@@ -65,8 +65,9 @@ def to_json(cap: Capacity) -> dict[str, object]:
 def summary(cap: Capacity, *, width: int = 100) -> str:
     """One screen: the sentence, the period's figures per model, waits, forecast."""
     lines = [*textwrap.wrap(cap.sentence, width), ""]
-    lines.append(f"capacity {cap.start.isoformat()} .. {cap.end.isoformat()} from "
-                 f"{cap.source}, {cap.bin_seconds / 3600:g}-hour bins; {cap.basis}")
+    lines += textwrap.wrap(f"capacity {cap.start.isoformat()} .. {cap.end.isoformat()} "
+                           f"from {cap.source}, {cap.bin_seconds / 3600:g}-hour bins; "
+                           f"{cap.basis}", width)
     lines.append(f"{'GPU model':<28} {'GPUs':>7} {'alloc %':>8} {'p95 %':>6} "
                  f"{'busy %':>7} {'idle %':>7} {'down %':>7} {'h>=90%':>8} {'free GPU-h':>11}")
     for r in cap.rows:
@@ -78,13 +79,13 @@ def summary(cap: Capacity, *, width: int = 100) -> str:
                      f"{r.down_pct:>7.1f} {r.hours_at_90pct:>8,.0f} {r.free_gpu_hours:>11,.0f}")
     w = cap.waits
     if w.known:
-        lines.append(f"waits ({', '.join(w.sources)}): {w.jobs} job(s), {w.never_started} "
-                     f"still waiting at the end; {w.queued_gpu_hours:,.1f} GPU-h queued, p50 "
-                     f"{w.p50_wait_h:.2f} h, p95 {w.p95_wait_h:.2f} h; "
-                     f"{w.while_idle_gpu_hours:,.1f} GPU-h ({100 * w.while_idle_share:.0f} %) "
-                     "while GPUs were held idle")
+        lines += textwrap.wrap(
+            f"waits ({', '.join(w.sources)}): {w.jobs} job(s), {w.never_started} still "
+            f"waiting at the end; {w.queued_gpu_hours:,.1f} GPU-h queued, p50 "
+            f"{w.p50_wait_h:.2f} h, p95 {w.p95_wait_h:.2f} h; {w.while_idle_gpu_hours:,.1f} "
+            f"GPU-h ({100 * w.while_idle_share:.0f} %) while GPUs were held idle", width)
     else:
-        lines.append(w.note)
+        lines += textwrap.wrap(w.note, width)
     lines += textwrap.wrap("forecast: " + cap.forecast.message, width)
     for x in cap.whatif:
         lines.append(f"replay {x.name:<14} {x.gpus:>4} GPUs: p95 wait {x.p95_wait_h:.2f} h, "

@@ -84,6 +84,8 @@ def test_the_sentence_is_made_of_these_numbers(run: tuple[Path, Path]) -> None:
                             "busy; 17 % were held idle and 8 % down; 4.5 GPU-hours of jobs "
                             "waited (p95 wait 1.5 h), 33 % of them while GPUs were held idle")
     assert "forecast" in summary and "too few to fit a trend" in summary
+    lines = summary.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 100  # one screen
     html = (out / "capacity.html").read_text()
     assert "67 % allocated" in html and "<svg" in html
 
