@@ -149,6 +149,23 @@ def daily(bins: Sequence[Bin]) -> list[tuple[str, float, float]]:
     return [(d, a[0] / a[2], a[1] / a[2]) for d, a in sorted(acc.items()) if a[2] > 0]
 
 
+def hour_profile(bins: Sequence[Bin]) -> list[float]:
+    """Mean allocated GPUs (site total) per UTC hour of day, minus the mean of the 24;
+    empty unless every hour of the day has a bin with data."""
+    acc = [[0.0, 0.0] for _ in range(24)]
+    for b in bins:
+        if b.models is None or b.seconds <= 0:
+            continue
+        a = acc[b.start.hour]
+        a[0] += sum(f.allocated for f in b.models.values()) / b.seconds
+        a[1] += 1
+    if any(n == 0 for _, n in acc):
+        return []
+    means = [v / n for v, n in acc]
+    mean = sum(means) / 24
+    return [m - mean for m in means]
+
+
 def waits_summary(waits: Sequence[Wait], sources: list[str], start: dt.datetime,
                   end: dt.datetime, bins: Sequence[Bin]) -> WaitSummary:
     """Queued demand in [start, end): GPUs asked for x time waited inside the period;
@@ -466,10 +483,12 @@ def build(start: dt.datetime, end: dt.datetime, source: str, bin_seconds: float,
           notes: Sequence[str] = ()) -> Capacity:
     """The whole report of a period (the sentence last, from everything else)."""
     missing = sum(1 for b in bins if b.models is None)
+    fc = forecast(daily(bins), horizon_days)
+    fc.hour_effect = hour_profile(bins) if bin_seconds == H else []
     cap = Capacity(start=start, end=end, source=source, bin_seconds=bin_seconds,
                    basis=basis_text, rows=rows(bins),
                    waits=waits_summary(waits, wait_sources, start, end, bins),
-                   forecast=forecast(daily(bins), horizon_days), whatif=list(whatif),
+                   forecast=fc, whatif=list(whatif),
                    whatif_note=whatif_note, notes=list(notes), bins_missing=missing,
                    series=site_series(bins), daily=daily(bins))
     if missing:

@@ -119,6 +119,9 @@ class Forecast:
     intercept: float = 0.0
     seasonal: bool = False
     weekday_effect: list[float] = field(default_factory=list)  # Mon..Sun, GPUs
+    # with hourly bins: mean allocated GPUs per UTC hour of day minus the overall mean
+    # (described, not fitted: the trend is of daily means)
+    hour_effect: list[float] = field(default_factory=list)
     capacity_gpus: float = 0.0
     reach_date: str | None = None  # expected date the fit reaches capacity
     reach_earliest: str | None = None  # upper 90 % prediction bound reaches it

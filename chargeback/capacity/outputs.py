@@ -87,6 +87,13 @@ def summary(cap: Capacity, *, width: int = 100) -> str:
     else:
         lines += textwrap.wrap(w.note, width)
     lines += textwrap.wrap("forecast: " + cap.forecast.message, width)
+    hours = cap.forecast.hour_effect
+    if hours:
+        top = max(range(24), key=lambda h: hours[h])
+        low = min(range(24), key=lambda h: hours[h])
+        lines.append(f"hour of day (UTC): allocation peaks at {top:02d}:00 "
+                     f"({hours[top]:+,.1f} GPUs against the day's mean), lowest at "
+                     f"{low:02d}:00 ({hours[low]:+,.1f})")
     for x in cap.whatif:
         lines.append(f"replay {x.name:<14} {x.gpus:>4} GPUs: p95 wait {x.p95_wait_h:.2f} h, "
                      f"deadline jobs met {x.deadline_met}/{x.deadline_jobs}")

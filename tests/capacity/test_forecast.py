@@ -92,3 +92,14 @@ def test_demand_already_at_capacity_is_said_so() -> None:
                                  "of the 1,000 GPUs over the last 7 days")
     assert fc.reach_date == fc.reach_earliest == _points(183)[-1][0]
     assert "does not reach" not in fc.message
+
+
+def test_the_hour_of_day_profile_of_the_sample() -> None:
+    """The six-month sample is busier 09:00-19:00 (UTC) than at night: the profile says
+    so; with day bins there is no hour profile."""
+    from tests.capacity.sample import sample
+
+    hours = sample().forecast.hour_effect
+    assert len(hours) == 24
+    assert min(hours[9:19]) > max(hours[:9] + hours[19:])
+    assert abs(sum(hours)) < 1e-6
