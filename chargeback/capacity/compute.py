@@ -7,6 +7,7 @@ module reads nothing (no source, no queue, no clock) and never imports launcher.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 from collections import defaultdict
@@ -178,10 +179,11 @@ def waits_summary(waits: Sequence[Wait], sources: list[str], start: dt.datetime,
             "queue waits not known: no queue was read (pass --launcher-state for the "
             "launcher's store, --slurm for sacct's pending times)"))
     lo, hi = start.timestamp(), end.timestamp()
+    # the bins' edges (they need not be equal: a period starting mid-day has a short
+    # first day bin); a wait is spread over the bins it overlaps
+    starts = [b.start.timestamp() for b in bins]
+    ends = [t + b.seconds for t, b in zip(starts, bins, strict=True)]
     queued: dict[int, float] = defaultdict(float)  # bin index -> queued GPU-seconds
-    index = {round(b.start.timestamp()): i for i, b in enumerate(bins)}
-    step = bins[0].seconds if bins else H
-    b0 = bins[0].start.timestamp() if bins else lo
     total = 0.0
     durations: list[float] = []
     never = jobs = 0
@@ -197,20 +199,14 @@ def waits_summary(waits: Sequence[Wait], sources: list[str], start: dt.datetime,
         else:
             never += 1
             durations.append(hi - w.queued)
-        k = int((a - b0) // step)
-        while True:
-            t0 = b0 + k * step
-            if t0 >= z:
-                break
-            overlap = min(z, t0 + step) - max(a, t0)
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(bins) and starts[i] < z:
+            overlap = min(z, ends[i]) - max(a, starts[i])
             if overlap > 0:
-                queued[k] += w.gpus * overlap
-            k += 1
+                queued[i] += w.gpus * overlap
+            i += 1
     matched = 0.0
-    for k, q in queued.items():
-        i = index.get(round(b0 + k * step))
-        if i is None:
-            continue
+    for i, q in queued.items():
         b = bins[i]
         if b.models is None:
             continue

@@ -103,3 +103,27 @@ def test_the_hour_of_day_profile_of_the_sample() -> None:
     assert len(hours) == 24
     assert min(hours[9:19]) > max(hours[:9] + hours[19:])
     assert abs(sum(hours)) < 1e-6
+
+
+def test_waits_meet_bins_of_unequal_length() -> None:
+    """A period starting mid-day has a short first day bin: a wait is matched with the
+    idle GPUs of the bins it really overlaps."""
+    from chargeback.capacity.compute import waits_summary
+    from chargeback.capacity.model import Bin, Figures, Wait
+
+    t0 = dt.datetime(2026, 11, 3, 20, tzinfo=dt.UTC)  # 20:00: a 4-hour first bin
+    mid = dt.datetime(2026, 11, 4, tzinfo=dt.UTC)
+    end = dt.datetime(2026, 11, 5, tzinfo=dt.UTC)
+    bins = [Bin(t0, 4 * 3600.0, {"m": Figures(installed=4 * 3600.0 * 4)}),  # none idle
+            Bin(mid, 86400.0, {"m": Figures(installed=86400.0 * 4,
+                                            held_idle=2 * 86400.0)})]  # 2 GPUs idle
+    h = 3600.0
+    # 1 GPU queued 23:00-01:00 (1 h in each bin) and 1 GPU 05:00-07:00 the next day;
+    # only the second bin had idle GPUs: 1 + 2 GPU-hours waited while they were idle
+    late = dt.datetime(2026, 11, 3, 23, tzinfo=dt.UTC).timestamp()
+    morning = mid.timestamp() + 5 * h
+    waits = [Wait("launcher", "a", 1.0, late, late + 2 * h),
+             Wait("launcher", "b", 1.0, morning, morning + 2 * h)]
+    s = waits_summary(waits, ["launcher"], t0, end, bins)
+    assert s.queued_gpu_hours == pytest.approx(4.0)
+    assert s.while_idle_gpu_hours == pytest.approx(3.0)
