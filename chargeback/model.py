@@ -154,6 +154,9 @@ class SourceData:
     # False where the source cannot see reservations (the audit records carry none):
     # allocated GPU-hours are then "not known", written empty, never another column's copy
     allocation_known: bool = True
+    # per UTC day -> GPU model -> Fleet, where the source has it (the archive): the
+    # capacity report's day bins from one read
+    model_days: dict[str, dict[str, Fleet]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,64 @@ XIDS_IN_RANGE = (
     f" offset $__range or gpu_xid_errors_total{{{GPU_SEL}}} * 0), 0)")
 
 
+# capacity (docs/CAPACITY.md): installed = every GPU the exporters report (up or down);
+# allocated = held (the recording rules see processes, not reservations); hourly means
+# as `gpu-audit capacity` bins them, sampled every minute (a trailing hour's mean; a
+# 1h subquery step would show nothing until the first whole hour of data)
+INSTALLED = f"count(gpu_up{{{GPU_SEL}}})"
+HELD_1H = "avg_over_time(fleet:gpus_held:sum[1h])"
+INSTALLED_1H = f"avg_over_time({INSTALLED}[1h:1m])"
+
+
+def capacity_row(b: Board) -> None:
+    """The capacity report's figures over the dashboard's range, from the fleet:*
+    recording rules (the same definitions; queue waits are not in them)."""
+    b.row("Capacity (gpu-audit capacity)")
+    b.add(
+        single("Allocated % of installed", "percentunit",
+               Q(f"avg_over_time(fleet:gpus_held:sum[$__range]) / "
+                 f"avg_over_time({INSTALLED}[$__range:1m])"), decimals=1, w=4,
+               desc="Mean GPUs held by a job over the range / mean GPUs installed (up or "
+                    "down). `gpu-audit capacity` gives the same from the archive."),
+        single("p95 allocated GPUs (hourly)", "short",
+               Q(f"quantile_over_time(0.95, ({HELD_1H})[$__range:1m])"), decimals=1, w=4,
+               desc="95th percentile over the range of the trailing hour's mean of GPUs "
+                    "held (sampled every minute; the report uses whole-hour bins)."),
+        single("Hours at >= 90 % allocated", "short",
+               Q(f"sum_over_time((({HELD_1H}) / ({INSTALLED_1H}) >= bool 0.9)"
+                 f"[$__range:1m]) / 60"), decimals=0, w=4,
+               desc="Hours of the range whose mean allocated GPUs were at least 90 % of "
+                    "the installed ones: the hours a new job was likely to wait."),
+        single("Busy % of installed", "percentunit",
+               Q(f"avg_over_time(fleet:gpus_busy:sum[$__range]) / "
+                 f"avg_over_time({INSTALLED}[$__range:1m])"), decimals=1, w=4,
+               desc="Utilisation-weighted GPUs over the range / GPUs installed."),
+        single("Held idle GPU-hours", "short",
+               Q("sum_over_time(fleet:gpus_idle_held:sum[$__range:1m]) / 60"), w=4,
+               desc="GPU-hours held by a job at near-zero utilisation in the range."),
+        single("Free GPU-hours", "short",
+               Q("sum_over_time((fleet:gpus:count - fleet:gpus_held:sum)[$__range:1m]) / 60"),
+               w=4, desc="GPU-hours up and held by no job in the range. Queue waits are not "
+               "in the recording rules: `gpu-audit capacity --launcher-state` reads them."),
+    )
+    b.add(
+        ts("Installed, allocated, busy and idle-held GPUs (hourly means)", "short",
+           Q(INSTALLED_1H, "installed"), Q(HELD_1H, "allocated (held)"),
+           Q("avg_over_time(fleet:gpus_busy:sum[1h])", "busy"),
+           Q("avg_over_time(fleet:gpus_idle_held:sum[1h])", "held idle"),
+           Q(f"({INSTALLED_1H}) - avg_over_time(fleet:gpus:count[1h])", "down"),
+           desc="What `gpu-audit capacity` bins per hour; free = up - allocated."),
+        ts("Allocated GPUs: the 30-day linear trend, 90 days ahead", "short",
+           Q(HELD_1H, "allocated (held)"),
+           Q("predict_linear(fleet:gpus_held:sum[30d], 90 * 86400)",
+             "in 90 days at the 30-day trend"),
+           Q(INSTALLED_1H, "installed"),
+           desc="A straight line through the last 30 days, no interval: "
+                "`gpu-audit capacity` states the date capacity is reached and its "
+                "uncertainty (docs/CAPACITY.md)."),
+    )
+
+
 def build() -> dashboard.Dashboard:
     b = Board(gpu_variables(new_board(
         UID, "GPU fleet overview",
@@ -93,6 +151,7 @@ def build() -> dashboard.Dashboard:
                    "(13, 31, 43 usually the application; 48, 79 and others the hardware).",
               empty="No XID in the time range"),
     )
+    capacity_row(b)
     b.row("Health and inventory")
     b.add(
         ts("Hottest GPU by node", "celsius",

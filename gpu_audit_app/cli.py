@@ -163,6 +163,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         add_arguments(p)
 
+    p = sub.add_parser("capacity", help="Do we need more GPUs? Allocated, busy, held-idle "
+                       "and free GPU-hours, demand that waited, trend and what-if.",
+                       description="The capacity report of a month (--month) or a period "
+                       "(--from/--to) from the archive, Prometheus or a search sink, with "
+                       "queue waits from the launcher's store and sacct: CSV, JSON, HTML with "
+                       "charts and a one-screen summary in --out (docs/CAPACITY.md).")
+    if full:
+        from gpu_audit_app.capacity_main import add_arguments as add_capacity_arguments
+
+        add_capacity_arguments(p)
+
     p = sub.add_parser("dashboards", help="Grafana and Kibana dashboards.")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION", required=True)
     dp = dsub.add_parser("push", help="Upload the dashboards to Grafana and/or Kibana.",
@@ -307,6 +318,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from gpu_audit_app.audit_verify import verify_command
 
         return verify_command(args)
+    if cmd == "capacity":
+        _setup_logging("warning")
+        from gpu_audit_app.capacity_main import capacity_command
+
+        return capacity_command(args)
     if cmd == "chargeback":
         _setup_logging("warning")
         from gpu_audit_app.chargeback_main import chargeback_command

@@ -531,6 +531,7 @@ def _to_source(rollup: Rollup, data: SourceData, include_sim: bool) -> None:
                    power_energy_joules=f[6])
         data.fleet.setdefault(model, Fleet()).add(fl)
         data.days.setdefault(day, ({}, Fleet()))[1].add(fl)
+        data.model_days.setdefault(day, {}).setdefault(model, Fleet()).add(fl)
     data.simulated_excluded = 0 if include_sim else rollup.simulated
 
 

@@ -1,0 +1,263 @@
+"""`gpu-audit capacity`: do we need more GPUs? The capacity report of a period
+(docs/CAPACITY.md).
+
+The app layer wires what the components may not: chargeback's source readers (the same
+ones `gpu-audit chargeback` uses, called once per bin of the period), the launcher's
+store for queue waits, sacct for Slurm pending times, and the launcher's replay engine
+for the what-if. The figures themselves are chargeback.capacity's (pure).
+
+Exit 0 with the outputs written, 1 when the source is unreachable or has no data for the
+whole period, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from chargeback.capacity.compute import basis, build, figures_from_fleet, figures_of
+from chargeback.capacity.model import Bin, Wait, WhatIf
+from chargeback.capacity.outputs import summary, write_outputs
+from chargeback.model import Request, SourceData
+from chargeback.run import SourceError, has_data
+from chargeback.sources.slurm import SacctError, gpus_of
+from gpu_audit import slurmcmd
+from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.capacity_replay import run_whatif, snapshot
+from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback_period import period
+from launcher.store import WAITING
+
+SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch")
+BINS = {"hour": 3600.0, "day": 86400.0}
+# what an archive reader says for a bin it has nothing for (a bin, not a failure)
+_EMPTY = ("no usage for", "no archive part for")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    when = p.add_argument_group("period (one of)")
+    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
+    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
+    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
+    p.add_argument("--source", default="archive", choices=SOURCES,
+                   help="Where the fleet figures come from (default archive), as for "
+                   "`gpu-audit chargeback`.")
+    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
+                   "archive and the sinks are.")
+    p.add_argument("--prometheus-url", metavar="URL")
+    p.add_argument("--bin", choices=sorted(BINS), default="day",
+                   help="Bin length for the per-bin figures (p95/p99 allocated GPUs, hours "
+                   "at >= 90 %%): day (default; the archive is read once, each sealed day "
+                   "from its seal) or hour (each hour read on its own: the archive's parts "
+                   "record by record, fine for days, slow for months).")
+    p.add_argument("--launcher-state", metavar="DB", action="append", default=[],
+                   help="A launcher store (state.db) to read queue waits from (repeatable, "
+                   "one per node).")
+    p.add_argument("--slurm", action="store_true",
+                   help="Read Slurm pending times (sacct) as queue waits too.")
+    p.add_argument("--horizon-days", type=int, default=183, metavar="N",
+                   help="How far ahead the forecast looks (default 183: six months).")
+    p.add_argument("--whatif-gpus", metavar="N", type=int, action="append", default=[],
+                   help="Replay the period's launcher queue with N more GPUs (repeatable).")
+    p.add_argument("--node-gpus", metavar="N", type=int, default=None,
+                   help="GPUs of the launcher's node for the replay (default: the GPUs the "
+                   "store's jobs were started on).")
+    p.add_argument("--whatif-trace", metavar="FILE",
+                   help="Replay this trace (docs/REPLAY.md) instead of the queue rebuilt "
+                   "from --launcher-state.")
+    p.add_argument("--out", metavar="DIR", default="capacity-out", help="Output directory.")
+    p.add_argument("--no-png", action="store_true", help="Write the charts as SVG only.")
+    p.add_argument("--include-simulated", action="store_true",
+                   help="Count simulated records too (left out by default).")
+    p.add_argument("--allow-gaps", action="store_true",
+                   help="Use a trail with gaps (said in the report).")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="Use an archive whose hash chain does not verify (said in the report).")
+
+
+def _request(args: argparse.Namespace, start: datetime, end: datetime) -> Request:
+    return Request(start=start, end=end, source=args.source, config=args.config,
+                   prometheus_url=args.prometheus_url, rates=None, directory=None,
+                   idle_policy="none", out=args.out,
+                   include_simulated=args.include_simulated,
+                   allow_unverified=args.allow_unverified, allow_gaps=args.allow_gaps)
+
+
+def _keep_notes(data: SourceData, notes: list[str], seen: set[str]) -> None:
+    for n in data.notes:
+        key = n.split(":", 1)[0] + n[-40:]
+        if n.startswith(("INCOMPLETE", "SIMULATED")) and key not in seen:
+            seen.add(key)
+            notes.append(n)
+
+
+def day_bins(req: Request, data: SourceData) -> list[Bin]:
+    """Day bins from one read of the whole period (the archive's per-day, per-model
+    sums): a day without sums is None."""
+    bins: list[Bin] = []
+    t = req.start
+    while t < req.end:
+        day0 = t.replace(hour=0, minute=0, second=0, microsecond=0)
+        u = min(day0 + timedelta(days=1), req.end)
+        fleets = data.model_days.get(t.strftime("%Y-%m-%d"))
+        bins.append(Bin(t, (u - t).total_seconds(), None if not fleets else {
+            model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in fleets.items()}))
+        t = u
+    return bins
+
+
+def read_bins(req: Request, bin_seconds: float, notes: list[str]) -> tuple[list[Bin], str]:
+    """The period cut into bins, each read through chargeback's reader for the source;
+    day bins from one read where the source sums per day and model (the archive: each
+    sealed part from its seal, once). A bin the source has nothing for is None (not
+    known), never zeros."""
+    reader = readers()[req.source]
+    seen: set[str] = set()
+    if bin_seconds == BINS["day"] and req.source == "archive":
+        try:
+            whole = reader(req, False)
+        except SourceError as exc:
+            if not any(e in str(exc) for e in _EMPTY):
+                raise
+            return [Bin(req.start, (req.end - req.start).total_seconds(), None)], ""
+        if whole.model_days and not whole.allocation_known:
+            _keep_notes(whole, notes, seen)
+            return day_bins(req, whole), basis(whole)
+    bins: list[Bin] = []
+    t = req.start
+    step = timedelta(seconds=bin_seconds)
+    text = ""
+    while t < req.end:
+        u = min(t + step, req.end)
+        try:
+            data: SourceData | None = reader(replace(req, start=t, end=u), False)
+        except SourceError as exc:
+            if not any(e in str(exc) for e in _EMPTY):
+                raise
+            data = None
+        if data is not None and has_data(data):
+            bins.append(Bin(t, (u - t).total_seconds(), figures_of(data)))
+            text = text or basis(data)
+            _keep_notes(data, notes, seen)
+        else:
+            bins.append(Bin(t, (u - t).total_seconds(), None))
+        t = u
+    return bins, text
+
+
+def launcher_waits(paths: list[str]) -> list[Wait]:
+    """Every wait in the launcher stores: each start (its `waited_seconds`, since the job
+    was queued or requeued) and each job still waiting (since it was queued)."""
+    out: list[Wait] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ConfigError("arguments", [f"--launcher-state {path}: no such file"])
+        with ExitStack() as stack:
+            try:
+                store = stack.enter_context(snapshot(path))
+            except sqlite3.DatabaseError as exc:
+                raise ConfigError("arguments", [f"--launcher-state {path}: not a launcher "
+                                                f"store ({exc})"]) from None
+            jobs = {j.id: j for j in store.jobs()}
+            for kind in ("started", "resumed", "restarted"):
+                for ev in store.events(kind=kind):
+                    rec = jobs.get(ev.job_id) if ev.job_id is not None else None
+                    waited = ev.data.get("waited_seconds")
+                    if rec is None or not isinstance(waited, (int, float)):
+                        continue
+                    out.append(Wait("launcher", f"{path}:{rec.id}", rec.spec.gpu_share,
+                                    ev.time - float(waited), ev.time))
+            for rec in store.jobs(WAITING):
+                out.append(Wait("launcher", f"{path}:{rec.id}", rec.spec.gpu_share,
+                                rec.queued_at, None))
+    return out
+
+
+def slurm_waits(start: datetime, end: datetime,
+                run: Callable[[str, Sequence[str]], str] | None = None) -> list[Wait]:
+    """Pending stretches from sacct: each job (and each requeued run) from Eligible to
+    Start, GPUs from ReqTRES's gres/gpu; a job still pending has no Start. `run`: the
+    command runner (default gpu_audit.slurmcmd.run), as chargeback's read_sacct takes."""
+    fields = ("JobIDRaw", "Eligible", "Start", "ReqTRES", "State")
+    args = ["-a", "-X", "-D", "-n", "-P", "-S", slurmcmd.slurm_time(start.timestamp()),
+            "-E", slurmcmd.slurm_time(end.timestamp() - 1), "-o", ",".join(fields)]
+    try:
+        rows = slurmcmd.parsable((run or slurmcmd.run)("sacct", args), fields)
+    except slurmcmd.SlurmCommandError as exc:
+        raise SacctError(str(exc)) from None
+    out = []
+    for r in rows:
+        gpus = gpus_of(r["ReqTRES"])
+        eligible = slurmcmd.parse_time(r["Eligible"])
+        if gpus == 0 or eligible is None:
+            continue
+        out.append(Wait("slurm", r["JobIDRaw"], float(gpus), eligible,
+                        slurmcmd.parse_time(r["Start"])))
+    return out
+
+
+def whatif(args: argparse.Namespace, start: datetime, end: datetime
+           ) -> tuple[list[WhatIf], str]:
+    """The queue replayed by the launcher's own engine: as configured without idle
+    reclaim (the baseline), with idle reclaim, and with +N GPUs."""
+    return run_whatif(args.whatif_trace, args.launcher_state, args.whatif_gpus, start, end,
+                      node_gpus=args.node_gpus)
+
+
+def capacity_command(args: argparse.Namespace) -> int:
+    start, end = period(args)
+    problems = []
+    if end <= start:
+        problems.append(f"the period is empty: {start.isoformat()} is not before "
+                        f"{end.isoformat()}")
+    if args.source == "prometheus" and not args.prometheus_url:
+        problems.append("--prometheus-url URL is needed with --source prometheus")
+    if args.horizon_days < 1:
+        problems.append(f"--horizon-days {args.horizon_days}: at least 1")
+    if args.node_gpus is not None and not 1 <= args.node_gpus <= 64:
+        problems.append(f"--node-gpus {args.node_gpus}: 1 to 64 (the replay engine's node)")
+    if any(n < 1 for n in args.whatif_gpus):
+        problems.append("--whatif-gpus N: N is at least 1")
+    if problems:
+        raise ConfigError("arguments", problems)
+    req = _request(args, start, end)
+    notes: list[str] = []
+    try:
+        bins, basis_text = read_bins(req, BINS[args.bin], notes)
+    except SourceError as exc:
+        print(f"gpu-audit capacity: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if all(b.models is None for b in bins):
+        print(f"gpu-audit capacity: no data for {start.isoformat()} .. {end.isoformat()} "
+              f"from {args.source}: nothing to report (no fleet figures, so no utilisation, "
+              "percentiles or forecast)", file=sys.stderr)
+        return EXIT_FAILURE
+    waits: list[Wait] = []
+    sources: list[str] = []
+    if args.launcher_state:
+        waits += launcher_waits(args.launcher_state)
+        sources.append("launcher")
+    if args.slurm:
+        try:
+            waits += slurm_waits(start, end)
+            sources.append("slurm")
+        except SacctError as exc:
+            notes.append(f"Slurm pending times not read: {exc}")
+    if args.bin == "day":
+        notes.append("day bins: p95/p99 allocated GPUs are of daily means (peaks inside a "
+                     "day do not show) and 'hours at >= 90 %' counts the hours of whole days "
+                     "whose mean was at least 90 % (--bin hour for hourly bins)")
+    runs, note = whatif(args, start, end)
+    cap = build(start, end, args.source, BINS[args.bin], bins, basis_text, waits, sources,
+                args.horizon_days, runs, note, notes)
+    written = write_outputs(cap, Path(args.out), png=not args.no_png)
+    sys.stdout.write(summary(cap))
+    for name in written:
+        print(f"wrote {Path(args.out) / name}")
+    return EXIT_OK
