@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "`gpu-audit chargeback`.")
     p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
                    "archive and the sinks are.")
-    p.add_argument("--prometheus-url", metavar="URL")
+    p.add_argument("--prometheus-url", metavar="URL",
+                   help="Prometheus-compatible query API, with --source prometheus.")
     p.add_argument("--bin", choices=sorted(BINS), default="day",
                    help="Bin length for the per-bin figures (p95/p99 allocated GPUs, hours "
                    "at >= 90 %%): day (default; the archive is read once, each sealed day "

@@ -108,7 +108,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "directory, or read back from a configured sink with --sink.")
     v.add_argument("path", nargs="?", type=Path, metavar="PATH",
                    help="Spool directory, archive directory or JSON Lines file.")
-    v.add_argument("--hmac-key-file", type=Path, help="Secret the chain was keyed with.")
+    v.add_argument("--hmac-key-file", type=Path, metavar="FILE",
+                   help="Secret the chain was keyed with.")
     v.add_argument("--sink", metavar="NAME", help="Read back from this configured sink.")
     v.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start of range (--sink).")
     v.add_argument("--to", dest="time_to", metavar="RFC3339", help="End of range (--sink).")

@@ -116,33 +116,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = lsub.add_parser("serve", help="Run the launcher daemon.",
                         description="Run the node-local job launcher: a fair priority queue "
                         "with checkpoint-first preemption, on a unix socket.")
-    s.add_argument("--config", type=Path, metavar="FILE")
-    s.add_argument("--state-dir", type=Path, metavar="DIR")
-    s.add_argument("--socket", type=Path, metavar="PATH")
-    s.add_argument("--gpus", metavar="SOURCE", help="nvml, sim:N or exporter:URL")
-    s.add_argument("--metrics-listen", metavar="HOST:PORT")
+    s.add_argument("--config", type=Path, metavar="FILE",
+                   help="The launcher's YAML configuration (docs/CONFIGURATION.md).")
+    s.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="Where the job store, logs and job-mapping files live (state_dir).")
+    s.add_argument("--socket", type=Path, metavar="PATH",
+                   help="The unix socket clients connect to (socket).")
+    s.add_argument("--gpus", metavar="SOURCE",
+                   help="Where the GPUs are read from: nvml, sim:N or exporter:URL (gpus).")
+    s.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="Serve the launcher's Prometheus metrics here (metrics_listen).")
 
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         c = lsub.add_parser(name, help=help_text, description=help_text)
         c.add_argument("--socket", type=Path, metavar="PATH",
                        default=Path(os.environ.get("GPU_AUDIT_LAUNCHER_SOCKET",
-                                                   str(DEFAULT_SOCKET))))
+                                                   str(DEFAULT_SOCKET))),
+                       help="The daemon's socket (GPU_AUDIT_LAUNCHER_SOCKET; default "
+                       f"{DEFAULT_SOCKET}).")
         c.add_argument("--json", action="store_true", help="Print the daemon's JSON answer.")
         return c
 
     c = client("submit", "Submit a job or a pipeline (YAML).")
-    c.add_argument("file", type=Path, metavar="FILE")
+    c.add_argument("file", type=Path, metavar="FILE",
+                   help="The job or pipeline spec (docs/LAUNCHER.md).")
     client("queue", "Waiting and running jobs, each waiting job's priority by term.")
     c = client("status", "Your jobs, or one job in detail.")
-    c.add_argument("id", nargs="?")
+    c.add_argument("id", nargs="?", metavar="ID", help="One job (default: all of yours).")
     c.add_argument("--events-from", type=int, metavar="N",
                    help="With an id: the page of its events from event N (0: the oldest); "
                    "default: the newest 200.")
     c = client("logs", "A job's output (your own jobs; admins: all).")
-    c.add_argument("id")
+    c.add_argument("id", metavar="ID", help="The job.")
     c.add_argument("--follow", "-f", action="store_true", help="Keep printing until it ends.")
     c.add_argument("--stderr", action="store_true", help="stderr instead of stdout.")
-    c.add_argument("--attempt", type=int)
+    c.add_argument("--attempt", type=int, metavar="N",
+                   help="The output of attempt N (default: the newest).")
     for name, text in (("cancel", "Cancel a job (running: its process group is killed)."),
                        ("hold", "Keep a waiting job from starting."),
                        ("release", "Let a held job start again."),
@@ -150,7 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "jobs its failure cancelled (its pipeline's later steps); it resumes "
                         "from its newest checkpoint, if any.")):
         c = client(name, text)
-        c.add_argument("id")
+        c.add_argument("id", metavar="ID", help="The job.")
     from gpu_audit_app.launcher_replay import add_replay_arguments
 
     add_replay_arguments(lsub)

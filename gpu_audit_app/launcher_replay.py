@@ -42,7 +42,8 @@ def add_replay_arguments(lsub: Any) -> None:
         "policy, and report utilisation, its share of what the jobs allow at best, night "
         "completion, idle-held GPU-hours, waits, fairness and preemption loss, with the "
         "targets the launcher is held to.")
-    r.add_argument("trace", type=Path, metavar="TRACE")
+    r.add_argument("trace", type=Path, metavar="TRACE",
+                   help="The trace file (JSON Lines; docs/REPLAY.md).")
     r.add_argument("--policy", action="append", choices=policies, metavar="POLICY",
                    help=f"a policy to replay ({', '.join(policies)}); repeat for several; "
                    "default: all")

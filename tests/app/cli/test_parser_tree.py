@@ -5,6 +5,7 @@ and every group's help still exits 0."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -61,3 +62,47 @@ def test_a_group_help_exits_0(group: tuple[str, ...],
         main([*group, "--help"])
     assert exc.value.code == 0
     assert f"usage: gpu-audit {' '.join(group)}" in capsys.readouterr().out
+
+
+def _arguments(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+               ) -> Iterator[tuple[str, argparse.Action]]:
+    """Every argument of every command, with the command's words."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _arguments(child, (*path, name))
+        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            yield " ".join(path), action
+
+
+ARGUMENTS = list(_arguments(build_parser()))
+FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._CountAction,
+         argparse._StoreConstAction, argparse._AppendConstAction)
+# upper case, saying what the value is: FILE, DIR, URL, HOST:PORT, NAME|FILE, SOURCE[,SOURCE]
+METAVAR = re.compile(r"[A-Z][A-Z0-9_]*(?:[:|,.-][A-Z0-9_]+|\[[^\]]+\])*")
+
+
+def _name(command: str, action: argparse.Action) -> str:
+    return f"{command} {action.option_strings[-1] if action.option_strings else action.dest}"
+
+
+def test_every_option_and_argument_has_help() -> None:
+    """`--help` explains every option and positional argument of every command."""
+    assert len(ARGUMENTS) > 150
+    missing = [_name(c, a) for c, a in ARGUMENTS if not a.help or a.help == argparse.SUPPRESS]
+    assert missing == []
+
+
+def test_every_value_has_an_upper_case_metavar_that_says_what_it_is() -> None:
+    """A value's placeholder is written one way everywhere (FILE, DIR, URL, JOBID, ...),
+    never argparse's default (the lower-case dest, or the option's name upper-cased)."""
+    wrong = []
+    for command, action in ARGUMENTS:
+        if isinstance(action, FLAGS) or action.nargs == 0:
+            continue
+        metavar = action.metavar
+        if metavar is None and action.choices is not None:
+            continue  # {a,b,c}: the choices are the placeholder
+        if not isinstance(metavar, str) or not METAVAR.fullmatch(metavar):
+            wrong.append(f"{_name(command, action)}: {metavar!r}")
+    assert wrong == []
