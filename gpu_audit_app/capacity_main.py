@@ -29,61 +29,18 @@ from chargeback.run import SourceError, has_data
 from chargeback.sources.slurm import SacctError, gpus_of
 from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.capacity_args import BINS
 from gpu_audit_app.capacity_replay import run_whatif, snapshot
 from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.chargeback_period import period
 from launcher.store import WAITING
 
-SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch")
-BINS = {"hour": 3600.0, "day": 86400.0}
 # what an archive reader says for a bin it has nothing for (a bin, not a failure)
 _EMPTY = ("no usage for", "no archive part for")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    when = p.add_argument_group("period (one of)")
-    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
-    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
-    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
-    p.add_argument("--source", default="archive", choices=SOURCES,
-                   help="Where the fleet figures come from (default archive), as for "
-                   "`gpu-audit chargeback`.")
-    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
-                   "archive and the sinks are.")
-    p.add_argument("--prometheus-url", metavar="URL",
-                   help="Prometheus-compatible query API, with --source prometheus.")
-    p.add_argument("--bin", choices=sorted(BINS), default="day",
-                   help="Bin length for the per-bin figures (p95/p99 allocated GPUs, hours "
-                   "at >= 90 %%): day (default; the archive is read once, each sealed day "
-                   "from its seal) or hour (each hour read on its own: the archive's parts "
-                   "record by record, fine for days, slow for months).")
-    p.add_argument("--launcher-state", metavar="DB", action="append", default=[],
-                   help="A launcher store (state.db) to read queue waits from (repeatable, "
-                   "one per node).")
-    p.add_argument("--slurm", action="store_true",
-                   help="Read Slurm pending times (sacct) as queue waits too.")
-    p.add_argument("--horizon-days", type=int, default=183, metavar="N",
-                   help="How far ahead the forecast looks (default 183: six months).")
-    p.add_argument("--whatif-gpus", metavar="N", type=int, action="append", default=[],
-                   help="Replay the period's launcher queue with N more GPUs (repeatable).")
-    p.add_argument("--node-gpus", metavar="N", type=int, default=None,
-                   help="GPUs of the launcher's node for the replay (default: the GPUs the "
-                   "store's jobs were started on).")
-    p.add_argument("--whatif-trace", metavar="FILE",
-                   help="Replay this trace (docs/REPLAY.md) instead of the queue rebuilt "
-                   "from --launcher-state.")
-    p.add_argument("--out", metavar="DIR", default="capacity-out", help="Output directory.")
-    p.add_argument("--no-png", action="store_true", help="Write the charts as SVG only.")
-    p.add_argument("--include-simulated", action="store_true",
-                   help="Count simulated records too (left out by default).")
-    p.add_argument("--allow-gaps", action="store_true",
-                   help="Use a trail with gaps (said in the report).")
-    p.add_argument("--allow-unverified", action="store_true",
-                   help="Use an archive whose hash chain does not verify (said in the report).")
-
-
 def _request(args: argparse.Namespace, start: datetime, end: datetime) -> Request:
-    return Request(start=start, end=end, source=args.source, config=args.config,
+    return Request(start=start, end=end, source=args.source, config=args.config, sink=args.sink,
                    prometheus_url=args.prometheus_url, rates=None, directory=None,
                    idle_policy="none", out=args.out,
                    include_simulated=args.include_simulated,

@@ -171,7 +171,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "queue waits from the launcher's store and sacct: CSV, JSON, HTML with "
                        "charts and a one-screen summary in --out (docs/CAPACITY.md).")
     if full:
-        from gpu_audit_app.capacity_main import add_arguments as add_capacity_arguments
+        from gpu_audit_app.capacity_args import add_arguments as add_capacity_arguments
 
         add_capacity_arguments(p)
 
