@@ -1,7 +1,7 @@
-"""Chargeback from the archive (issue 12): the streaming orjson engine against DuckDB
+"""Chargeback from the archive: the streaming orjson engine against DuckDB
 reading the compressed JSON Lines directly, on one generated archive of the per-cycle
 trail (audit.interval_seconds = the sampling interval, schema 2), in one run. The
-default interval trail and sealed parts: bench_chargeback_sealed.py (issue 22).
+default interval trail and sealed parts: bench_chargeback_sealed.py.
 
     .venv/bin/python bench/bench_chargeback_archive.py [--days 1] [--gpus 64] \
         [--interval 10] [--dir DIR] [--keep] [--json out.json]

@@ -1,9 +1,9 @@
-"""Today's streaming path, for the comparison with sealed parts (issue 22): the chargeback
-archive reader of the code before issue 22 (per-record parse, re-serialise, hash and
+"""Today's streaming path, for the comparison with sealed parts: the chargeback
+archive reader of the code before sealed parts (per-record parse, re-serialise, hash and
 account) on the per-cycle trail it billed (64 GPUs, 10 s samples), generated and billed
 by that code's own bench functions, measured here in records per second.
 
-    git archive 4eb094e | tar -x -C /tmp/today-src     # the code before issue 22
+    git archive 4eb094e | tar -x -C /tmp/today-src     # the code before sealed parts
     .venv/bin/python bench/bench_chargeback_today.py --today-src /tmp/today-src \\
         --dir /tmp/today --days 0.25 --json bench/results/chargeback-today.json
 

@@ -1,4 +1,4 @@
-"""Issue 11, Performance: the users-and-projects dashboard over 30 days x 64 GPUs, with
+"""The users-and-projects dashboard over 30 days x 64 GPUs, with
 the recording rules against the raw expressions they stand for.
 
 1. Writes 30 days of synthetic per-GPU and per-identity series for 64 GPUs (8 nodes x 8)

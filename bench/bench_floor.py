@@ -1,4 +1,4 @@
-"""Each stage of a gpu-audit cycle against a floor loop doing the same job (issue 27).
+"""Each stage of a gpu-audit cycle against a floor loop doing the same job.
 
 The floor loop is the least a Python exporter can do for the same output, on the same
 fake libnvidia-ml.so.1 (bench/fake_libnvml, loaded through nvidia-ml-py's ctypes as in

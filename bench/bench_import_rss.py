@@ -1,4 +1,4 @@
-"""Where the exporter's RSS goes at start-up, and what config validation costs (issue 27).
+"""Where the exporter's RSS goes at start-up, and what config validation costs.
 
 1. The exporter process's imports, one step at a time, in a fresh interpreter of an
    installed (non-editable) gpu-audit: RSS added by each (the stdlib HTTP/TLS stack that

@@ -1,4 +1,4 @@
-"""The launcher daemon under hostile local users, before and after issue 20, side by side.
+"""The launcher daemon under hostile local users, before and after its hardening, side by side.
 
 Each scenario starts a fresh real daemon (`gpu-audit launcher serve`, root, `sim:2`) from
 a checkout, and attacks it as real unix users through its socket
@@ -431,7 +431,8 @@ SCENARIOS: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, help="a checkout of the code before issue 20")
+    ap.add_argument("--before", type=Path,
+                    help="a checkout of the code to compare with (e.g. before a hardening)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", choices=sorted({*SCENARIOS, *LOAD}))
     ap.add_argument("--load", action="store_true",

@@ -1,4 +1,4 @@
-"""Launcher scheduling decision latency with 1,000 queued jobs (issue 13, target <= 50 ms).
+"""Launcher scheduling decision latency with 1,000 queued jobs (target <= 50 ms).
 
 One node of 8 simulated 80 GiB GPUs, 6 of them held by running jobs (whole and
 fractional), 1,000 eligible queued jobs from 40 users and 10 projects (a quarter

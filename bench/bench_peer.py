@@ -1,4 +1,4 @@
-"""gpu-audit against nvitop-exporter, side by side, on the same fake NVML (issue 27).
+"""gpu-audit against nvitop-exporter, side by side, on the same fake NVML.
 
 Both exporters load NVML through nvidia-ml-py's ctypes `CDLL("libnvidia-ml.so.1")`;
 LD_LIBRARY_PATH points both at one fake library written in C

@@ -1,11 +1,11 @@
-"""Scheduling replay (issues 15 and 24): lab weeks through the launcher under its priority
+"""Scheduling replay: lab weeks through the launcher under its priority
 policy and three baselines (first-fit, FIFO with whole GPUs, and people launching by
 hand while at their desk), on the same simulated node, in one run.
 
 Each policy is the same Engine and Scheduler with a different `policy.name` (the
 hand-launched lab adds the presence gate); the jobs are VirtualExecutor runs of the
 committed traces (docs/REPLAY.md). For each trace it prints the metrics table and the
-targets of issue 24, and writes bench/results/replay-<trace>/ (report.md, metrics.json,
+targets in BENCHMARKS.md, and writes bench/results/replay-<trace>/ (report.md, metrics.json,
 utilisation.svg) through the same code as `gpu-audit launcher replay --report`.
 
 Run: .venv/bin/python bench/bench_replay.py                  (the two committed weeks)

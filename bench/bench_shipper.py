@@ -3,7 +3,7 @@ and the Elasticsearch bulk test server, one at a time and all three at once.
 
     python bench/bench_shipper.py [--records N] [--json PATH]
 
-The backlog is the catch-up case of issue 4: 10 minutes of an 8-GPU x 64-process node at
+The backlog is the catch-up case: 10 minutes of an 8-GPU x 64-process node at
 a 5 s interval is (8*64 + 16) * 120 = 63,360 records of about 1 KB (the producer writes
 them, hash-chained, into a spool in a separate process first). Steady production is
 528 / 5 s = 105.6 records/s; catch-up is reported as a multiple of it (target >= 5x).

@@ -55,7 +55,7 @@ def _add_log_level_arg(p: argparse.ArgumentParser) -> None:
 # Commands whose arguments need no component module: their parser leaves out the options
 # of the others, whose definitions live in the launcher, chargeback, alerts and dashboards
 # code, so that the long-running exporter never imports (and keeps resident) code it does
-# not run (about 3.6 MB of RSS, issue 27).
+# not run (about 3.6 MB of RSS).
 _LIGHT_COMMANDS = frozenset({"run", "exporter", "shipper", "check-config", "audit", "spool"})
 
 

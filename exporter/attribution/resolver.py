@@ -220,7 +220,7 @@ class Resolver:
     def _memo_key(self, uuids: tuple[str, ...], generation: _Generation) -> _MemoKey:
         """The one key object for (GPU uuids, source generation): memoised answers are
         looked up by its identity hash, once per process per cycle, rather than by
-        hashing the nested tuple each time (issue 27). Interned while the generation
+        hashing the nested tuple each time. Interned while the generation
         lasts; a new generation starts a new table (old answers no longer match)."""
         if generation != self._keys_generation:
             self._keys_generation = generation

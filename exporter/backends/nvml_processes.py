@@ -8,7 +8,7 @@ first, the choice logged once on the "gpu_audit.nvml" logger. Utilisation comes 
 cycle, so each cycle sees only the samples taken since the last one; NVML's NotFound
 there means "no new samples".
 
-Both are read on every cycle for every process (512 at 8 GPUs x 64, issue 27): the
+Both are read on every cycle for every process (512 at 8 GPUs x 64): the
 binding's process objects through their __dict__, its utilisation structs with one
 `struct.unpack_from` each, and each ProcessSample built once, positionally.
 
@@ -43,7 +43,7 @@ def read_process_list(nvml: Any, call: VersionedCall, handle: Any) -> list[Any] 
 
 # (pid, driver timestamp in us, sm, memory, encoder, decoder percent): a pid's newest
 # sample as the driver gave it (the unpacked struct itself: no copy, no object), made a
-# ratio when its ProcessSample is built. 512 processes per cycle on a big node (issue 27).
+# ratio when its ProcessSample is built. 512 processes per cycle on a big node.
 UtilSample = tuple[int, ...]
 
 
@@ -60,7 +60,7 @@ def build_processes(lists: Iterable[tuple[ProcessType, list[Any]]],
     once, with its name (`known_names`, else `name_of(pid)`) and its utilisation ratios
     where the driver had a sample, positionally in ProcessSample's field order - one
     pass, no intermediate entries, no copies: this runs for every process in every
-    cycle (issue 27).
+    cycle.
     """
     seen: set[object] = set()
     names: dict[int, str] = {}
@@ -126,7 +126,7 @@ def _unpacker(cls: type) -> Callable[[Any], tuple[int, ...]] | None:
     layout is exactly the six integer fields in _UTIL_FIELDS order (offsets and size
     checked against ctypes' own): one C call per sample instead of six attribute reads
     through the binding's Python-level __getattribute__ (~5x faster; 512 samples per
-    cycle at 8 GPUs x 64 processes, issue 27). None: read the fields one by one."""
+    cycle at 8 GPUs x 64 processes). None: read the fields one by one."""
     try:
         return _UNPACKERS[cls]
     except KeyError:

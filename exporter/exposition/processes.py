@@ -6,7 +6,7 @@ count (`gpu_process_*`), capped per GPU; per GPU: the memory and utilisation no
 attributed process explains (`gpu_unattributed_*`), one `gpu_allocation_info` per
 owner, the owners for `gpu_owner_info`, and the MIG slice weights.
 
-One pass (issue 27: 512 processes per cycle at 8 GPUs x 64): what each Attribution
+One pass (512 processes per cycle at 8 GPUs x 64): what each Attribution
 contributes (its identity labels, whether it is attributed, its allocation key and
 source, its owner) is worked out once per Attribution object and kept while the resolver
 hands that object out; a process alone under its label set (the common case) is written

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     )
 
 # verify (and the archive reader it needs) loads on first use: the exporter, which
-# imports this package for the producer, never verifies (issue 27: RSS it would keep).
+# imports this package for the producer, never verifies (RSS it would keep).
 _VERIFY = frozenset({"Problem", "VerifyReport", "verify_jsonl", "verify_readback",
                      "verify_records", "verify_spool", "verify_spool_dir"})
 

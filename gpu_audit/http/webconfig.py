@@ -317,7 +317,7 @@ class BasicAuth:
         self._bcrypt: Any = None
         if self._users:
             # Imported only when basic auth is on: an exporter without it never keeps
-            # bcrypt resident (issue 27). Here, not at the first login, so no request
+            # bcrypt resident. Here, not at the first login, so no request
             # waits for the import.
             import bcrypt  # noqa: PLC0415
 

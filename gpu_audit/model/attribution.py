@@ -113,7 +113,7 @@ class AttributedProcess:
     """One GPU process with its owner.
 
     Read-only by convention, not frozen: the resolver builds one per process per cycle,
-    and a frozen dataclass's __init__ costs ~3x a plain slotted one's (issue 27). Nothing
+    and a frozen dataclass's __init__ costs ~3x a plain slotted one's. Nothing
     hashes it; nothing may assign to it after the resolver built it.
     """
 

@@ -87,7 +87,7 @@ class ProcessSample:
 
     Read-only by convention, not frozen: a backend builds one per process per cycle
     (512 at 8 GPUs x 64 processes) and a frozen dataclass sets each of its 12 fields
-    through object.__setattr__, ~6x the cost of a plain slotted one (issue 27). Nothing
+    through object.__setattr__, ~6x the cost of a plain slotted one. Nothing
     hashes it or keeps it as a key; nothing may assign to it after the backend built it.
     """
 

@@ -1,4 +1,4 @@
-"""The 60 s audit trail bills what the per-cycle trail bills (issue 22): one simulated
+"""The 60 s audit trail bills what the per-cycle trail bills: one simulated
 node, played twice in virtual time through the real producer and archive sink, once
 writing a record set per 5 s sample (schema 2) and once adding the samples up per
 minute (schema 3); the two bills agree within 0.01 % on every row and column."""

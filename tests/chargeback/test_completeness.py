@@ -1,4 +1,4 @@
-"""Bills that prove completeness (issue 22): per host and stream the chain is continuous
+"""Bills that prove completeness: per host and stream the chain is continuous
 from the last record before the period to the first after it, or the period is still
 open; a gap (a day's head cut off, the day before deleted) refuses the bill with the gap
 named unless --allow-gaps, which stamps it in the terminal, CSV, JSON, report and
@@ -103,7 +103,7 @@ def test_the_newest_day_is_open(archive: Path) -> None:
 
 def test_a_head_truncated_first_day_is_refused_with_the_gap_named(
         archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 22: the first 1,000 lines of the period's first day removed billed 36 % less
+    """The first 1,000 lines of the period's first day removed billed 36 % less
     and said "verified". Now the part's digest fails, its records are read, and the
     missing seqs are named; the CLI exits 1 and writes no bill."""
     part = _part(archive, "node-a", "2026-11-01")
@@ -123,7 +123,7 @@ def test_a_head_truncated_first_day_is_refused_with_the_gap_named(
 
 
 def test_a_deleted_previous_day_is_refused_with_the_gap_named(archive: Path) -> None:
-    """Issue 22: with the previous day's file deleted a month billed 0.25 GPU-h instead
+    """With the previous day's file deleted a month billed 0.25 GPU-h instead
     of 72, "verified". Now the stream's first record in the archive is in the period and
     does not start its chain: refused, naming the seqs that are not there."""
     oct31 = _part(archive, "node-a", "2026-10-31")

@@ -1,4 +1,4 @@
-"""One bill whatever the source (issue 23): the simulator's mig, busy and leak scenarios
+"""One bill whatever the source: the simulator's mig, busy and leak scenarios
 played once, each cycle's snapshot written by the real audit producer into an archive
 and rendered by the exporter's real renderer into a Prometheus (backfilled with
 promtool), then billed from both with the same rates and directory. Every row's
@@ -152,7 +152,7 @@ def test_mig_tenants_are_billed_by_the_slice(tmp_path_factory: pytest.TempPathFa
 
 def test_mig_allocations_are_seen_from_prometheus(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Issue 23, defect 2: MIG tenants' allocations reach the Prometheus bill (a MIG
+    """MIG tenants' allocations reach the Prometheus bill (a MIG
     parent reports no GPU utilisation, which the allocation used to be read through, so
     they counted 0), weighted by the slice like their time; the archive, which sees no
     reservation, says "not known"."""

@@ -1,4 +1,4 @@
-"""What a finance reader gets from `gpu-audit chargeback` (issue 23): a CSV that stands
+"""What a finance reader gets from `gpu-audit chargeback`: a CSV that stands
 alone (line items with each model's price, totals, a simulated marker, a byte-order mark
 for spreadsheet tools, formulas guarded whatever the separator), prices bounded with
 every problem named by line, and a showback when there is no rates file.

@@ -144,7 +144,7 @@ def test_bad_rates_and_directory_are_refused_before_a_month_is_simulated(
 
 def test_sim_nodes_archive_verifies_each_node_from_its_own_first_seq(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 22, defect f: `--sim-nodes 16` wrote node k's stream starting at seq k (each
+    """`--sim-nodes 16` wrote node k's stream starting at seq k (each
     producer resumed after the previous node's exporter_start in the shared spool);
     `audit verify` found 15 gaps while the bill said verified. Each node's chain now
     starts at seq 1, and `audit verify` passes on the archive."""

@@ -1,4 +1,4 @@
-"""End to end (issue 11, item 1; issue 26): every query of every dashboard panel and
+"""End to end: every query of every dashboard panel and
 every template-variable query, with its variables substituted, parses and returns data
 from a real Prometheus scraping the simulator playing the scenarios that feed them, with
 the rules rendered from alerts/params/fast.yaml loaded. No panel is left empty.
@@ -46,7 +46,7 @@ def _rule_files(tmp: Path) -> list[Path]:
         return [Path(override)]
     if not FAST_PARAMS.is_file():
         pytest.skip(f"{FAST_PARAMS.relative_to(ROOT)} missing: the recording rules come from "
-                    "alerts/ (issue 11)")
+                    "alerts/")
     out = tmp / "rules"
     subprocess.run([sys.executable, "-m", "gpu_audit_app.cli", "rules", "render",
                     "--params", str(FAST_PARAMS), "--out", str(out)], check=True)

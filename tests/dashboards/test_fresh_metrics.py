@@ -1,5 +1,5 @@
-"""A freshly started, healthy node already serves every family the dashboards read
-(issue 26, defect 5): counters with known label values are there at 0 from the first
+"""A freshly started, healthy node already serves every family the dashboards read:
+counters with known label values are there at 0 from the first
 scrape, not only once something has failed. The few families that exist only after an
 event (an XID) are read only by panels that say why they are empty.
 

@@ -1,4 +1,4 @@
-"""The leak rule and the waste dashboard's leak panels on real data (issue 26, defect 6):
+"""The leak rule and the waste dashboard's leak panels on real data:
 a real Prometheus scrapes the simulator playing busy (a job ramping up after start, noisy
 training memory), leak (frank's memory growing 50 MiB a minute) and large (512 small
 noisy processes) at --time-scale 60, with the rules of alerts/params/fast.yaml. Over the

@@ -1,4 +1,4 @@
-"""A GPU lost before a restart is still reported lost after it (issue 26, defect 3): a real
+"""A GPU lost before a restart is still reported lost after it: a real
 `gpu-audit exporter` plays the xid scenario until GPU 1 falls off the bus (XID 79), is
 stopped, and starts again on the same node with GPU 1 gone from enumeration. Its
 /metrics still says gpu_up 0 for that GPU, with its XID 79 and the owner whose job died,

@@ -1,4 +1,4 @@
-"""A really full filesystem recovers without a restart (issue 7, defect 1).
+"""A really full filesystem recovers without a restart.
 
 The spool lives on a 2 MiB tmpfs (a loop-mounted ext4 image where tmpfs cannot be
 mounted) with `max_bytes` far above the disk size, so the filesystem's free space
@@ -173,7 +173,7 @@ def _caught_up(shipper: Shipper, writer: SpoolWriter) -> bool:
 def test_a_full_filesystem_with_one_default_segment_writes_again(
     small_fs: Path, fast_config: ShipperConfig, min_free: int
 ) -> None:
-    """Issue 22, defect d: with the default segment_bytes (64 MiB) on a 2 MiB filesystem
+    """With the default segment_bytes (64 MiB) on a 2 MiB filesystem
     every record is in the one active segment. Fill it with the sink down, bring the sink
     back: once every record is delivered, gc releases the active segment (a new one
     takes over, the newest record is kept beside it) and the spool writes again, with no

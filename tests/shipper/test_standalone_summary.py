@@ -1,5 +1,5 @@
 """The standalone `gpu-audit shipper` says what it is doing: a periodic summary line with
-the spool and every sink's state, deliveries and lag (issue 8, "a process you can watch")."""
+the spool and every sink's state, deliveries and lag: a process you can watch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The long-running commands load only the code they run (issue 27).
+"""The long-running commands load only the code they run.
 
 `gpu-audit run` and `gpu-audit exporter` stay resident for months on every GPU node:
 each module they import is RSS they keep. Their command line must not pull in the

@@ -69,7 +69,7 @@ def test_jobs_hosts_and_simulated_records_are_kept_apart() -> None:
 
 
 def test_the_minute_trail_gives_each_slurm_job_what_the_per_cycle_trail_gives() -> None:
-    """Issue 22's interval trail (schema 3, one usage record per GPU and holder per
+    """The interval trail (schema 3, one usage record per GPU and holder per
     minute) read by the per-job meter: every Slurm job's GPU time, busy and idle-held
     time, energy and processes equal the per-cycle trail's for the same samples (before
     the meter read `usage` records, every job came out empty at the default cadence).

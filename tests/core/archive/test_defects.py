@@ -1,5 +1,6 @@
-"""Issue 22, defects b and c, through the command line and the chargeback source, on an
-archive the real sink wrote from a real hash chain (tests.shipper.producer.chained):
+"""A truncated part and a host seen nowhere else, through the command line and the
+chargeback source, on an archive the real sink wrote from a real hash chain
+(tests.shipper.producer.chained):
 
 b. a truncated `.gz` part gave a Python traceback (EOFError) in `audit verify` and in
    `chargeback`, with or without --allow-unverified, naming no file or line;

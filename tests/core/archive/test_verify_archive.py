@@ -78,7 +78,7 @@ def test_a_sealed_archive_verifies_record_by_record_and_from_its_seals(archive: 
 def test_a_truncated_gz_part_names_the_file_and_its_last_good_line(
     archive: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 22, defect b: a truncated .gz part is a problem naming the file and the last
+    """A truncated .gz part is a problem naming the file and the last
     line read whole; every other part is still verified; no traceback (exit 1)."""
     victim = _parts(archive)[1]
     data = victim.read_bytes()
@@ -97,7 +97,7 @@ def test_a_truncated_gz_part_names_the_file_and_its_last_good_line(
 def test_a_truncated_gz_file_given_alone_is_a_problem_not_a_traceback(
     archive: Path, tmp_path: Path
 ) -> None:
-    """Issue 22, defect b, on one JSON Lines file: the damage is named, the lines before
+    """On one JSON Lines file: the damage is named, the lines before
     it verified."""
     victim = _parts(archive)[0]
     cut = tmp_path / "cut.jsonl.gz"
@@ -109,7 +109,7 @@ def test_a_truncated_gz_file_given_alone_is_a_problem_not_a_traceback(
 
 
 def test_a_record_of_another_host_in_a_part_is_foreign_without_hmac(archive: Path) -> None:
-    """Issue 22, defect c: the first record of a host that is nowhere else in the archive
+    """The first record of a host that is nowhere else in the archive
     (a valid chain of its own) inserted into a part of gpu-node-01: `foreign`, with no HMAC
     key, because the part's name says whose chain it holds."""
     intruder = _trail("gpu-node-99", n=13)[0]

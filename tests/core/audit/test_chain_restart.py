@@ -1,4 +1,4 @@
-"""No seq is ever issued twice (issue 22, defect a): a byte flipped in the newest spool
+"""No seq is ever issued twice: a byte flipped in the newest spool
 frame after that record was shipped. The producer used to resume after the frame before
 it and issue the shipped record's seq again (the archive then held one seq twice and a
 chain break, with or without audit.state_directory), and the spool's log called the

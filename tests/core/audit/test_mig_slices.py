@@ -1,4 +1,4 @@
-"""MIG billed by the slice (issue 23, defect 3): the profile-weight table and what
+"""MIG billed by the slice: the profile-weight table and what
 close_cycle makes of a GPU counted instance by instance."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The producer's bytes on a full node (8 GPUs x 64 processes, the bench's shape) are
 pinned: the records, their ids and hashes, and the spool segments holding them are the
-bytes the code wrote before issue 27's audit work (digests below, taken from `main` at
-1b5d6cd), and equal the plain reference path (build_records without any cache, then
+bytes the code wrote before the audit builder was tuned for speed (digests below, taken
+from `main` at 1b5d6cd), and equal the plain reference path (build_records without any cache, then
 seal_reference) record for record.
 
 The input is built to reach every branch of the fast path at this scale: owned and
@@ -62,7 +62,7 @@ OWNERS = (
                                                                  "project": "jobmap"}),
 )
 
-# (pinned digests from the code before issue 27's audit work)
+# (pinned digests from the code before the audit builder was tuned for speed)
 PINNED = {
     "plain": ("ce83e5d2190e818f36733e19a1917f6c44976ea525560fbbfb270254a50748f4",
               "adc5fe4b022b28db7b61dc1e096d4f69ee01271751e3cda3e0579991ca6f088e"),

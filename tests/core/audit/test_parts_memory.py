@@ -1,4 +1,4 @@
-"""The audit builder's long-lived pre-serialised parts are right-sized (issue 27)."""
+"""The audit builder's long-lived pre-serialised parts are right-sized."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Torn tails versus corrupt frames, and damage in older segments (issue 7, defects 4, 5).
+"""Torn tails versus corrupt frames, and damage in older segments.
 
 A torn tail is an incomplete last write (the frame runs past the end of the file, the file
 ends inside a frame header, or the tail is zero-filled blocks that were never written): it

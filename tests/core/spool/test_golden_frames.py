@@ -1,4 +1,4 @@
-"""Golden spool bytes: the on-disk format is pinned by a checked-in file (issue 7, defect 10).
+"""Golden spool bytes: the on-disk format is pinned by a checked-in file.
 
 `golden/00000000000000000300.seg` holds the exact bytes of a segment (header + frames) for
 known payloads at known offsets. Every test here fails if framing, the CRC, the header or

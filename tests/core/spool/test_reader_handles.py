@@ -1,4 +1,4 @@
-"""Readers pin no deleted segment (issue 7, defect 1): a reader holds no file open between
+"""Readers pin no deleted segment: a reader holds no file open between
 reads, so a segment gc deletes behind a long-lived reader frees its space at once."""
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ def test_label_escaping_round_trips(user: str, name: str, host: str) -> None:
 def test_no_control_character_reaches_the_exposition(user: str, name: str, host: str,
                                                      compat: bool) -> None:
     """NUL, ESC, DEL, C1 and every other control character from a process name, a user
-    or the host never reach the exposition: each line is printable text (issue 27)."""
+    or the host never reach the exposition: each line is printable text."""
     snap = small_snapshot()
     procs = (AttributedProcess(UUID0, proc(7, 3 * GIB, name=name),
                                Attribution(user=user, sources={"user": "environ"})),)

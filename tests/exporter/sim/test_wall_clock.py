@@ -2,7 +2,7 @@
 interval 1 s): the story runs 60 times faster, the records do not. Each is dated on the
 wall clock the run used and covers the wall time since the previous one, the energy
 counter integrates the power draw over that wall time, and exporter_stop is the last
-record (issue 23, defect 4: records were dated hours ahead, 60 scenario seconds were
+record (records were dated hours ahead, 60 scenario seconds were
 capped to 3 per cycle, the counter ran 60 times ahead of the integrated power, and
 exporter_stop was dated before the records it followed)."""
 

@@ -97,7 +97,7 @@ def test_archive_defaults_beside_the_spool(tmp_path: Path) -> None:
 
 def test_archive_only_shipper_never_imports_sink_client_libraries(tmp_path: Path) -> None:
     """The default (archive-only) shipper loads no client library of another sink kind:
-    each is imported only when a sink of its kind is configured (RSS budget, issue 4)."""
+    each is imported only when a sink of its kind is configured (RSS budget)."""
     import subprocess
     import sys
 

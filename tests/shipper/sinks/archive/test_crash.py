@@ -235,7 +235,7 @@ def scenario_dirs(base: Path) -> Iterator[Path]:
 def test_the_issue_sequence_two_crashes_do_not_duplicate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 7, defect 2: A writes a batch and dies before its state is saved; B re-sends
+    """A writes a batch and dies before its state is saved; B re-sends
     an older batch (skipped) and dies; C re-sends both: each record is archived once."""
     recs = make_batch(10)
     cfg = ArchiveSinkConfig.model_validate({"type": "archive", "directory": tmp_path})

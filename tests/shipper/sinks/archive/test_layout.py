@@ -51,7 +51,7 @@ def handmade_archive(directory: Path, per_part: int = 2, parts_per_day: int = 13
 def test_verify_reads_a_rotated_archive_in_write_order(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 7, defect 8: `audit verify ARCHIVE_DIR` on 26 legacy parts over two days,
+    """`audit verify ARCHIVE_DIR` on 26 legacy parts over two days,
     mixed .gz and plain, passes: the base file comes before `.1`, and `.10` after `.9`,
     not in name order."""
     raws = handmade_archive(tmp_path)

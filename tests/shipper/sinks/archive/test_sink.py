@@ -248,7 +248,7 @@ def test_a_part_deleted_behind_the_sinks_back_holds_it(tmp_path: Path) -> None:
 def test_rotation_lists_no_directory_whatever_the_number_of_parts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 22, defect e: every rotation listed the whole directory (97 ms at 2,635
+    """Every rotation listed the whole directory (97 ms at 2,635
     files), so a small max_file_bytes made delivery fall behind without bound. The sink
     lists the directory once, when it starts; hundreds of rotations after that list
     nothing, so a rotation costs the same with 10 parts or 10,000."""
