@@ -26,8 +26,18 @@ from chargeback.run import (
     load_tables,
     run_chargeback,
 )
+from chargeback.software import valid_key
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit_app.chargeback_period import period
+
+
+def group_by_choice(text: str) -> str:
+    """argparse type of --group-by: owner, slurm, software or software:NAME."""
+    if text in ("owner", "slurm") or valid_key(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: one of owner, slurm, software, software:NAME (a library's short name "
+        "as the exporter records it, e.g. software:cudart, software:torch, software:image)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,14 +112,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", metavar="MANIFEST",
                    help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
-    slurm.add_argument("--group-by", choices=("owner", "slurm"), default="owner",
+    slurm.add_argument("--group-by", type=group_by_choice, default="owner",
+                       metavar="{owner,slurm,software,software:NAME}",
                        help="owner: the bill by department, project and user (default); "
                        "slurm: by Slurm account, partition and user, from the audit trail, "
-                       "with --compare-with slurm beside sacct's GPU TRES-hours.")
+                       "with --compare-with slurm beside sacct's GPU TRES-hours; software: "
+                       "GPU-hours of GPU processes by what they ran (libraries and image "
+                       "from the exporter's process_start records), software:NAME by one "
+                       "library's version (e.g. software:cudart, software:torch).")
     slurm.add_argument("--trail", metavar="DIR", action="append", default=[],
-                       help="--group-by slurm: an archive or spool to read (repeatable: each "
-                       "node's exporter archive and `slurm` stream); default --config's "
-                       "archive.")
+                       help="--group-by slurm/software: an archive or spool to read "
+                       "(repeatable: each node's exporter archive and `slurm` stream); "
+                       "default --config's archive.")
 
 
 def request(args: argparse.Namespace) -> Request:
@@ -231,6 +245,10 @@ def chargeback_command(args: argparse.Namespace) -> int:
         from gpu_audit_app.slurm_bill import slurm_bill_command
 
         return slurm_bill_command(args)
+    if args.group_by != "owner":
+        from gpu_audit_app.software_bill import software_bill_command
+
+        return software_bill_command(args)
     wrong = [f"{flag} goes with --group-by slurm" for flag, used in (
         ("--trail", bool(args.trail)),
         ("--compare-with slurm",

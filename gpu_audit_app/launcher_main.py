@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from launcher.config import LauncherCoreConfig
 from launcher.limits import DaemonLimits
+from launcher.progress import describe_environment, format_duration
 from launcher.protocol import DEFAULT_SOCKET, ProtocolError, RequestTooLarge, call
 
 
@@ -400,17 +401,38 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
     return f"job {resp['id']}: {resp.get('state')}"
 
 
+def _progress_cell(p: Mapping[str, Any] | None) -> str:
+    """'40/100 40%' / '40' (no total) / '-'."""
+    if not p or p.get("step") is None:
+        return "-"
+    if p.get("total_steps") is None or p.get("fraction") is None:
+        return str(p["step"])
+    return f"{p['step']}/{p['total_steps']} {100 * p['fraction']:.0f}%"
+
+
+def _loss_cell(p: Mapping[str, Any] | None) -> str:
+    loss = (p or {}).get("loss")
+    return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
+
+
+def _eta_cell(p: Mapping[str, Any] | None) -> str:
+    eta = (p or {}).get("eta_seconds")
+    return format_duration(eta) if isinstance(eta, int | float) else "-"
+
+
 def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Your jobs: a waiting one's last column is why it waits, the others' their GPUs."""
     head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}"
-            "  GPUS / WAITING FOR")
+            f"  {'PROGRESS':<18} {'ETA':>7}  GPUS / WAITING FOR")
     rows = [head]
     for j in jobs:
         last = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
         if j.get("wait_reason"):
             last = f"{j['wait_reason']}: {j.get('wait_detail') or ''}".rstrip(": ")
+        p = j.get("progress")
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
-                    f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  {last}")
+                    f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  "
+                    f"{_progress_cell(p)[:18]:<18} {_eta_cell(p):>7}  {last}")
     return "\n".join(rows)
 
 
@@ -425,12 +447,15 @@ def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
     waiting = [j for j in jobs if j not in running]
     rows = [f"RUNNING {len(running)}",
             f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'STARTED':<8} {'TRY':>3} "
-            f"{'PRIORITY':>9}  GPUS"]
+            f"{'PRIORITY':>9}  {'PROGRESS':<18} {'LOSS':>9} {'ETA':>7}  GPUS"]
     for j in running:
         gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
                     f"{j['state']:<10} {_fmt_time(j.get('started_at')):<8} "
-                    f"{j.get('attempt', 0):>3} {_num(j.get('start_priority'), 9)}  {gpus}")
+                    f"{j.get('attempt', 0):>3} {_num(j.get('start_priority'), 9)}  "
+                    f"{_progress_cell(j.get('progress'))[:18]:<18} "
+                    f"{_loss_cell(j.get('progress')):>9} {_eta_cell(j.get('progress')):>7}  "
+                    f"{gpus}")
     rows += ["", f"WAITING {len(waiting)}",
              f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
              f"{'URGENCY':>8} {'TIER':>7} {'AGE':>7} {'FAIRSHR':>8}  REASON"]
@@ -464,6 +489,22 @@ def _render_job(j: Mapping[str, Any]) -> str:
         lines.append(f"  reason: {j['reason']}")
     if j.get("last_checkpoint_step") is not None:
         lines.append(f"  last checkpoint: step {j['last_checkpoint_step']}")
+    p = j.get("progress")
+    if p and p.get("step") is not None:
+        parts = [f"step {_progress_cell(p)}"]
+        if p.get("epoch") is not None:
+            parts.append(f"epoch {p['epoch']}")
+        if p.get("loss") is not None:
+            parts.append(f"loss {_loss_cell(p)}")
+        if p.get("steps_per_second") is not None:
+            parts.append(f"{p['steps_per_second']:.3g} steps/s")
+        parts.append(f"ETA {_eta_cell(p)}" if p.get("eta_seconds") is not None
+                     else "no ETA (needs step, total_steps and steps_per_second from a "
+                          "running attempt)")
+        lines.append(f"  progress: {', '.join(parts)} (reported "
+                     f"{_fmt_time(p.get('reported_at'))}, attempt {p.get('attempt')})")
+    if j.get("environment"):
+        lines.append(f"  runs: {describe_environment(j['environment'])}")
     lines.append(f"  GPU-seconds allocated {j.get('allocated_gpu_seconds', 0):.1f}, lost "
                  f"{j.get('lost_gpu_seconds', 0):.1f}")
     events = list(j.get("events", []))

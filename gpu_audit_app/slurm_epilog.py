@@ -22,10 +22,12 @@ all went well (epilog.sh logs it and exits 0, since a failing Epilog drains the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -39,6 +41,7 @@ import orjson
 from chargeback.slurm.report import RunReport, admin_comment, render_text, with_usage
 from chargeback.slurm.trail import Trails
 from chargeback.slurm.usage import UsageMeter
+from chargeback.software import SoftwareUsage
 from gpu_audit import __version__, slurmcmd
 from gpu_audit.atomicfile import replace_file
 from gpu_audit.audit.config import AuditConfig
@@ -49,9 +52,14 @@ from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
 from gpu_audit.spool.errors import SpoolLocked
 from gpu_audit_app.chargeback_sources import archive_source
 from gpu_audit_app.config import Config, load_settings
+from launcher.progress import clean_environment, estimate_remaining, fraction, progress_of
 
 DEFAULT_JOBMAP_DIR = Path("/run/gpu-audit/jobs")
 DEFAULT_SLURM_DIR = Path("/var/lib/gpu-audit/slurm")
+# the prolog makes each GPU job's events file here (owned by the job's user), the job
+# step wrapper points GPU_AUDIT_EVENTS_FILE at it, the epilog reads and removes it
+DEFAULT_EVENTS_DIR = Path("/run/gpu-audit/slurm-events")
+EVENTS_TAIL_BYTES = 256 * 1024  # the newest progress is at the end: never read more
 STREAM = "slurm"
 LOCK_WAIT_S = 30.0  # two runs ending at once on a node: the second waits for the spool
 # Slurm's start of a run and the prolog's `date +%s` are this close (PrologFlags=Alloc
@@ -194,10 +202,65 @@ def _closes(raw: bytes, due_ns: int, end_ns: int) -> bool:
     return kind == "exporter_stop" and rec["time_ns"] >= end_ns
 
 
+def events_path(events_dir: Path, job_id: str) -> Path:
+    """Where the prolog makes the job's events file (the helper's report channel) on this
+    node, and requeue-on-preempt.sh points GPU_AUDIT_EVENTS_FILE at."""
+    return events_dir / f"{job_id}.jsonl"
+
+
+def read_job_events(path: Path, uid: int | None, end: float
+                    ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(progress, environment, problem) from the job's events file: the newest `metrics`
+    event (sanitised by launcher.progress: a job is not trusted, and with
+    `remaining_seconds` at the run's end) and the newest `environment` event. Only the
+    last EVENTS_TAIL_BYTES are read, from a regular file owned by the job's user opened
+    without following a link; anything else is a problem, said, and nothing is taken."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {}, {}, None  # the job did not use the helper, or ran outside its wrapper
+    except OSError as exc:
+        return {}, {}, f"{path}: {exc.strerror}"
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid not in (uid, 0)):
+            return {}, {}, f"{path}: not a regular file of the job's user: not read"
+        fh.seek(max(0, st.st_size - EVENTS_TAIL_BYTES))
+        data = fh.read(EVENTS_TAIL_BYTES)
+    metrics: Mapping[str, Any] | None = None
+    env: Mapping[str, Any] | None = None
+    lines = data.split(b"\n")
+    if st.st_size > EVENTS_TAIL_BYTES:
+        lines = lines[1:]  # the first line may be cut
+    for line in lines:
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict):
+            if doc.get("event") == "metrics":
+                metrics = doc
+            elif doc.get("event") == "environment":
+                env = doc
+    progress: dict[str, Any] = {}
+    if metrics is not None:
+        t = metrics.get("time")
+        when = float(t) if isinstance(t, int | float) and not isinstance(t, bool) \
+            and 0 <= t <= end else end
+        p = progress_of(metrics, when, 0)
+        if p.step is not None:
+            progress = {k: v for k, v in p.as_dict().items() if k != "attempt"}
+            progress["reported_at"] = progress.pop("time")
+            progress["fraction"] = fraction(p)
+            progress["remaining_seconds"] = estimate_remaining(p, end)
+            progress = {k: v for k, v in progress.items() if v is not None}
+    return progress, clean_environment(env) if env is not None else {}, None
+
+
 def measure(config: Config, config_path: Path | None, job_id: str, start: float,
-            end: float) -> tuple[UsageMeter, list[str]]:
-    """The job's usage on this node from the exporter's archive and spool, and the
-    trail's problems."""
+            end: float) -> tuple[UsageMeter, list[str], SoftwareUsage]:
+    """The job's usage on this node from the exporter's archive and spool, the trail's
+    problems, and what the GPU processes ran (their process_start records)."""
     dirs: list[Path] = []
     key = None
     try:
@@ -214,10 +277,13 @@ def measure(config: Config, config_path: Path | None, job_id: str, start: float,
     end_ns = int((due + 2 * config.exporter.interval_seconds + 2) * 1e9)
     meter = UsageMeter(start_ns=start_ns, end_ns=end_ns,
                        key=lambda r: job_id if _job_of(r) == job_id else None)
+    software = SoftwareUsage(include_simulated=True)
     trails = Trails(dirs, key=key, start_ns=start_ns, end_ns=end_ns)
     for rec in trails:
         meter.add(rec)
-    return meter, trails.problems
+        if rec.get("event") == "process_start" and _job_of(rec) == job_id:
+            software.add(rec)
+    return meter, trails.problems, software
 
 
 def _job_of(rec: Mapping[str, Any]) -> str | None:
@@ -352,13 +418,24 @@ def epilog(args: argparse.Namespace) -> int:
             int(count) if count.isdigit() else 0)
         attempt = max(restarts - 1, 0) if run.requeued else restarts
     exit_code = env.get("SLURM_JOB_EXIT_CODE", "")
+    events_dir = Path(args.events_dir or env.get("GPU_AUDIT_SLURM_EVENTS_DIR")
+                      or DEFAULT_EVENTS_DIR)
+    uid_text = env.get("SLURM_JOB_UID", "")
+    ev_file = events_path(events_dir, job_id)
+    progress, environment, problem = read_job_events(
+        ev_file, int(uid_text) if uid_text.isdigit() else None, end)
+    if problem is not None:
+        print(f"gpu-audit slurm epilog: job {job_id}: events file {problem}", file=sys.stderr)
+    with contextlib.suppress(OSError):
+        ev_file.unlink()  # this run's; the next run's prolog makes a fresh one
     report = RunReport(
         job_id=job_id, node=env.get("SLURMD_NODENAME") or socket.gethostname(),
         attempt=attempt,
         user=env.get("SLURM_JOB_USER", ""), account=env.get("SLURM_JOB_ACCOUNT", ""),
         partition=env.get("SLURM_JOB_PARTITION", ""), gpus=gpus, start_time=start,
         end_time=end, time_source=source,
-        exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None)
+        exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None,
+        progress=progress, environment=environment)
     ok = True
     try:
         config = load_settings(args.config)
@@ -376,10 +453,13 @@ def epilog(args: argparse.Namespace) -> int:
                       f"past {trail_covers(config, end):.0f} (its audit interval after the "
                       "run's end): the report may miss the run's last interval",
                       file=sys.stderr)
-            meter, problems = measure(config, args.config, job_id, start, end)
+            meter, problems, software = measure(config, args.config, job_id, start, end)
             for p in problems[:5]:
                 print(f"gpu-audit slurm epilog: audit trail: {p}", file=sys.stderr)
-            with_usage(report, meter.jobs.get(job_id))
+            usage = meter.jobs.get(job_id)
+            with_usage(report, usage)
+            if usage is not None:
+                report.software = software.of_processes(usage.pids)
         except (OSError, ValueError, ConfigError) as exc:
             ok = False
             print(f"gpu-audit slurm epilog: job {job_id}: cannot read the audit trail: {exc}",

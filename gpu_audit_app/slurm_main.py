@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--jobmap-dir", type=Path, metavar="DIR",
                    help="The prolog's job-mapping directory (GPU_AUDIT_JOBMAP_DIR; default "
                    "/run/gpu-audit/jobs).")
+    e.add_argument("--events-dir", type=Path, metavar="DIR",
+                   help="Where the prolog made the job's events file <JOBID>.jsonl "
+                   "(default $GPU_AUDIT_SLURM_EVENTS_DIR or /run/gpu-audit/slurm-events): "
+                   "the run's progress and environment come from it.")
     e.add_argument("--slurm-dir", type=Path, metavar="DIR",
                    help="Where the `slurm` spool and the reports go (GPU_AUDIT_SLURM_DIR; "
                    "default /var/lib/gpu-audit/slurm).")

@@ -42,6 +42,7 @@ from launcher.constants import EXIT_PREEMPTED
 from launcher.gpustate import GpuInfo, GpuStateSource
 from launcher.identity import job_environment
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
+from launcher.progress import clean_environment, progress_of
 from launcher.quota import Budget, UsageWindow
 from launcher.requests import BadState, LauncherError, PermissionDenied, Requests, UnknownJob
 from launcher.scheduler import Decision, Scheduler
@@ -75,7 +76,8 @@ class Exit:
 class Report:
     """Something the job told the launcher through the helper. kind: "checkpoint" (data:
     step, global_batch, path; `time` is the commit time), "telemetry" (step, loss,
-    metrics), "anomaly" (reason)."""
+    total_steps, steps_per_second, epoch, metrics), "environment" (what the job runs:
+    python, torch, cuda, ...), "anomaly" (reason)."""
 
     job_id: int
     time: float
@@ -290,7 +292,14 @@ class Engine(Requests):
                 self.store.update(rec.id, last_checkpoint_time=r.time,
                                   last_checkpoint_step=step if isinstance(step, int) else None)
             self._store_report(rec, r, "checkpoint_committed")
+        elif r.kind == "environment":
+            if rec.state in ACTIVE:  # one column, replaced: a job cannot grow it
+                self.store.update(rec.id, environment=clean_environment(r.data))
         elif r.kind == "telemetry":
+            if rec.state in ACTIVE:  # coalesced: one row update per job per round
+                p = progress_of(r.data, r.time, rec.attempt)
+                if p.step is not None:
+                    self.store.update(rec.id, progress=p.as_dict())
             # a report per training step would be a stored row per step: keep one a while
             kept = self._telemetry_kept_at.get(rec.id)
             if kept is None or r.time - kept >= self.ec.telemetry_event_interval_seconds:

@@ -556,6 +556,8 @@ class ProcessExecutor:
             self._reports.append(Report(a.job_id, when, "telemetry", data))
         elif event == "anomaly":
             self._reports.append(Report(a.job_id, when, "anomaly", data))
+        elif event == "environment":
+            self._reports.append(Report(a.job_id, when, "environment", data))
         elif event == "preempt_requested":
             a.preempt_acked = when
 
@@ -565,9 +567,9 @@ _MAX_ANOMALY_KINDS = 8  # distinct anomaly reasons kept per job per round; the r
 
 def coalesce(reports: list[Report]) -> list[Report]:
     """One round's reports, at most a few per job: the newest checkpoint (its `count`:
-    how many commits it stands for), the newest telemetry, and anomalies merged by reason
-    (the latest of each, with its `count`; past eight reasons the rest are one anomaly
-    `other`). A job committing a checkpoint per line thus costs one stored event per
+    how many commits it stands for), the newest telemetry and environment, and anomalies
+    merged by reason (the latest of each, with its `count`; past eight reasons the rest
+    are one anomaly `other`). A job committing a checkpoint per line thus costs one stored event per
     round, not one per line."""
     out: list[Report] = []
     latest: dict[tuple[int, str], tuple[Report, int]] = {}
@@ -581,7 +583,7 @@ def coalesce(reports: list[Report]) -> list[Report]:
                     key = "anomaly:\0other"
                 else:
                     kinds[rep.job_id] = kinds.get(rep.job_id, 0) + 1
-        elif rep.kind in ("checkpoint", "telemetry"):
+        elif rep.kind in ("checkpoint", "telemetry", "environment"):
             key = rep.kind
         else:
             out.append(rep)

@@ -33,6 +33,7 @@ from launcher.executor import ProcessExecutor
 from launcher.jobmap import JobMapWriter
 from launcher.limits import LOG_CHUNK_BYTES
 from launcher.peer import Caller
+from launcher.progress import Progress, estimate_remaining, fraction
 from launcher.protocol import Request
 from launcher.safefs import RefusedFile
 from launcher.spec import load_submission
@@ -344,11 +345,12 @@ class Service:
     def _queue(self, caller: Caller) -> dict[str, Any]:
         del caller  # the queue is public on the node, like squeue
         rows = []
+        now = self._clock()
         for job in self.store.jobs(ACTIVE):
-            rows.append(_summary(job))
-        view = self.engine.queue_view(self._clock())
+            rows.append(_summary(job, now))
+        view = self.engine.queue_view(now)
         for job, breakdown in view[:QUEUE_WAITING_ROWS]:  # the highest priorities
-            row = _summary(job)
+            row = _summary(job, now)
             row["priority"] = breakdown.as_dict()
             rows.append(row)
         return {"ok": True, "jobs": rows, "waiting_total": len(view)}
@@ -369,16 +371,18 @@ class Service:
     def _status(self, caller: Caller, req: Request) -> dict[str, Any]:
         if req.id is None:  # filtered and limited in SQL: no other user's job is loaded
             jobs = self.store.jobs_of(None if caller.admin else caller.uid, MAX_STATUS_ROWS)
-            return {"ok": True, "jobs": [_summary(j) for j in jobs]}
+            now = self._clock()
+            return {"ok": True, "jobs": [_summary(j, now) for j in jobs]}
         job = self.store.get(req.id)
         if job is None:
             return protocol.error("not_found", f"no job {req.id}")
-        out = _summary(job)
+        out = _summary(job, self._clock())
         if not caller.may_act_on(job.uid):
             return {"ok": True, "job": out}  # like the queue: no spec, env or events
         total, first, events = self.store.events_page(job.id, req.events_from,
                                                       STATUS_EVENTS)
         out.update({
+            "environment": job.environment,
             "spec": job.spec.model_dump(mode="json"),
             "events": [{"time": e.time, "kind": e.kind, **e.data} for e in events],
             "events_total": total, "events_from": first,
@@ -449,9 +453,25 @@ def _group_names(caller: Caller) -> list[str]:
     return out
 
 
-def _summary(job: JobRecord) -> dict[str, Any]:
+def progress_summary(job: JobRecord, now: float) -> dict[str, Any] | None:
+    """The job's newest progress for `queue` and `status`: step, total_steps, fraction,
+    loss, steps_per_second, epoch, reported_at, attempt, and eta_seconds (only while it
+    runs, from a report of its current attempt; None when it did not report what an
+    estimate needs: launcher/progress.py)."""
+    p = Progress.from_dict(job.progress) if job.progress is not None else None
+    if p is None:
+        return None
+    current = job.state == "running" and p.attempt == job.attempt
+    return {"step": p.step, "total_steps": p.total_steps, "fraction": fraction(p),
+            "loss": p.loss, "steps_per_second": p.steps_per_second, "epoch": p.epoch,
+            "reported_at": p.time, "attempt": p.attempt,
+            "eta_seconds": estimate_remaining(p, now) if current else None}
+
+
+def _summary(job: JobRecord, now: float) -> dict[str, Any]:
     waiting = job.state not in ACTIVE and job.state not in TERMINAL
     return {
+        "progress": progress_summary(job, now),
         "id": job.id, "name": job.name, "user": job.user, "project": job.project,
         "state": job.state, "attempt": job.attempt, "gpus": job.gpus,
         "urgency": job.spec.urgency,

@@ -35,7 +35,7 @@ WAITING: frozenset[str] = frozenset({"queued", "requeued"})
 ACTIVE: frozenset[str] = frozenset({"running", "preempting"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # What each older schema lacks, added in place when a newer daemon opens it (a lab's
 # queue survives the upgrade): version 1 had no wait reasons, no starting priority and
 # no usage window (issue 24).
@@ -45,6 +45,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE jobs ADD COLUMN start_priority REAL"),
     # version 2 stored every job's env inline: a pipeline's shared env once per job
     2: ("ALTER TABLE jobs ADD COLUMN env_blob TEXT",),
+    # version 3 kept no progress (launcher/progress.py) and no environment of a job
+    3: ("ALTER TABLE jobs ADD COLUMN progress TEXT",
+        "ALTER TABLE jobs ADD COLUMN environment TEXT"),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,7 +83,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     wait_reason TEXT NOT NULL DEFAULT '',
     wait_detail TEXT NOT NULL DEFAULT '',
     start_priority REAL,
-    env_blob TEXT
+    env_blob TEXT,
+    progress TEXT,
+    environment TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid, id);
@@ -136,7 +141,9 @@ _MUTABLE = frozenset({
     "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
     "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds", "preempt_signal_at",
     "preempt_reason", "preempt_for", "cancel_requested", "exit_code", "reason",
-    "wait_reason", "wait_detail", "start_priority", "submitted_at"})
+    "wait_reason", "wait_detail", "start_priority", "submitted_at", "progress",
+    "environment"})
+_JSON_COLUMNS = frozenset({"gpus", "progress", "environment"})
 
 
 @dataclass
@@ -175,6 +182,10 @@ class JobRecord:
     wait_reason: str = ""
     wait_detail: str = ""
     start_priority: float | None = None
+    # the newest sanitised progress report (launcher/progress.py Progress.as_dict) and
+    # the software the job's newest attempt reported it runs (its `environment` event)
+    progress: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -211,7 +222,8 @@ _COLUMNS = ("id", "submission", "uid", "user", "state", "attempt", "failures",
             "finished_at", "backoff_until", "last_checkpoint_time", "last_checkpoint_step",
             "measured_gpu_seconds", "allocated_gpu_seconds", "lost_gpu_seconds",
             "preempt_signal_at", "preempt_reason", "preempt_for", "cancel_requested",
-            "exit_code", "reason", "wait_reason", "wait_detail", "start_priority")
+            "exit_code", "reason", "wait_reason", "wait_detail", "start_priority",
+            "progress", "environment")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"  # noqa: S608 - constant column names
 
 
@@ -221,7 +233,19 @@ def _record(row: Sequence[Any], specs: dict[int, JobSpec]) -> JobRecord:
     d["after_ids"] = [] if d["after_ids"] == "[]" else json.loads(d["after_ids"])
     d["gpus"] = [] if d["gpus"] == "[]" else json.loads(d["gpus"])
     d["cancel_requested"] = bool(d["cancel_requested"])
+    for key in ("progress", "environment"):
+        d[key] = _json_object(d[key])
     return JobRecord(**d)
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def _private(path: Path) -> None:
@@ -497,7 +521,8 @@ class Store:
         cols, args = [], []
         for k, v in values.items():
             cols.append(f"{k}=?")
-            args.append(json.dumps(v) if k == "gpus" else int(v) if isinstance(v, bool) else v)
+            args.append((None if v is None else json.dumps(v, sort_keys=True))
+                        if k in _JSON_COLUMNS else int(v) if isinstance(v, bool) else v)
         with self.transaction():
             # column names checked against _MUTABLE above; values are parameters
             self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE id=?",  # noqa: S608

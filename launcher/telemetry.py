@@ -1,9 +1,14 @@
 """The launcher's Prometheus families: training telemetry of each job and the queue's own.
 
 Per running attempt (labels job, name, user, project, attempt): the newest `step`,
-`loss` and any numeric user metric the job-side helper reported in its events file
-(`{"event": "metrics", "step": ..., "loss": ..., "<name>": <number>}`), so a dashboard
-can put a loss curve beside the GPU usage of the same job. For the launcher: jobs by
+`loss`, `total_steps`, progress ratio, `steps_per_second`, `epoch`, the estimated seconds
+to the end (launcher/progress.py `estimate_remaining`; only where the job reported a
+step, a total and a throughput) and any other numeric user metric the job-side helper
+reported in its events file (`{"event": "metrics", "step": ..., "loss": ..., "<name>":
+<number>}`), so a dashboard can put a loss curve and an ETA beside the GPU usage of the
+same job. What a job reports is sanitised (launcher/progress.py) before it is exported,
+and a job's series go when its attempt ends (job_ended), so the per-job series are
+bounded by the running jobs. For the launcher: jobs by
 state, waiting jobs by the kind of their current reason (launcher/reasons.py: a fixed set
 of values; the numbers stay in `queue`'s text), scheduling decisions, preemptions,
 preemption latency histograms
@@ -19,7 +24,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +37,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from launcher.progress import Progress, estimate_remaining, fraction, progress_of
+
 JOB_LABELS = ("job", "name", "user", "project", "attempt")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 MAX_USER_METRICS = 16
+# metrics-event fields with a family of their own (never exported as user metrics)
+PROGRESS_FIELDS = frozenset({"step", "loss", "total_steps", "steps_per_second", "epoch"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,17 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
            "Newest training step the job reported (gpu_audit_ckpt metrics event).", JOB_LABELS),
     Family("gpu_audit_launcher_job_loss", "gauge",
            "Newest training loss the job reported.", JOB_LABELS),
+    Family("gpu_audit_launcher_job_total_steps", "gauge",
+           "Total training steps the job reported it will run.", JOB_LABELS),
+    Family("gpu_audit_launcher_job_progress_ratio", "gauge",
+           "step / total_steps of the job's newest report (0..1).", JOB_LABELS),
+    Family("gpu_audit_launcher_job_steps_per_second", "gauge",
+           "Training throughput the job reported (its helper's sliding window).", JOB_LABELS),
+    Family("gpu_audit_launcher_job_epoch", "gauge",
+           "Epoch of the job's newest report.", JOB_LABELS),
+    Family("gpu_audit_launcher_job_eta_seconds", "gauge",
+           "Estimated seconds until the job reaches its total steps: (total_steps - step) "
+           "/ steps_per_second at its newest report, less the time since.", JOB_LABELS),
     Family("gpu_audit_launcher_job_metric", "gauge",
            "Newest value of a numeric user metric the job reported.", (*JOB_LABELS, "metric")),
     Family("gpu_audit_launcher_job_last_checkpoint_step", "gauge",
@@ -101,8 +122,7 @@ class _Histogram:
 @dataclass
 class _JobSeries:
     labels: tuple[str, ...]
-    step: float | None = None
-    loss: float | None = None
+    progress: Progress | None = None
     checkpoint_step: float | None = None
     metrics: dict[str, float] | None = None
 
@@ -116,7 +136,8 @@ def _number(v: Any) -> float | None:
 class Telemetry(Collector):
     """Updated by the daemon's loop, read by scrapes (a lock between them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[Any, _JobSeries] = {}
         self._states: dict[str, int] = {}
@@ -147,15 +168,19 @@ class Telemetry(Collector):
             if series is None:
                 return
             if event == "metrics":
+                now = self._clock()
+                t = _number(doc.get("time"))
+                when = now if t is None or not 0 <= t <= now else t  # never in the future
+                p = progress_of(doc, when, 0)
+                if p.step is not None:
+                    series.progress = p
+                elif p.loss is not None and series.progress is not None:
+                    series.progress = Progress(**{**series.progress.as_dict(), "loss": p.loss})
                 for key, value in doc.items():
                     v = _number(value)
-                    if v is None or key in ("event", "time"):
+                    if v is None or key in ("event", "time", "pid") or key in PROGRESS_FIELDS:
                         continue
-                    if key == "step":
-                        series.step = v
-                    elif key == "loss":
-                        series.loss = v
-                    elif _METRIC_NAME.match(key):
+                    if _METRIC_NAME.match(key):
                         m = series.metrics if series.metrics is not None else {}
                         if key in m or len(m) < MAX_USER_METRICS:
                             m[key] = v
@@ -224,14 +249,26 @@ class Telemetry(Collector):
     def _job_families(self) -> Iterator[Metric]:
         fams = {n: FAMILIES[n] for n in (
             "gpu_audit_launcher_job_step", "gpu_audit_launcher_job_loss",
+            "gpu_audit_launcher_job_total_steps", "gpu_audit_launcher_job_progress_ratio",
+            "gpu_audit_launcher_job_steps_per_second", "gpu_audit_launcher_job_epoch",
+            "gpu_audit_launcher_job_eta_seconds",
             "gpu_audit_launcher_job_metric", "gpu_audit_launcher_job_last_checkpoint_step")}
         out = {n: GaugeMetricFamily(f.name, f.help, labels=list(f.labels))
                for n, f in fams.items()}
+        now = self._clock()
         for s in self._jobs.values():
-            if s.step is not None:
-                out["gpu_audit_launcher_job_step"].add_metric(list(s.labels), s.step)
-            if s.loss is not None:
-                out["gpu_audit_launcher_job_loss"].add_metric(list(s.labels), s.loss)
+            p = s.progress
+            if p is not None:
+                for name, v in (
+                        ("gpu_audit_launcher_job_step", p.step),
+                        ("gpu_audit_launcher_job_loss", p.loss),
+                        ("gpu_audit_launcher_job_total_steps", p.total_steps),
+                        ("gpu_audit_launcher_job_progress_ratio", fraction(p)),
+                        ("gpu_audit_launcher_job_steps_per_second", p.steps_per_second),
+                        ("gpu_audit_launcher_job_epoch", p.epoch),
+                        ("gpu_audit_launcher_job_eta_seconds", estimate_remaining(p, now))):
+                    if v is not None:
+                        out[name].add_metric(list(s.labels), float(v))
             if s.checkpoint_step is not None:
                 out["gpu_audit_launcher_job_last_checkpoint_step"].add_metric(
                     list(s.labels), s.checkpoint_step)

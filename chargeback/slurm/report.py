@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from chargeback.slurm.usage import JobUsage
+from chargeback.software import describe
 
 ADMIN_COMMENT_PREFIX = "gpu-audit:2:"
 _GIB = 1024**3
@@ -46,6 +47,14 @@ class RunReport:
     exit_code: int | None = None
     usage: dict[str, float | int] = field(default_factory=dict)  # JobUsage.as_record()
     simulated: bool = False
+    # how far the run got, from the job's own events file (gpu_audit_ckpt's newest
+    # `metrics` event, sanitised by the epilog): step, total_steps, fraction, loss,
+    # steps_per_second, epoch, reported_at, remaining_seconds (at the run's end)
+    progress: dict[str, Any] = field(default_factory=dict)
+    # what it ran: `environment` as the job reported it (python, torch, cuda, ...), and
+    # `software` as the exporter read it from its GPU processes (chargeback.software)
+    environment: dict[str, Any] = field(default_factory=dict)
+    software: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def elapsed_seconds(self) -> float:
@@ -65,6 +74,9 @@ class RunReport:
             "allocated_gpu_seconds": self.allocated_gpu_seconds, "usage": dict(self.usage)}
         if self.exit_code is not None:
             out["exit_code"] = self.exit_code
+        for key in ("progress", "environment", "software"):  # unknown is absent
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
@@ -85,7 +97,10 @@ class RunReport:
                 exit_code=job.get("exit_code") if isinstance(job.get("exit_code"), int) else None,
                 usage={k: v for k, v in dict(job.get("usage", {})).items()
                        if isinstance(v, int | float) and not isinstance(v, bool)},
-                simulated=bool(rec.get("simulated", False)))
+                simulated=bool(rec.get("simulated", False)),
+                progress=dict(job.get("progress") or {}),
+                environment=dict(job.get("environment") or {}),
+                software=[dict(x) for x in job.get("software") or () if isinstance(x, Mapping)])
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -99,6 +114,7 @@ class RunReport:
     def from_json(cls, doc: Mapping[str, Any]) -> RunReport:
         known = {f: doc[f] for f in cls.__dataclass_fields__ if f in doc}
         known["gpus"] = tuple(known.get("gpus", ()))
+        known["software"] = list(known.get("software") or ())
         return cls(**known)
 
 
@@ -180,6 +196,7 @@ def render_text(reports: Sequence[RunReport]) -> str:
             lines.append(f"GPU energy: {energy / 1000:.1f} kJ ({energy / 3.6e6:.4f} kWh)")
         else:
             lines.append("GPU usage: no process of the job was seen on its GPUs")
+        lines += _progress_lines(r)
         for note in notes(r):
             lines.append(f"  * {note}")
         if r.simulated:
@@ -187,6 +204,35 @@ def render_text(reports: Sequence[RunReport]) -> str:
                          "(exporter backend 'sim'), not from a GPU")
         lines.append("")
     return "\n".join(lines)
+
+
+def _progress_lines(r: RunReport) -> list[str]:
+    """How far the run got and what it ran, where known (nothing is shown as 0)."""
+    lines = []
+    p = r.progress
+    if p.get("step") is not None:
+        total, frac = p.get("total_steps"), p.get("fraction")
+        where = (f"step {p['step']} of {total} ({frac:.1%})"
+                 if total is not None and isinstance(frac, int | float) else f"step {p['step']}")
+        extra = [f"epoch {p['epoch']}"] if p.get("epoch") is not None else []
+        if isinstance(p.get("loss"), int | float):
+            extra.append(f"loss {p['loss']:.4g}")
+        if isinstance(p.get("steps_per_second"), int | float):
+            extra.append(f"{p['steps_per_second']:.3g} steps/s")
+        lines.append(f"Progress: {where}" + (f", {', '.join(extra)}" if extra else ""))
+        left = p.get("remaining_seconds")
+        if isinstance(left, int | float) and left > 0:
+            lines.append(f"Remaining at the end of this run: about {_duration(left)} "
+                         "at its last throughput")
+    env = r.environment
+    if env:
+        order = ("python", "torch", "cuda", "cudnn", "nccl", "lightning", "transformers")
+        shown = [f"{k} {env[k]}" for k in order if env.get(k) is not None]
+        if shown:
+            lines.append(f"Ran (as the job reported): {', '.join(shown)}")
+    for sw in r.software:
+        lines.append(f"GPU processes ran (as the exporter saw): {describe(sw)}")
+    return lines
 
 
 def admin_comment(reports: Sequence[RunReport]) -> str:

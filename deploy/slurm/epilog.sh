@@ -63,4 +63,7 @@ record_run
 if ! rm -f "$jobmap_dir/slurm-$job_id.json" "$jobmap_dir/.slurm-$job_id.json.tmp"; then
   say "job $job_id: cannot remove $jobmap_dir/slurm-$job_id.json"
 fi
+# the run's events file (the prolog's; `gpu-audit slurm epilog` read it): gone too when
+# gpu-audit is not installed here
+rm -f "${GPU_AUDIT_SLURM_EVENTS_DIR:-/run/gpu-audit/slurm-events}/$job_id.jsonl"
 exit 0

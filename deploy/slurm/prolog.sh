@@ -14,7 +14,8 @@
 # logged (syslog via logger, and stderr) and it exits 0 without writing a file.
 #
 # Environment: GPU_AUDIT_JOBMAP_DIR (default /run/gpu-audit/jobs, the exporter's
-# attribution.jobmap_dir), GPU_AUDIT_NVIDIA_SMI (default nvidia-smi).
+# attribution.jobmap_dir), GPU_AUDIT_NVIDIA_SMI (default nvidia-smi),
+# GPU_AUDIT_SLURM_EVENTS_DIR (default /run/gpu-audit/slurm-events: the job's events file).
 set -uo pipefail
 
 jobmap_dir=${GPU_AUDIT_JOBMAP_DIR:-/run/gpu-audit/jobs}
@@ -113,6 +114,27 @@ main() {
     rm -f "$tmp"
     say "job $job_id: cannot write $final; no job-mapping file written"
     return 0
+  fi
+  events_file "$job_id"
+}
+
+# The job's events file (gpu_audit_ckpt's report channel): made empty, owned by the job's
+# user and readable by it alone, in a root-owned directory, so the epilog finds this
+# run's progress and environment at a path it knows (docs/SLURM.md); the job step wrapper
+# (requeue-on-preempt.sh) points GPU_AUDIT_EVENTS_FILE at it. Removed first: a file or
+# link left there is never written through.
+events_file() {
+  local job_id=$1 uid=${SLURM_JOB_UID:-}
+  local dir=${GPU_AUDIT_SLURM_EVENTS_DIR:-/run/gpu-audit/slurm-events}
+  if [[ ! $uid =~ ^[0-9]+$ ]]; then
+    say "job $job_id: SLURM_JOB_UID is missing; no events file made"
+    return 0
+  fi
+  local file="$dir/$job_id.jsonl"
+  if ! (umask 022 && mkdir -p "$dir") 2>/dev/null || ! rm -f "$file" \
+    || ! (set -o noclobber && umask 077 && : >"$file") 2>/dev/null || ! chown "$uid" "$file"; then
+    rm -f "$file"
+    say "job $job_id: cannot make its events file $file; its report will have no progress"
   fi
 }
 

@@ -8,7 +8,8 @@
 # it resumes from that checkpoint; Slurm requeues by itself only on preemption or node
 # failure, not when the time limit's --signal made the job stop. Exit status: the
 # command's.
-# Environment: GPU_AUDIT_EXIT_PREEMPTED (default 75), SCONTROL (default scontrol).
+# Environment: GPU_AUDIT_EXIT_PREEMPTED (default 75), SCONTROL (default scontrol),
+# GPU_AUDIT_SLURM_EVENTS_DIR (default /run/gpu-audit/slurm-events).
 set -uo pipefail
 
 if [[ $# -eq 0 ]]; then
@@ -16,6 +17,14 @@ if [[ $# -eq 0 ]]; then
   exit 2
 fi
 preempted=${GPU_AUDIT_EXIT_PREEMPTED:-75}
+
+# The helper's report channel: the events file the prolog made for this job on this node
+# (the epilog puts the run's progress and environment in its report), unless the job
+# chose its own.
+events="${GPU_AUDIT_SLURM_EVENTS_DIR:-/run/gpu-audit/slurm-events}/${SLURM_JOB_ID:-none}.jsonl"
+if [[ -z ${GPU_AUDIT_EVENTS_FILE:-} && -f $events && -w $events ]]; then
+  export GPU_AUDIT_EVENTS_FILE=$events
+fi
 
 "$@" &
 child=$!

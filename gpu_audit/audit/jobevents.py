@@ -41,6 +41,9 @@ JOB_FIELDS: frozenset[str] = frozenset({
     "account", "partition", "start_time", "end_time", "time_source",
     # measured by the exporter while the run held its GPUs (the per-job GPU report)
     "usage",
+    # Slurm runs: how far the run got and what it ran (the job's events file) and what
+    # its GPU processes ran (the exporter's process_start records)
+    "progress", "environment", "software",
 })
 
 

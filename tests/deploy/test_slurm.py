@@ -55,7 +55,9 @@ def test_prolog_writes_a_file_the_exporter_attributes_and_epilog_removes_it(
 ) -> None:
     jobs = tmp_path / "jobs"
     env = {"GPU_AUDIT_JOBMAP_DIR": str(jobs), "SLURM_JOB_ID": "918273",
-           "SLURM_JOB_USER": "alice", "SLURM_JOB_ACCOUNT": 'phys"ics\\x', "SLURM_JOB_GPUS": "1"}
+           "SLURM_JOB_USER": "alice", "SLURM_JOB_ACCOUNT": 'phys"ics\\x', "SLURM_JOB_GPUS": "1",
+           "SLURM_JOB_UID": str(os.getuid()),
+           "GPU_AUDIT_SLURM_EVENTS_DIR": str(tmp_path / "events")}
     done = _run("prolog.sh", env, fake_bin)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
@@ -228,3 +230,40 @@ def test_step_wrapper_requeues_only_a_preempted_exit_in_a_job(
 def test_step_wrapper_default_is_the_helpers_preempted_exit_code() -> None:
     text = (SLURM / "requeue-on-preempt.sh").read_text()
     assert f"preempted=${{GPU_AUDIT_EXIT_PREEMPTED:-{exit_preempted()}}}" in text
+
+
+def test_prolog_makes_the_jobs_events_file_and_the_step_wrapper_points_the_helper_at_it(
+    tmp_path: Path, fake_bin: Path
+) -> None:
+    """The events file the epilog reads: made empty by the prolog, owned by the job's
+    user, mode 0600, never written through a link left at its path; the job step wrapper
+    hands its path to the helper (GPU_AUDIT_EVENTS_FILE) unless the job set its own."""
+    events = tmp_path / "events"
+    events.mkdir()
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (events / "918274.jsonl").symlink_to(target)  # planted: must not be followed
+    env = {"GPU_AUDIT_JOBMAP_DIR": str(tmp_path / "jobs"), "SLURM_JOB_ID": "918274",
+           "SLURM_JOB_USER": "nobody", "SLURM_JOB_UID": "65534", "SLURM_JOB_GPUS": "0",
+           "GPU_AUDIT_SLURM_EVENTS_DIR": str(events)}
+    done = _run("prolog.sh", env, fake_bin)
+    assert done.returncode == 0, done.stderr
+    made = events / "918274.jsonl"
+    st = made.lstat()
+    assert not made.is_symlink() and st.st_size == 0
+    assert (st.st_uid, st.st_mode & 0o777) == (65534, 0o600)
+    assert target.read_text() == "keep"
+    show = [sys.executable, "-c", "import os; print(os.environ.get('GPU_AUDIT_EVENTS_FILE'))"]
+    base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "918274",
+            "GPU_AUDIT_SLURM_EVENTS_DIR": str(events)}
+    out = subprocess.run([str(SLURM / "requeue-on-preempt.sh"), *show], env=base,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.strip() == str(made)
+    own = subprocess.run([str(SLURM / "requeue-on-preempt.sh"), *show],
+                         env={**base, "GPU_AUDIT_EVENTS_FILE": "/tmp/mine"},
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert own.strip() == "/tmp/mine"
+    other = subprocess.run([str(SLURM / "requeue-on-preempt.sh"), *show],
+                           env={**base, "SLURM_JOB_ID": "5"},
+                           capture_output=True, text=True, timeout=30, check=True).stdout
+    assert other.strip() == "None"  # no file made for that job here: the helper is told nothing

@@ -176,6 +176,7 @@ def hooks(layout: Layout) -> dict[Path, str]:
     nodes = layout.root / "nodes"
     env = f"""export SLURM_CONF="{layout.etc / 'slurm.conf'}"
 export GPU_AUDIT_JOBMAP_DIR="{layout.root / 'jobmap'}/$SLURMD_NODENAME"
+export GPU_AUDIT_SLURM_EVENTS_DIR="{layout.root / 'events'}/$SLURMD_NODENAME"
 export GPU_AUDIT_NVIDIA_SMI="{layout.hooks / 'nvidia-smi'}"
 export GPU_AUDIT_BIN="{sys.executable} -m gpu_audit_app"
 export GPU_AUDIT_SLURM_DIR="{nodes}/$SLURMD_NODENAME/slurm"

@@ -109,3 +109,45 @@ def test_epilog_reports_a_busy_and_an_idle_job_and_jobreport_prints_them(
 
     missing = jobreport(slurm, "999999", "--slurm-dir", "/nonexistent")
     assert missing.returncode == 1 and "no GPU report for job 999999" in missing.stderr
+
+
+TRAIN = """\
+import tempfile, time
+from gpu_audit_ckpt import Checkpointer
+ck = Checkpointer(tempfile.mkdtemp())
+for step in range(1, 21):
+    ck.report(step, loss=1.0 / step, total_steps=1000)
+    time.sleep(0.1)
+"""
+
+
+def test_the_report_says_how_far_the_run_got_and_what_it_ran(
+    slurm: SlurmCluster, jobenv: JobEnv, nodes: dict[str, NodeExporter]
+) -> None:
+    """Under the real slurmd: the prolog makes the job's events file, the step wrapper
+    points the helper at it, and the epilog puts the run's progress (step 20 of 1000, the
+    time it still needed) and the job's environment in the report, then removes the
+    file."""
+    a = slurm.users[0]
+    (slurm.shared / "train_progress.py").write_text(TRAIN)
+    (slurm.shared / "train_progress.py").chmod(0o644)
+    events = slurm.root / "events" / "n1"
+    script = jobenv.script(slurm, "progress.sh", f"""\
+        export GPU_AUDIT_SLURM_EVENTS_DIR={events}
+        srun {jobenv.code}/slurm/requeue-on-preempt.sh {jobenv.python} \\
+            {slurm.shared / 'train_progress.py'}
+        """)
+    job = slurm.sbatch(script, "-p", "low", "-w", "n1", "--gres=gpu:1", "-o", "/dev/null",
+                       user=jobenv.user(a), env=dict(jobenv.env))
+    done = slurm.wait_job(job, ["COMPLETED", "FAILED"], 120)
+    assert done["JobState"] == "COMPLETED", done
+    path = slurm.root / "nodes" / "n1" / "slurm" / "reports" / f"{job}.0.json"
+    wait_for(path.exists, 60, "the epilog's report")
+    report = _report(path)
+    p = report["progress"]
+    assert (p["step"], p["total_steps"], p["fraction"]) == (20, 1000, 0.02)
+    assert p["steps_per_second"] > 0 and p["remaining_seconds"] > 0
+    assert report["environment"]["python"].count(".") == 2
+    assert not (events / f"{job}.jsonl").exists()
+    out = jobreport(slurm, str(job), "--slurm-dir", str(path.parents[1])).stdout
+    assert "Progress: step 20 of 1000 (2.0%)" in out

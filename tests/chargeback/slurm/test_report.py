@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from chargeback.slurm.report import RunReport, admin_comment, notes, parse_admin_comment
+from chargeback.slurm.report import (
+    RunReport,
+    admin_comment,
+    notes,
+    parse_admin_comment,
+    render_text,
+)
 
 BUSY = {"gpu_seconds": 3600.0, "busy_gpu_seconds": 3000.0, "idle_held_gpu_seconds": 0.0,
         "energy_joules": 1e6, "peak_memory_bytes": 60 * 1024**3,
@@ -44,3 +50,33 @@ def test_a_record_round_trips_to_a_report() -> None:
     assert RunReport.from_record(rec) == r
     assert RunReport.from_record({"event": "job_started", "job": r.job_fields()}) is None
     assert RunReport.from_record({"event": "job_finished", "job": {"id": "1"}}) is None
+
+
+def test_progress_environment_and_software_are_shown_and_kept() -> None:
+    """A run's progress, environment and its processes' software survive the record, the
+    JSON file and AdminComment, and the text says them; a run without them says nothing
+    of them (unknown is absent, never 0)."""
+    from chargeback.software import SoftwareUsage
+
+    sw = SoftwareUsage()
+    sw.add({"kind": "event", "event": "process_start", "host": "n1",
+            "process": {"pid": 7, "start_time_ticks": 3},
+            "software": {"loaded": ["cudart", "torch"], "libraries": {"cudart": "12.4.127"}}})
+    r = run()
+    r.progress = {"step": 600, "total_steps": 1000, "fraction": 0.6, "loss": 0.25,
+                  "steps_per_second": 2.0, "remaining_seconds": 200.0}
+    r.environment = {"python": "3.12.3", "torch": "2.6.0", "cuda": "12.4"}
+    r.software = sw.of_processes([("n1", 7, 3), ("n1", 8, 0)])
+    assert r.software == [{"loaded": ["cudart", "torch"], "libraries": {"cudart": "12.4.127"}}]
+    text = render_text([r])
+    assert "Progress: step 600 of 1000 (60.0%), loss 0.25, 2 steps/s" in text
+    assert "Remaining at the end of this run: about 00:03:20" in text
+    assert "Ran (as the job reported): python 3.12.3, torch 2.6.0, cuda 12.4" in text
+    assert "GPU processes ran (as the exporter saw): cudart 12.4.127, torch" in text
+    rec = {"event": "job_finished", "host": "n1", "job": r.job_fields()}
+    assert RunReport.from_record(rec) == r
+    assert RunReport.from_json(r.to_json()) == r
+    assert parse_admin_comment(admin_comment([r])) == [r]
+    plain = render_text([run()])
+    assert "Progress" not in plain and "Ran " not in plain
+    assert not {"progress", "environment", "software"} & set(run().job_fields())
