@@ -113,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
     slurm.add_argument("--group-by", type=group_by_choice, default="owner",
-                       metavar="{owner,slurm,software,software:NAME}",
+                       metavar="KEY",
                        help="owner: the bill by department, project and user (default); "
                        "slurm: by Slurm account, partition and user, from the audit trail, "
                        "with --compare-with slurm beside sacct's GPU TRES-hours; software: "
