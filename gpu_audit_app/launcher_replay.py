@@ -54,6 +54,10 @@ def add_replay_arguments(lsub: Any) -> None:
     r.add_argument("--tick", type=float, default=60.0, metavar="SECONDS",
                    help="the engine's tick in virtual seconds (default 60)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    r.add_argument("--assume-present", action="store_true",
+                   help="replay the hand-launched baseline even on a trace without presence "
+                   "windows, everyone counted as always at the desk (it then equals "
+                   "first-fit on whole GPUs; said on every run)")
 
 
 def replay_command(args: argparse.Namespace,
@@ -62,7 +66,7 @@ def replay_command(args: argparse.Namespace,
     daemon's own loader, handed in by launcher_main so the two modules stay apart)."""
     from launcher.config import LauncherCoreConfig
     from launcher.replay.report import clean, table, targets, targets_table, write_report
-    from launcher.replay.run import POLICIES, replay
+    from launcher.replay.run import POLICIES, presence_assumption, replay
     from launcher.replay.trace import load_trace
 
     if not 1.0 <= args.tick <= 3600.0:
@@ -82,6 +86,20 @@ def replay_command(args: argparse.Namespace,
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
     policies = list(dict.fromkeys(args.policy or POLICIES))
+    assumed = presence_assumption(trace)
+    if "hand-launched" in policies and assumed is not None:
+        if not trace.people and not args.assume_present:
+            if args.policy:  # asked for by name: refuse, do not hand back a fake baseline
+                print(f"gpu-audit launcher replay: cannot replay hand-launched: {assumed}; "
+                      "add `person` lines (docs/REPLAY.md) or pass --assume-present",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            policies.remove("hand-launched")
+            print(f"WARNING: hand-launched baseline SKIPPED: {assumed}. Add `person` lines "
+                  "(docs/REPLAY.md), or --assume-present to replay it anyway.",
+                  file=sys.stderr)
+        else:
+            print(f"WARNING: hand-launched baseline ASSUMES: {assumed}", file=sys.stderr)
     h = trace.header
     print(f"trace {h.trace}: {len(trace.jobs)} jobs, {len(trace.people)} people, "
           f"{h.gpus} x {h.gpu_memory_bytes / 2**30:.0f} GiB GPUs, window "
@@ -89,7 +107,8 @@ def replay_command(args: argparse.Namespace,
     metrics = {}
     walls = {}
     for policy in policies:
-        run = replay(trace, policy, config=core, tick_seconds=args.tick)
+        run = replay(trace, policy, config=core, tick_seconds=args.tick,
+                     assume_present=args.assume_present)
         metrics[policy] = run.metrics
         walls[policy] = round(run.wall_seconds, 2)
         print(f"  {policy}: {run.wall_seconds:.1f} s ({run.metrics.ticks} ticks"

@@ -18,7 +18,8 @@ them fairly:
   strictly in order (the first job that does not fit blocks the rest), no preemption.
 - `first-fit`: submission order, every job that fits starts (fractions packed by
   measured free memory), no preemption.
-- `hand-launched` (a replay baseline: people starting jobs by hand): submission order,
+- `hand-launched` (a replay baseline: people starting jobs by hand): the most urgent
+  level first (a person with urgent work takes the next free GPU), then submission order,
   whole GPUs only, every job that fits starts, no preemption; replay also holds each job
   back while its owner is away (the engine's `gate`).
 
@@ -253,6 +254,13 @@ class Scheduler:
                 d.breakdowns[job.id] = priority(c, job, now, ledger)
             order = sorted(queued, key=lambda j: (-d.breakdowns[j.id].total,
                                                   j.submitted_at, j.id))
+        elif c.name == "hand-launched":
+            # a person at the desk with urgent work takes the next free GPU themselves
+            # rather than queueing behind other people's older jobs: the most urgent
+            # level first, then submission order
+            order = sorted(queued, key=lambda j: (
+                -c.urgency_points(j.spec.urgency or c.default_urgency), j.submitted_at,
+                j.id))
         else:
             order = sorted(queued, key=lambda j: (j.submitted_at, j.id))
         d.order = [j.id for j in order]

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpu_audit.errors import ConfigError
 from launcher import reasons as r
 from launcher.config import LauncherCoreConfig, PolicyName
 from launcher.engine import Engine, LauncherError
@@ -80,6 +81,23 @@ def presence_gate(presence: dict[str, Presence], calendar_note: Callable[[float]
     return gate
 
 
+def presence_assumption(trace: Trace) -> str | None:
+    """What the hand-launched baseline would have to assume about presence, said in
+    words; None when every user of the trace has a person line (nothing assumed)."""
+    users = sorted({j.user for j in trace.jobs})
+    known = {p.person for p in trace.people}
+    missing = [u for u in users if u not in known]
+    if not missing:
+        return None
+    if len(missing) == len(users):
+        return ("the trace has no presence windows (no `person` lines): the hand-launched "
+                "baseline would replay everyone as always at the desk, i.e. first-fit on "
+                "whole GPUs, not a lab launching by hand")
+    return (f"{len(missing)} of {len(users)} users have no `person` line and count as "
+            f"always at the desk: {', '.join(missing[:8])}"
+            + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
 def config_for(policy: PolicyName, base: LauncherCoreConfig | None = None
                ) -> LauncherCoreConfig:
     base = base or LauncherCoreConfig()
@@ -88,10 +106,18 @@ def config_for(policy: PolicyName, base: LauncherCoreConfig | None = None
 
 def replay(trace: Trace, policy: PolicyName = "priority", *,
            config: LauncherCoreConfig | None = None, tick_seconds: float = 60.0,
-           horizon_windows: float = 4.0) -> ReplayRun:
+           horizon_windows: float = 4.0, assume_present: bool = False) -> ReplayRun:
     """Replay `trace` under `policy` (the rest of `config` the same for every policy).
     Stops when every job has ended and no GPU awaits release, or at
-    `horizon_windows` x the trace's window."""
+    `horizon_windows` x the trace's window.
+
+    The hand-launched baseline needs to know when people are in: a trace without any
+    presence windows is refused for it (ConfigError) unless `assume_present`, because
+    replaying everyone as always present silently turns the baseline into first-fit."""
+    if policy == "hand-launched" and not trace.people and not assume_present:
+        raise ConfigError(trace.header.trace, [
+            (presence_assumption(trace) or "") + "; add `person` lines (docs/REPLAY.md) "
+            "or pass --assume-present to replay it anyway"])
     wall0 = time.perf_counter()
     cfg = config_for(policy, config)
     header = trace.header

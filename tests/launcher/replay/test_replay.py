@@ -265,7 +265,9 @@ def test_the_replay_command_writes_its_report(tmp_path: Path,
     trace = _trace(_job("a", 0, runtime=HOUR), _job("b", 60, runtime=HOUR, urgency="urgent"))
     from launcher.replay.trace import dump_trace
 
-    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    path.write_bytes(dump_trace(trace.header, trace.jobs,
+                                [Person(person="a", present=((0.0, 86400.0),)),
+                                 Person(person="b", present=((0.0, 86400.0),))]))
     code = main(["launcher", "replay", str(path), "--policy", "priority", "--policy",
                  "hand-launched", "--report", str(tmp_path / "out")])
     out = capsys.readouterr().out
@@ -283,3 +285,45 @@ def test_a_daemon_refuses_the_hand_launched_baseline() -> None:
 
     with pytest.raises(ValidationError, match="replay baseline"):
         LauncherConfig.model_validate({"core": {"policy": {"name": "hand-launched"}}})
+
+
+def test_a_trace_without_presence_refuses_the_hand_launched_baseline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trap: a version-1 trace (no people) replayed by hand with everyone always
+    present is first-fit on whole GPUs, not a lab launching by hand. The replay refuses
+    it, the command skips it loudly (all policies) or refuses it (named), and replays it
+    only when told to assume presence, saying so."""
+    from gpu_audit.errors import ConfigError
+    from gpu_audit_app.cli import main
+    from launcher.replay.trace import dump_trace
+
+    trace = _trace(_job("a", 0, runtime=HOUR), _job("b", 60, runtime=HOUR))
+    with pytest.raises(ConfigError, match="no presence windows"):
+        replay(trace, "hand-launched")
+    assert replay(trace, "hand-launched", assume_present=True).metrics.jobs_finished == 2
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    capsys.readouterr()
+    assert main(["launcher", "replay", str(path)]) == 0
+    got = capsys.readouterr()
+    assert "hand-launched baseline SKIPPED" in got.err and "always at the desk" in got.err
+    assert "| metric | priority | first-fit | fifo-exclusive |" in got.out
+    assert main(["launcher", "replay", str(path), "--policy", "hand-launched"]) == 2
+    assert "no presence windows" in capsys.readouterr().err
+    assert main(["launcher", "replay", str(path), "--policy", "hand-launched",
+                 "--assume-present"]) == 0
+    assert "ASSUMES" in capsys.readouterr().err
+
+
+def test_a_person_at_the_desk_takes_the_next_free_gpu_for_urgent_work() -> None:
+    """By hand, someone with urgent work does not queue behind other people's older
+    jobs: when the running job ends, the urgent one (submitted last) starts first."""
+    everyone = tuple(Person(person=u, present=((0.0, 86400.0),))
+                     for u in ("run", "old1", "old2", "hot"))
+    trace = _trace(_job("run", 0, runtime=HOUR), _job("old1", 60, runtime=HOUR),
+                   _job("old2", 120, runtime=HOUR),
+                   _job("hot", 600, runtime=600.0, urgency="urgent"), people=everyone)
+    hand = replay(trace, "hand-launched", tick_seconds=60)
+    starts = {t.trace.name: t.starts[0] for t in hand.executor.truth.values()}
+    assert starts["hot"] == pytest.approx(HOUR, abs=120)
+    assert starts["old1"] > starts["hot"]
