@@ -54,10 +54,44 @@ def add_replay_arguments(lsub: Any) -> None:
     r.add_argument("--tick", type=float, default=60.0, metavar="SECONDS",
                    help="the engine's tick in virtual seconds (default 60)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a core setting on top of the configuration, e.g. "
+                   "policy.evening_deadline=09:00 or policy.w_age=0 (repeatable)")
     r.add_argument("--assume-present", action="store_true",
                    help="replay the hand-launched baseline even on a trace without presence "
                    "windows, everyone counted as always at the desk (it then equals "
                    "first-fit on whole GPUs; said on every run)")
+
+
+def with_settings(core: LauncherCoreConfig, settings: list[str]) -> LauncherCoreConfig:
+    """`core` with `section.key=value` settings (YAML values) applied; ConfigError naming
+    every bad one."""
+    import yaml
+    from pydantic import ValidationError
+
+    from launcher.config import LauncherCoreConfig
+
+    data = core.model_dump()
+    problems = []
+    for item in settings:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or section not in data or not isinstance(data[section], dict):
+            problems.append(f"--set {item[:60]!r}: expected SECTION.KEY=VALUE with a "
+                            f"section of {', '.join(sorted(data))}")
+            continue
+        try:
+            data[section][name] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            problems.append(f"--set {item[:60]!r}: the value is not YAML")
+    try:
+        checked = LauncherCoreConfig.model_validate(data)
+    except ValidationError as exc:
+        problems += [f"--set: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                     for e in exc.errors()]
+    if problems:
+        raise ConfigError("--set", problems)
+    return checked
 
 
 def replay_command(args: argparse.Namespace,
@@ -77,6 +111,8 @@ def replay_command(args: argparse.Namespace,
         core = LauncherCoreConfig()
         if args.config is not None:
             core = load_core(args.config)
+        if args.set:
+            core = with_settings(core, args.set)
         unknown = sorted({j.urgency for j in trace.jobs} - set(core.policy.urgency_levels))
         if unknown:
             raise ConfigError(str(args.trace), [

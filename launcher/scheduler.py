@@ -254,6 +254,8 @@ class Scheduler:
                 d.breakdowns[job.id] = priority(c, job, now, ledger)
             order = sorted(queued, key=lambda j: (-d.breakdowns[j.id].total,
                                                   j.submitted_at, j.id))
+            if c.deadline_order:
+                order = self._least_slack_first(order, d, now)
         elif c.name == "hand-launched":
             # a person at the desk with urgent work takes the next free GPU themselves
             # rather than queueing behind other people's older jobs: the most urgent
@@ -356,6 +358,36 @@ class Scheduler:
                     detail += "; preempting the lower-priority jobs would not free enough"
             d.waits[job.id] = (kind, r.cut(detail))
         return d
+
+    @staticmethod
+    def slack(job: JobRecord, now: float) -> float | None:
+        """Seconds the job can still wait and make its deadline (its estimated runtime,
+        else none known: 0); None for a job without a deadline."""
+        deadline = job.spec.deadline
+        if not isinstance(deadline, float):
+            return None
+        return deadline - now - (job.spec.expected_runtime or 0.0)
+
+    def _least_slack_first(self, order: list[JobRecord], d: Decision, now: float,
+                           ) -> list[JobRecord]:
+        """Within each band (urgency level and tier), deadline jobs take the band's
+        places first, least slack first; the band's other jobs follow in their priority
+        order, and the places the bands hold in the whole order do not move."""
+        bands: dict[tuple[str, float], list[int]] = {}
+        for i, job in enumerate(order):
+            b = d.breakdowns[job.id]
+            bands.setdefault((b.urgency_level, b.tier), []).append(i)
+        out = list(order)
+        for places in bands.values():
+            members = [order[i] for i in places]
+            timed = sorted((j for j in members if self.slack(j, now) is not None),
+                           key=lambda j: (self.slack(j, now), j.id))
+            if not timed:
+                continue
+            rest = [j for j in members if self.slack(j, now) is None]
+            for i, job in zip(places, [*timed, *rest], strict=True):
+                out[i] = job
+        return out
 
     # ------------------------------------------------------------------------- reasons
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_audit.atomicfile import replace_file
-from launcher.replay.metrics import ReplayMetrics
+from launcher.replay.metrics import DeadlineFigure, ReplayMetrics
 
 Metrics = Mapping[str, ReplayMetrics]
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#7f7f7f", "#9467bd", "#8c564b")
@@ -47,7 +47,18 @@ class Target:
         v, b = self.value(m), self.bound(m)
         if math.isnan(v) or math.isnan(b):
             return None
-        return (v >= b if self.higher_is_better else v < b), v, b
+        strict = not self.higher_is_better and "<=" not in self.name  # "< 10 min"
+        return verdict(v, b, self.higher_is_better, self.fmt, strict), v, b
+
+
+def verdict(v: float, b: float, higher_is_better: bool, fmt: Callable[[float], str],
+            strict: bool = False) -> bool:
+    """Met or not, as a reader of the printed figures would judge: two values that
+    print the same are equal (no "57.5 % vs 57.5 %: missed"). `strict` (a `<` bound):
+    equal in print is not under it."""
+    if fmt(v) == fmt(b):
+        return not strict
+    return v >= b if higher_is_better else v < b
 
 
 def _pct(x: float) -> str:
@@ -75,6 +86,13 @@ TARGETS: tuple[Target, ...] = (
            lambda m: m["priority"].ceiling_share, lambda m: 0.97, True, _pct),
     Target("night completion >= 98 %", ("priority",),
            lambda m: m["priority"].night_completion, lambda m: 0.98, True, _pct),
+    Target("deadline trainings met >= 98 % of the jointly feasible", ("priority",),
+           lambda m: m["priority"].deadline_long.share_of_joint, lambda m: 0.98, True, _pct),
+    Target("deadline short jobs met >= 98 % of the jointly feasible", ("priority",),
+           lambda m: m["priority"].deadline_short.share_of_joint, lambda m: 0.98, True,
+           _pct),
+    Target("overnight trainings met >= 98 % of the jointly feasible", ("priority",),
+           lambda m: m["priority"].overnight.share_of_joint, lambda m: 0.98, True, _pct),
     Target("urgent p95 wait < 10 min", ("priority",),
            lambda m: p95(m["priority"]), lambda m: 600.0, False, _min),
     Target("idle-held GPU-hours <= 0.5x first-fit's", ("priority", "first-fit"),
@@ -90,6 +108,9 @@ COMPARED: tuple[tuple[str, Callable[[ReplayMetrics], float], bool, Callable[[flo
     ("utilisation", lambda m: m.utilisation_window, True, _pct),
     ("share of the demand ceiling", lambda m: m.ceiling_share, True, _pct),
     ("night completion", lambda m: m.night_completion, True, _pct),
+    ("deadline trainings met", lambda m: m.deadline_long.share_of_joint, True, _pct),
+    ("deadline short jobs met", lambda m: m.deadline_short.share_of_joint, True, _pct),
+    ("overnight trainings met", lambda m: m.overnight.share_of_joint, True, _pct),
     ("urgent p95 wait", p95, False, _min),
     ("idle-held GPU-hours", lambda m: m.idle_held_gpu_hours, False, _gpuh),
     ("preemption loss", lambda m: m.preemption_loss_ratio, False, _pct),
@@ -99,6 +120,32 @@ COMPARED: tuple[tuple[str, Callable[[ReplayMetrics], float], bool, Callable[[flo
 def _wait(m: ReplayMetrics, level: str) -> str:
     w = m.wait.get(level)
     return "-" if w is None else f"{w.mean_s / 60:.1f} / {w.p95_s / 60:.1f}"
+
+
+def _figure(f: DeadlineFigure) -> str:
+    if not f.jobs:
+        return "-"
+    return f"{f.met} / {f.jointly} = {_pct(f.share_of_joint)} ({f.alone}, {f.jobs})"
+
+
+DEFINITIONS = """\
+## Definitions (docs/REPLAY.md, "Metrics")
+
+- **deadline jobs met**: jobs with a deadline (their own, or the site's evening default)
+  that finished by it; *trainings* run an hour or more, *short jobs* less (kept apart: a
+  10-minute debug run is not a night's training). Read against the **jointly feasible
+  ceiling**: the most of them that could ALL meet their deadlines together on an
+  otherwise empty node (fluid area test, earliest deadline first); "alone" counts those
+  that could each make it by themselves.
+- **overnight trainings**: trainings (>= 1 h) submitted 15:00-09:00 in the owner's time,
+  any day of the week, due the next 09:00, whatever deadline they had.
+- **night completion** (kept for comparison with earlier reports): jobs submitted
+  17:00-09:00 that could each end by 09:00 alone, share that did.
+- **utilisation / demand ceiling**: busy GPU-time in the window against the most the
+  jobs allow at best (fluid bound).
+- **urgent p95 wait**: 95th percentile of first start - arrival of urgent jobs.
+- A verdict compares the figures as printed: values that print the same are equal.
+"""
 
 
 def table(metrics: Metrics) -> str:
@@ -112,6 +159,12 @@ def table(metrics: Metrics) -> str:
         ("demand ceiling (any policy at best)", lambda m: _pct(m.demand_ceiling)),
         ("utilisation / demand ceiling", lambda m: _pct(m.ceiling_share)),
         ("GPU utilisation, until the last job", lambda m: _pct(m.utilisation_overall)),
+        ("deadline trainings met / jointly feasible (alone, all)",
+         lambda m: _figure(m.deadline_long)),
+        ("deadline short jobs met / jointly feasible (alone, all)",
+         lambda m: _figure(m.deadline_short)),
+        ("overnight trainings met / jointly feasible (alone, all)",
+         lambda m: _figure(m.overnight)),
         ("night completion (could / did)", lambda m: (
             f"{_pct(m.night_completion)} ({m.night_could} / {m.night_did})"
             if m.night_could else "-")),
@@ -159,7 +212,7 @@ def targets(metrics: Metrics) -> list[dict[str, Any]]:
             a, b = fn(pri), fn(metrics[base])
             if math.isnan(a) or math.isnan(b):
                 continue
-            if (a < b - 1e-9) if higher else (a > b + 1e-9):
+            if fmt(a) != fmt(b) and ((a < b) if higher else (a > b)):
                 worse.append(f"{name} {fmt(a)} vs {fmt(b)}")
         out.append({"target": f"priority at least as good as {base} on every one",
                     "met": not worse, "value": "; ".join(worse) or "yes",
@@ -233,7 +286,8 @@ def write_report(directory: Path, metrics: Metrics, *, title: str,
     returns the paths written."""
     directory.mkdir(parents=True, exist_ok=True)
     checked = targets(metrics)
-    md = "\n\n".join([f"# {title}", table(metrics), "## Targets", targets_table(checked),
+    md = "\n\n".join([f"# {title}", DEFINITIONS, "## Metrics", table(metrics), "## Targets",
+                      targets_table(checked),
                       "![GPU utilisation per hour](utilisation.svg)"]) + "\n"
     doc = {**(extra or {}), "targets": checked,
            "policies": {p: m.as_dict() for p, m in metrics.items()}}

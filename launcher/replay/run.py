@@ -64,7 +64,10 @@ def job_spec(job: TraceJob, after: list[int] | None = None) -> JobSpec:
         gpu_fraction=job.gpu_fraction, gpu_memory_bytes=job.memory_bytes,
         urgency=job.urgency, user=job.user, project=job.project,
         checkpoint_dir=f"/replay/ckpt/{job.name}" if job.checkpoint_interval else None,
-        max_retries=job.max_retries, after=list(after or []))
+        max_retries=job.max_retries, after=list(after or []),
+        # the owner's estimate: the replay gives the job's true undisturbed wall time (an
+        # exact estimate, the best case for slack ordering; docs/REPLAY.md)
+        deadline=job.deadline, expected_runtime=job.wall_seconds())
 
 
 def presence_gate(presence: dict[str, Presence], calendar_note: Callable[[float], str],
@@ -133,6 +136,9 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
                              lambda t: calendar.local(t).strftime("%a %H:%M"))
     engine = Engine(Store(":memory:"), Scheduler(cfg.policy), sim, executor, clock, cfg,
                     gate=gate)
+    days = trace.calendar()
+    zones = {u: trace.zone_of(u) for u in {j.user for j in trace.jobs}}
+    engine.local_time = lambda user, t: days.local(t, zones.get(user))
     users = sorted({j.user for j in trace.jobs})
     uids = {u: BASE_UID + i for i, u in enumerate(users)}
     jobs = list(trace.jobs)  # arrival order, pipeline steps after the steps they follow
@@ -183,7 +189,9 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
         if truth.starts:
             started[names[job_id]] = truth.starts[0]
     failed = {names[j.id] for j in engine.store.jobs(("failed", "cancelled", "timed_out"))}
+    deadlines = {names[j.id]: j.spec.deadline for j in engine.store.jobs()
+                 if isinstance(j.spec.deadline, float)}
     metrics = compute(policy, trace, executor.truth, intervals=executor.intervals,
                       started=started, end=end, ticks=ticks, refused=len(refused),
-                      failed=failed)
+                      failed=failed, deadlines=deadlines)
     return ReplayRun(metrics, engine, executor, time.perf_counter() - wall0, refused)

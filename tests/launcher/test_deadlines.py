@@ -1,0 +1,131 @@
+"""Time in the launcher: `deadline:` and `expected_runtime:` in the spec, resolved at
+submission (a local `HH:MM` is the next one; the site's evening default), a warning when
+the deadline cannot be met even on an empty node, runtime estimates from the user's
+history, least-slack-first ordering within a band, and the joint feasibility test."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from launcher.config import PolicyConfig
+from launcher.deadlines import DeadlineJob, jointly_feasible, parse_duration
+from launcher.gpustate import GIB, GpuInfo
+from launcher.policy import FairShareLedger
+from launcher.scheduler import Scheduler
+from launcher.spec import JobSpec, load_submission
+from launcher.store import JobRecord
+from tests.launcher.harness import Node
+
+HOUR = 3600.0
+# 2023-11-14 22:00 UTC: a Tuesday evening on the node's clock for these tests
+EVENING = dt.datetime(2023, 11, 14, 22, 0, tzinfo=dt.UTC).timestamp()
+
+
+def _utc(user: str, t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.UTC)
+
+
+def test_the_spec_takes_a_deadline_and_an_expected_runtime_and_names_every_bad_one() -> None:
+    spec = JobSpec(name="a", command="x", deadline="9:00", expected_runtime="4h")
+    assert (spec.deadline, spec.expected_runtime) == ("09:00", 4 * HOUR)
+    assert JobSpec(name="a", command="x",
+                   deadline="2026-03-04T09:00+01:00").deadline == pytest.approx(
+        dt.datetime(2026, 3, 4, 8, 0, tzinfo=dt.UTC).timestamp())
+    assert parse_duration("90m") == 5400.0 and parse_duration(120) == 120.0
+    from gpu_audit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as bad:
+        load_submission("name: a\ncommand: x\ndeadline: tomorrow\nexpected_runtime: soon\n")
+    text = str(bad.value)
+    assert "deadline" in text and "tomorrow" in text and "expected_runtime" in text
+
+
+def test_a_local_deadline_is_the_next_one_and_stored_absolute() -> None:
+    node = Node(gpus=1, now=EVENING)
+    node.engine.local_time = _utc
+    (job,) = node.submit("name: a\ncommand: x\ndeadline: '09:00'\nexpected_runtime: 2h\n")
+    assert node.rec(job).spec.deadline == pytest.approx(EVENING + 11 * HOUR)
+    queued = next(e for e in node.store.events(job) if e.kind == "queued")
+    assert queued.data["runtime_estimate"] == {"seconds": 2 * HOUR, "source": "the spec"}
+
+
+def test_the_evening_policy_gives_evening_jobs_the_next_morning_and_is_off_by_default(
+        ) -> None:
+    assert PolicyConfig().evening_deadline is None
+    off = Node(gpus=1, now=EVENING)
+    off.engine.local_time = _utc
+    (a,) = off.submit("name: a\ncommand: x\n")
+    assert off.rec(a).spec.deadline is None
+    on = Node(gpus=1, now=EVENING, policy=PolicyConfig(evening_deadline="09:00"))
+    on.engine.local_time = _utc
+    (b,) = on.submit("name: b\ncommand: x\n")
+    assert on.rec(b).spec.deadline == pytest.approx(EVENING + 11 * HOUR)
+    on.now = EVENING - 10 * HOUR  # 12:00: a day submission gets none
+    (c,) = on.submit("name: c\ncommand: x\n")
+    assert on.rec(c).spec.deadline is None
+
+
+def test_a_deadline_that_cannot_be_met_is_accepted_with_a_loud_warning() -> None:
+    """Accepted (the work may still be wanted), never silently: the reason and the
+    queued event say it cannot finish in time even on an empty node."""
+    node = Node(gpus=1, now=EVENING)
+    node.engine.local_time = _utc
+    (job,) = node.submit("name: a\ncommand: x\ndeadline: '23:00'\nexpected_runtime: 4h\n")
+    rec = node.rec(job)
+    assert rec.wait_detail.startswith("DEADLINE CANNOT BE MET: needs ~4.0 h, 1.0 h left")
+    queued = next(e for e in node.store.events(job) if e.kind == "queued")
+    assert queued.data["warning"].startswith("DEADLINE CANNOT BE MET")
+
+
+def test_a_runtime_estimate_comes_from_the_users_history_of_the_same_job() -> None:
+    node = Node(gpus=1, now=EVENING - 20 * HOUR)
+    node.engine.local_time = _utc
+    node.submit("name: train\ncommand: x\n")
+    node.run(2 * HOUR, step=60.0)  # the simulated job runs its default time
+    done = [j for j in node.store.jobs() if j.state == "succeeded"]
+    assert done, "the first run must have finished to be history"
+    took = (done[0].finished_at or 0) - (done[0].started_at or 0)
+    node.now = EVENING
+    (again,) = node.submit("name: train\ncommand: x\ndeadline: '09:00'\n")
+    est = next(e for e in node.store.events(again) if e.kind == "queued").data[
+        "runtime_estimate"]
+    assert est["seconds"] == pytest.approx(took)
+    assert est["source"] == "history: 1 run(s) of this name"
+
+
+def _rec(job_id: int, submitted: float, **spec: object) -> JobRecord:
+    s = JobSpec.model_validate({"name": f"j{job_id}", "command": "x", **spec})
+    return JobRecord(id=job_id, submission=job_id, spec=s, uid=1, user="u", state="queued",
+                     submitted_at=submitted, queued_at=submitted)
+
+
+def test_least_slack_first_within_a_band_and_other_bands_keep_their_places() -> None:
+    now = 100_000.0
+    queued = [
+        _rec(1, 0.0),  # oldest, no deadline
+        _rec(2, 50_000.0, deadline=now + 10 * HOUR, expected_runtime=2 * HOUR),
+        _rec(3, 60_000.0, deadline=now + 5 * HOUR, expected_runtime=4 * HOUR),
+        _rec(4, 99_000.0, urgency="urgent"),
+    ]
+    gpus = [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB, memory_used_bytes=0,
+                    temperature_c=40.0)]
+    d = Scheduler(PolicyConfig()).decide(now, queued, [], gpus, FairShareLedger(3600))
+    assert d.order == [4, 3, 2, 1]
+    d = Scheduler(PolicyConfig(deadline_order=False)).decide(
+        now, queued, [], gpus, FairShareLedger(3600))
+    assert d.order == [4, 1, 2, 3]
+
+
+def test_joint_feasibility_drops_what_cannot_make_it_together() -> None:
+    """Two 1-GPU jobs of 6 h due in 8 h fit a 1-GPU node only one at a time; the third,
+    alone impossible, is never counted."""
+    jobs = [DeadlineJob("a", 0, 6 * HOUR, 1.0, 8 * HOUR),
+            DeadlineJob("b", 0, 6 * HOUR, 1.0, 8 * HOUR),
+            DeadlineJob("c", 0, 1 * HOUR, 1.0, 2 * HOUR),
+            DeadlineJob("x", 0, 9 * HOUR, 1.0, 8 * HOUR)]
+    assert jointly_feasible(jobs, 1.0) in ({"a", "c"}, {"b", "c"})
+    assert jointly_feasible(jobs, 2.0) == {"a", "b", "c"}
+    quarter = [DeadlineJob(k, 0, 4 * HOUR, 0.25, 4 * HOUR) for k in "pqrs"]
+    assert jointly_feasible(quarter, 1.0) == set("pqrs")
