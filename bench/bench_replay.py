@@ -24,6 +24,7 @@ from pathlib import Path
 from gpu_audit.errors import EXIT_USAGE, ConfigError
 from launcher.config import LauncherCoreConfig
 from launcher.replay.generate import generate
+from launcher.replay.generate_deadlines import generate_deadlines
 from launcher.replay.generate_evening import generate_evening
 from launcher.replay.metrics import ReplayMetrics
 from launcher.replay.report import table, targets, targets_table, write_report
@@ -33,7 +34,8 @@ from launcher.replay.trace import Trace, load_trace, write_trace
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
 RESULTS = ROOT / "results"
-WEEKS = (TRACES / "lab-week.jsonl", TRACES / "lab-evening-week.jsonl")
+WEEKS = (TRACES / "lab-week.jsonl", TRACES / "lab-evening-week.jsonl",
+         TRACES / "lab-deadline-week.jsonl")
 
 
 def write_traces() -> None:
@@ -41,7 +43,9 @@ def write_traces() -> None:
     write_trace(TRACES / "lab-day.jsonl", *generate(seed=7, days=1, name="lab-day"))
     write_trace(TRACES / "lab-evening-week.jsonl",
                 *generate_evening(seed=2024, days=7, name="lab-evening-week"))
-    print(f"wrote lab-week, lab-day and lab-evening-week in {TRACES}")
+    write_trace(TRACES / "lab-deadline-week.jsonl",
+                *generate_deadlines(seed=2031, days=7, name="lab-deadline-week"))
+    print(f"wrote lab-week, lab-day, lab-evening-week and lab-deadline-week in {TRACES}")
 
 
 def core_config(settings: list[str]) -> LauncherCoreConfig:
@@ -99,7 +103,7 @@ def run(path: Path, tick: float, notebooks_as: float | None,
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trace", type=Path, action="append",
-                    help="a trace to replay (repeat for several; default: the two weeks)")
+                    help="a trace to replay (repeat for several; default: the three weeks)")
     ap.add_argument("--tick", type=float, default=60.0, help="engine tick, seconds")
     ap.add_argument("--write-traces", action="store_true")
     ap.add_argument("--notebooks-as-fraction", type=float, metavar="F",

@@ -179,7 +179,13 @@ class PolicyConfig(BaseModel):
         default=True,
         description="Policy `priority`: among waiting jobs of the same urgency level and "
         "tier, jobs with a deadline go first, least slack (deadline - now - estimated "
-        "runtime) first; the other jobs keep their places in the priority order.")
+        "runtime) first; the other jobs keep their places in the priority order. A running "
+        "job with a deadline is preempted only for a more urgent level.")
+    deadline_preempt_slack_seconds: float = Field(
+        default=7200.0, ge=0,
+        description="Policy `priority` with `deadline_order`: a waiting job whose slack "
+        "has fallen under this may preempt checkpointing jobs without a deadline of the "
+        "same or a lower urgency level, whatever their priorities.")
 
     @model_validator(mode="after")
     def _levels(self) -> Self:

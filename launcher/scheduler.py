@@ -550,8 +550,11 @@ class Scheduler:
         idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
                 and self._reclaimable(v)
                 and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
+        mine_b = d.breakdowns[job.id]
         busy = [v for v in preemptible if v not in idle
-                and self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
+                and (self._outranks(mine_b, d.breakdowns[v.id])
+                     or self._deadline_may_take(job, v, d))
+                and not self._deadline_protected(v, job, d)]
         candidates = idle + busy
         if not candidates:
             return []
@@ -569,6 +572,48 @@ class Scheduler:
             if self._place(job, probe) is not None:
                 return chosen
         return []
+
+    def _running_slack(self, job: JobRecord) -> float | None:
+        """Slack of a running deadline job: its deadline - now - what its estimate says is
+        left of this run (progress of earlier runs not credited: errs on the safe side)."""
+        deadline = job.spec.deadline
+        if not isinstance(deadline, float):
+            return None
+        ran = self._now - (job.started_at or self._now)
+        return deadline - self._now - max(0.0, (job.spec.expected_runtime or 0.0) - ran)
+
+    def _has_room(self, victim: JobRecord, job: JobRecord) -> bool:
+        """Whether a running deadline job keeps more than the threshold of slack after
+        giving `job` its estimated runtime plus a grace period."""
+        slack = self._running_slack(victim)
+        need = (job.spec.expected_runtime or 0.0) + self.config.preempt_wait_seconds
+        return slack is not None and slack - need > self.config.deadline_preempt_slack_seconds
+
+    def _deadline_protected(self, victim: JobRecord, job: JobRecord,
+                            d: Decision) -> bool:
+        """A running job with a deadline is preempted only for a more urgent level, or by
+        a deadline job in trouble when it keeps enough slack itself (a waiter that merely
+        outranks it by age or fair share would make it miss)."""
+        if not self.config.deadline_order or self._running_slack(victim) is None:
+            return False
+        if d.breakdowns[job.id].urgency > d.breakdowns[victim.id].urgency:
+            return False
+        return not (self._in_trouble(job) and self._has_room(victim, job))
+
+    def _in_trouble(self, job: JobRecord) -> bool:
+        slack = self.slack(job, self._now)
+        return slack is not None and slack <= self.config.deadline_preempt_slack_seconds
+
+    def _deadline_may_take(self, job: JobRecord, victim: JobRecord, d: Decision) -> bool:
+        """A waiting deadline job whose slack has fallen under
+        `deadline_preempt_slack_seconds` may preempt a checkpointing job of the same or a
+        lower urgency level, whatever their priorities, when that job has no deadline or
+        keeps enough slack to make its own."""
+        if not self.config.deadline_order or not self._in_trouble(job):
+            return False
+        return (victim.spec.checkpoint_dir is not None
+                and d.breakdowns[victim.id].urgency <= d.breakdowns[job.id].urgency
+                and (self._running_slack(victim) is None or self._has_room(victim, job)))
 
     def _outranks(self, waiter: PriorityBreakdown, victim: PriorityBreakdown) -> bool:
         """May `waiter` preempt the busy `victim` (policy preempt_by)?"""

@@ -129,3 +129,55 @@ def test_joint_feasibility_drops_what_cannot_make_it_together() -> None:
     assert jointly_feasible(jobs, 2.0) == {"a", "b", "c"}
     quarter = [DeadlineJob(k, 0, 4 * HOUR, 0.25, 4 * HOUR) for k in "pqrs"]
     assert jointly_feasible(quarter, 1.0) == set("pqrs")
+
+
+def _gpu() -> list[GpuInfo]:
+    return [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB, memory_used_bytes=0,
+                    temperature_c=40.0)]
+
+
+def _running(job_id: int, now: float, **spec: object) -> JobRecord:
+    rec = _rec(job_id, now - 50 * HOUR, **spec)
+    rec.state, rec.gpus, rec.started_at = "running", ["G0"], now - HOUR
+    return rec
+
+
+def test_a_deadline_job_in_trouble_preempts_checkpointing_work_without_a_deadline() -> None:
+    """Same urgency level, the running job older (it outranks the waiter by age): the
+    waiter whose slack is under the threshold still takes its GPU; with plenty of slack,
+    or with deadline order off, it does not."""
+    now = 500_000.0
+    config = PolicyConfig(preempt_wait_seconds=300, preempt_min_runtime_seconds=0)
+    victim = _running(9, now, checkpoint_dir="/ckpt/9")
+    tight = _rec(1, now - 400, deadline=now + 3 * HOUR, expected_runtime=2 * HOUR)
+    d = Scheduler(config).decide(now, [tight], [victim], _gpu(), FairShareLedger(3600))
+    assert d.preemptions == [(9, 1)]
+    loose = _rec(1, now - 400, deadline=now + 10 * HOUR, expected_runtime=2 * HOUR)
+    assert Scheduler(config).decide(now, [loose], [victim], _gpu(),
+                                    FairShareLedger(3600)).preemptions == []
+    off = config.model_copy(update={"deadline_order": False})
+    assert Scheduler(off).decide(now, [tight], [victim], _gpu(),
+                                 FairShareLedger(3600)).preemptions == []
+    uncheckpointed = _running(9, now)
+    assert Scheduler(config).decide(now, [tight], [uncheckpointed], _gpu(),
+                                    FairShareLedger(3600)).preemptions == []
+
+
+def test_a_running_deadline_job_is_not_preempted_by_age_alone() -> None:
+    """A normal job that outranks a running deadline job only by its age (w_age) would
+    make it miss: it waits. An urgent one still preempts it."""
+    now = 500_000.0
+    config = PolicyConfig(preempt_wait_seconds=300, preempt_min_runtime_seconds=0,
+                          preempt_by="priority")
+    victim = _running(9, now, checkpoint_dir="/ckpt/9", deadline=now + 6 * HOUR,
+                      expected_runtime=6 * HOUR)
+    victim.submitted_at = now - HOUR
+    old = _rec(1, now - 200 * HOUR)  # normal too, 200 h of age
+    d = Scheduler(config).decide(now, [old], [victim], _gpu(), FairShareLedger(3600))
+    assert d.preemptions == []
+    unprotected = Scheduler(config.model_copy(update={"deadline_order": False})).decide(
+        now, [old], [victim], _gpu(), FairShareLedger(3600))
+    assert unprotected.preemptions == [(9, 1)]
+    urgent = _rec(1, now - 400, urgency="urgent")
+    assert Scheduler(config).decide(now, [urgent], [victim], _gpu(),
+                                    FairShareLedger(3600)).preemptions == [(9, 1)]
