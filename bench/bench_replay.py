@@ -27,7 +27,7 @@ from launcher.replay.generate import generate
 from launcher.replay.generate_deadlines import generate_deadlines
 from launcher.replay.generate_evening import generate_evening
 from launcher.replay.metrics import ReplayMetrics
-from launcher.replay.report import table, targets, targets_table, write_report
+from launcher.replay.report import lift_ceilings, table, targets, targets_table, write_report
 from launcher.replay.run import POLICIES, replay
 from launcher.replay.trace import Trace, load_trace, write_trace
 
@@ -87,6 +87,7 @@ def run(path: Path, tick: float, notebooks_as: float | None,
         walls[p] = round(r.wall_seconds, 2)
         print(f"  {p}: replayed in {r.wall_seconds:.1f} s wall ({r.metrics.ticks} ticks"
               + (f", {len(r.refused)} refused" if r.refused else "") + ")")
+    lift_ceilings(metrics)
     print()
     print(table(metrics))
     print()
@@ -95,9 +96,30 @@ def run(path: Path, tick: float, notebooks_as: float | None,
     write_report(out, metrics, title=f"{name}: GPU utilisation per hour, {h.gpus} GPUs",
                  extra={"trace": str(path.relative_to(ROOT.parent)) if path.is_absolute()
                         and ROOT.parent in path.parents else str(path),
-                        "tick_seconds": tick, "wall_seconds": walls})
-    print(f"\nwrote {out}/report.md, metrics.json, utilisation.svg\n")
+                        "tick_seconds": tick, "wall_seconds": walls}, start=h.start)
+    png = render_png(out / "utilisation.svg", out / "utilisation.png")
+    print(f"\nwrote {out}/report.md, metrics.json, utilisation.svg"
+          + (", utilisation.png" if png else " (no PNG: chromium not found)") + "\n")
     return 0
+
+
+def render_png(svg: Path, png: Path) -> bool:
+    """The report's figure as PNG, rendered by headless Chromium (the launcher itself
+    draws SVG only, without any plotting library); False when Chromium is not here."""
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        return False
+    m = re.search(r'width="(\d+)" height="(\d+)"', svg.read_text())
+    size = f"{m.group(1)},{m.group(2)}" if m else "1100,900"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu",
+                    "--hide-scrollbars", f"--window-size={size}",
+                    f"--screenshot={png}", svg.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    return png.exists()
 
 
 def main() -> int:

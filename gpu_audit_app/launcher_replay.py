@@ -163,7 +163,7 @@ def replay_command(args: argparse.Namespace,
         try:
             paths = write_report(args.report, metrics, title=f"{h.trace}: replay",
                                  extra={"trace": str(args.trace), "tick_seconds": args.tick,
-                                        "wall_seconds": walls})
+                                        "wall_seconds": walls}, start=h.start)
         except OSError as exc:
             print(f"gpu-audit launcher replay: cannot write the report to {args.report}: "
                   f"{exc.strerror or exc}", file=sys.stderr)
