@@ -357,6 +357,14 @@ class Scheduler:
                 else:
                     detail += "; preempting the lower-priority jobs would not free enough"
             d.waits[job.id] = (kind, r.cut(detail))
+        if c.name == "priority" and c.deadline_order:
+            for job in queued:
+                slack = self.slack(job, now)
+                if slack is not None and job.id in d.waits:
+                    kind, detail = d.waits[job.id]
+                    late = "deadline can no longer be met; waits in priority order" \
+                        if slack < 0 else f"deadline slack {slack / 3600:.1f} h"
+                    d.waits[job.id] = (kind, r.cut(f"{late}; {detail}"))
         return d
 
     @staticmethod
@@ -367,6 +375,10 @@ class Scheduler:
         if not isinstance(deadline, float):
             return None
         return deadline - now - (job.spec.expected_runtime or 0.0)
+
+    def _can_make_it(self, job: JobRecord, now: float) -> bool:
+        slack = self.slack(job, now)
+        return slack is not None and slack >= 0
 
     def _least_slack_first(self, order: list[JobRecord], d: Decision, now: float,
                            ) -> list[JobRecord]:
@@ -380,11 +392,14 @@ class Scheduler:
         out = list(order)
         for places in bands.values():
             members = [order[i] for i in places]
-            timed = sorted((j for j in members if self.slack(j, now) is not None),
+            # a job that can no longer make its deadline is deferred to the priority
+            # order: least slack first would otherwise put every late job ahead of the
+            # ones that can still make it (the domino effect of earliest deadline first)
+            timed = sorted((j for j in members if self._can_make_it(j, now)),
                            key=lambda j: (self.slack(j, now), j.id))
             if not timed:
                 continue
-            rest = [j for j in members if self.slack(j, now) is None]
+            rest = [j for j in members if not self._can_make_it(j, now)]
             for i, job in zip(places, [*timed, *rest], strict=True):
                 out[i] = job
         return out
@@ -601,8 +616,9 @@ class Scheduler:
         return not (self._in_trouble(job) and self._has_room(victim, job))
 
     def _in_trouble(self, job: JobRecord) -> bool:
+        """Short of slack, but still able to make it (a late job preempts nobody)."""
         slack = self.slack(job, self._now)
-        return slack is not None and slack <= self.config.deadline_preempt_slack_seconds
+        return slack is not None and 0 <= slack <= self.config.deadline_preempt_slack_seconds
 
     def _deadline_may_take(self, job: JobRecord, victim: JobRecord, d: Decision) -> bool:
         """A waiting deadline job whose slack has fallen under

@@ -181,3 +181,16 @@ def test_a_running_deadline_job_is_not_preempted_by_age_alone() -> None:
     urgent = _rec(1, now - 400, urgency="urgent")
     assert Scheduler(config).decide(now, [urgent], [victim], _gpu(),
                                     FairShareLedger(3600)).preemptions == [(9, 1)]
+
+
+def test_a_job_that_can_no_longer_make_its_deadline_is_deferred_and_says_so() -> None:
+    """Least slack first would put every late job ahead of those that can still make it
+    (earliest deadline first's domino effect): a late one waits in priority order."""
+    now = 500_000.0
+    late = _rec(1, now - 60, deadline=now - 600.0, expected_runtime=HOUR)
+    can = _rec(2, now - 30, deadline=now + 3 * HOUR, expected_runtime=HOUR)
+    older = _rec(3, now - 7200)
+    d = Scheduler(PolicyConfig()).decide(now, [late, can, older], [], [], FairShareLedger(3600))
+    assert d.order == [2, 3, 1]
+    assert d.waits[1][1].startswith("deadline can no longer be met")
+    assert d.waits[2][1].startswith("deadline slack 2.0 h")
