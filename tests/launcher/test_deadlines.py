@@ -6,6 +6,7 @@ history, least-slack-first ordering within a band, and the joint feasibility tes
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,42 @@ def test_a_job_that_can_no_longer_make_its_deadline_is_deferred_and_says_so() ->
     assert d.order == [2, 3, 1]
     assert d.waits[1][1].startswith("deadline can no longer be met")
     assert d.waits[2][1].startswith("deadline slack 2.0 h")
+
+
+def test_submit_prints_the_estimated_finish_the_deadline_and_the_warning(
+        tmp_path: Path) -> None:
+    """`gpu-audit launcher submit` answer: the earliest finish from the estimate, the
+    deadline as stored, and the warning when it cannot be met."""
+    import orjson
+
+    from gpu_audit_app.launcher_main import _render
+    from launcher.config import LauncherCoreConfig
+    from launcher.engine import Engine
+    from launcher.executor import ProcessExecutor
+    from launcher.peer import Caller
+    from launcher.protocol import parse_request
+    from launcher.service import Service
+    from launcher.sim.gpus import SimGpuSource
+    from launcher.store import Store
+    from launcher.telemetry import Telemetry
+
+    executor = ProcessExecutor(tmp_path / "state", switch_users=False)
+    store = Store(tmp_path / "l.db")
+    core = LauncherCoreConfig()
+    engine = Engine(store, Scheduler(core.policy), SimGpuSource(1), executor,
+                    lambda: EVENING, core)
+    engine.local_time = _utc
+    svc = Service(engine, store, executor, jobmap=None, audit=None, telemetry=Telemetry(),
+                  clock=lambda: EVENING)
+    caller = Caller(pid=2, uid=4242, gid=4242, groups=frozenset(), user="u", admin=False)
+    spec = "{name: a, command: [x], deadline: '23:00', expected_runtime: 4h}"
+    request = parse_request(orjson.dumps({"op": "submit", "spec": spec}))
+    assert not isinstance(request, dict)
+    answer = svc.handle(caller, request)
+    assert answer["ok"] is True, answer
+    (timing,) = answer["timing"]
+    assert timing["deadline"] == pytest.approx(EVENING + HOUR)
+    assert timing["earliest_finish"] == pytest.approx(EVENING + 4 * HOUR)
+    assert timing["warning"].startswith("DEADLINE CANNOT BE MET")
+    text = _render("submit", answer)
+    assert "estimated finish" in text and "WARNING: DEADLINE CANNOT BE MET" in text
