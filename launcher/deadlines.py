@@ -25,7 +25,7 @@ import datetime as dt
 import math
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -192,16 +192,20 @@ def _fluid_edf_ok(jobs: Sequence[DeadlineJob], capacity: float) -> bool:
             return False
 
 
-def jointly_feasible(jobs: Sequence[DeadlineJob], capacity: float) -> set[str]:
+def jointly_feasible(jobs: Sequence[DeadlineJob], capacity: float,
+                     pinned: Collection[str] = ()) -> set[str]:
     """Keys of a large set of jobs that can all meet their deadlines together on an
     otherwise empty node: deadline order, and when adding a job breaks the set the
     largest (share x work) one is dropped (Moore-Hodgson's rule, fluid). Jobs that cannot
-    make it even alone are never in it."""
+    make it even alone are never in it. `pinned` jobs (running ones, due no earlier than
+    they can end) are never dropped: they hold their GPUs whatever the test says."""
     kept: list[DeadlineJob] = []
     for job in sorted(jobs, key=lambda j: (j.deadline, j.release, j.key)):
-        if job.release + job.work > job.deadline + 1e-6:
+        if job.release + job.work > job.deadline + 1e-6 and job.key not in pinned:
             continue
         kept.append(job)
         if not _fluid_edf_ok(kept, capacity):
-            kept.remove(max(kept, key=lambda j: (j.share * j.work, j.key)))
+            free = [j for j in kept if j.key not in pinned]
+            if free:
+                kept.remove(max(free, key=lambda j: (j.share * j.work, j.key)))
     return {j.key for j in kept}

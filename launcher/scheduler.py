@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from launcher import reasons as r
 from launcher.config import PolicyConfig
+from launcher.deadlines import DeadlineJob, jointly_feasible
 from launcher.gpustate import GpuInfo
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
 from launcher.quota import Budget
@@ -103,6 +104,8 @@ class Scheduler:
         # would have fit on what was free before the decision)
         self._why_cache: dict[tuple[int, float | None, int | None],
                               tuple[str, str] | None] = {}
+        # waiting deadline jobs that cannot make it together with the others (per decision)
+        self._deferred: set[int] = set()
 
     # -------------------------------------------------------------------------- health
 
@@ -245,6 +248,7 @@ class Scheduler:
         self._now = now
         self._index = {g.uuid: g.index for g in gpus}
         self._why_cache = {}
+        self._deferred = set()
         slots = self._slots(gpus, running, blocked, d)
         if self._idle and queued:
             self._share_idle(running, slots, d)
@@ -255,6 +259,7 @@ class Scheduler:
             order = sorted(queued, key=lambda j: (-d.breakdowns[j.id].total,
                                                   j.submitted_at, j.id))
             if c.deadline_order:
+                self._deferred = self._jointly_infeasible(queued, running, gpus, now)
                 order = self._least_slack_first(order, d, now)
         elif c.name == "hand-launched":
             # a person at the desk with urgent work takes the next free GPU themselves
@@ -363,7 +368,10 @@ class Scheduler:
                 if slack is not None and job.id in d.waits:
                     kind, detail = d.waits[job.id]
                     late = "deadline can no longer be met; waits in priority order" \
-                        if slack < 0 else f"deadline slack {slack / 3600:.1f} h"
+                        if slack < 0 else ("deadline cannot be met together with the "
+                                           "other deadline jobs; waits in priority order"
+                                           if job.id in self._deferred
+                                           else f"deadline slack {slack / 3600:.1f} h")
                     d.waits[job.id] = (kind, r.cut(f"{late}; {detail}"))
         return d
 
@@ -378,7 +386,32 @@ class Scheduler:
 
     def _can_make_it(self, job: JobRecord, now: float) -> bool:
         slack = self.slack(job, now)
-        return slack is not None and slack >= 0
+        return slack is not None and slack >= 0 and job.id not in self._deferred
+
+    def _jointly_infeasible(self, queued: Sequence[JobRecord], running: Sequence[JobRecord],
+                            gpus: Sequence[GpuInfo], now: float) -> set[int]:
+        """Waiting deadline jobs that cannot make it together with the others (running
+        deadline jobs first, with what their estimates say is left): deferred to the
+        priority order, so they do not hold places that jobs which can still make it
+        need. A fluid area test (launcher/deadlines.py); skipped past 64 jobs."""
+        timed = [j for j in queued if (self.slack(j, now) or -1.0) >= 0]
+        if not timed or len(timed) > 64 or not gpus:  # no GPUs read yet: nothing to judge
+            return set()
+        cands = []
+        for j in running:
+            left = self._running_slack(j)
+            if left is not None and isinstance(j.spec.deadline, float):
+                work = max(0.0, j.spec.deadline - now - left)
+                # a running job holds its GPUs until it ends, late or not
+                cands.append(DeadlineJob(f"r{j.id}", now, work, j.spec.gpu_share,
+                                         max(j.spec.deadline, now + work)))
+        for j in timed:
+            assert isinstance(j.spec.deadline, float)
+            cands.append(DeadlineJob(f"q{j.id}", now, j.spec.expected_runtime or 0.0,
+                                     j.spec.gpu_share, j.spec.deadline))
+        kept = jointly_feasible(cands, float(len(gpus)),
+                                pinned={c.key for c in cands if c.key.startswith("r")})
+        return {j.id for j in timed if f"q{j.id}" not in kept}
 
     def _least_slack_first(self, order: list[JobRecord], d: Decision, now: float,
                            ) -> list[JobRecord]:
@@ -618,7 +651,8 @@ class Scheduler:
     def _in_trouble(self, job: JobRecord) -> bool:
         """Short of slack, but still able to make it (a late job preempts nobody)."""
         slack = self.slack(job, self._now)
-        return slack is not None and 0 <= slack <= self.config.deadline_preempt_slack_seconds
+        return (slack is not None and 0 <= slack <= self.config.deadline_preempt_slack_seconds
+                and job.id not in self._deferred)
 
     def _deadline_may_take(self, job: JobRecord, victim: JobRecord, d: Decision) -> bool:
         """A waiting deadline job whose slack has fallen under

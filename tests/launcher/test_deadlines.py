@@ -234,3 +234,30 @@ def test_submit_prints_the_estimated_finish_the_deadline_and_the_warning(
     assert timing["warning"].startswith("DEADLINE CANNOT BE MET")
     text = _render("submit", answer)
     assert "estimated finish" in text and "WARNING: DEADLINE CANNOT BE MET" in text
+
+
+def test_deadline_jobs_that_cannot_all_make_it_together_defer_one_and_say_so() -> None:
+    """One GPU, two 3-hour jobs due in 4 h: each could make it alone, not both. The
+    one the joint test drops waits in priority order and its reason says why; the other
+    keeps its slack order. A running deadline job counts against the capacity."""
+    now = 500_000.0
+    a = _rec(1, now - 60, deadline=now + 4 * HOUR, expected_runtime=3 * HOUR)
+    b = _rec(2, now - 30, deadline=now + 4 * HOUR + 60, expected_runtime=3 * HOUR)
+    busy = [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB,
+                    memory_used_bytes=80 * GIB, temperature_c=40.0)]  # another tenant's
+    d = Scheduler(PolicyConfig()).decide(now, [a, b], [], busy, FairShareLedger(3600))
+    kept = [j for j in (1, 2) if not d.waits[j][1].startswith("deadline cannot be met "
+                                                               "together")]
+    assert len(kept) == 1
+    deferred = 3 - kept[0]
+    assert d.waits[deferred][1].startswith("deadline cannot be met together with the other")
+    two = [_gpu()[0], GpuInfo(uuid="G1", index=1, memory_total_bytes=80 * GIB,
+                              memory_used_bytes=0, temperature_c=40.0)]
+    running = _running(9, now, deadline=now + 4 * HOUR, expected_runtime=4 * HOUR)
+    running.gpus = ["G1"]
+    d = Scheduler(PolicyConfig()).decide(now, [a, b], [running], two,
+                                         FairShareLedger(3600))
+    assert d.starts and len(d.starts) == 1  # one free GPU
+    waiting = [j for j in (1, 2) if j in d.waits]
+    assert len(waiting) == 1
+    assert d.waits[waiting[0]][1].startswith("deadline cannot be met together")
