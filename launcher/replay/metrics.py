@@ -6,8 +6,13 @@ GPUs really did), never from the engine's own bookkeeping.
   window (the week) and over the whole replay (until the last job ended); and the
   window's utilisation as a share of the demand ceiling (launcher/replay/demand.py: the
   most any scheduler could get out of these jobs in the window);
-- night completion: of the jobs submitted in the night (17:00-09:00, owner's time; not
-  notebooks) that could have ended by 09:00 on an empty node, the share that did;
+- deadline jobs met: jobs with a deadline (the trace's, or the site's evening default as
+  the engine resolved it), trainings (>= SHORT_SECONDS) apart from short jobs, and
+  overnight trainings (15:00-09:00, due the next 09:00) on their own line, each against
+  the jointly feasible ceiling (launcher/deadlines.py: how many could ALL make it);
+- night completion (kept for comparison; it flatters itself): of the jobs submitted in
+  the night (17:00-09:00, owner's time; not notebooks) that could have ended by 09:00 on
+  an empty node, the share that did;
 - idle-held GPU-hours: time a GPU was held by a process of ours (a job or a leak) while
   under IDLE_UTIL busy;
 - queue wait: first start - arrival, per urgency class (mean, p95); a job that never

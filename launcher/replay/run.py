@@ -9,8 +9,9 @@ schedules, places or preempts.
 
 Each trace job is submitted at its arrival as its user would submit it (pipeline steps
 with `after:` naming the ids of the steps before them). The `hand-launched` baseline is
-the same engine with whole GPUs, no preemption, and a gate: a job starts only while its
-owner is at the desk (the trace's people), as in a lab without a launcher.
+the same engine with whole GPUs, no preemption, the most urgent level first, and a gate:
+a job starts only while its owner is at the desk (the trace's people), as in a lab
+without a launcher; a trace without people is refused for it (it would be first-fit).
 """
 
 from __future__ import annotations
