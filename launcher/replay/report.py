@@ -269,7 +269,10 @@ def _bars(parts: list[str], x0: float, y0: float, w: float,  # noqa: PLR0917 - a
         parts.append(f'<rect x="{x0 + 110}" y="{y + 3:.1f}" width="{bw:.1f}" '
                      f'height="{row_h - 6:.1f}" fill="{colour}"/>')
         text = fmt(value) if not math.isnan(value) else "-"
-        parts.append(f'<text x="{x0 + 114 + bw:.1f}" y="{y + row_h * 0.62:.1f}" '
+        end = bw  # the label goes past the ceiling tick when the bar reaches it
+        if ceil is not None and not math.isnan(ceil) and ceil * scale - bw < 24:
+            end = max(bw, min(unit_max, ceil) * scale)
+        parts.append(f'<text x="{x0 + 114 + end:.1f}" y="{y + row_h * 0.62:.1f}" '
                      f'font-size="11">{escape(text)}</text>')
         if ceil is not None and not math.isnan(ceil):
             cx = x0 + 110 + min(unit_max, ceil) * scale
