@@ -24,16 +24,18 @@ from pathlib import Path
 from gpu_audit.errors import EXIT_USAGE, ConfigError
 from launcher.config import LauncherCoreConfig
 from launcher.replay.generate import generate
+from launcher.replay.generate_deadlines import generate_deadlines
 from launcher.replay.generate_evening import generate_evening
 from launcher.replay.metrics import ReplayMetrics
-from launcher.replay.report import table, targets, targets_table, write_report
+from launcher.replay.report import lift_ceilings, table, targets, targets_table, write_report
 from launcher.replay.run import POLICIES, replay
 from launcher.replay.trace import Trace, load_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
 RESULTS = ROOT / "results"
-WEEKS = (TRACES / "lab-week.jsonl", TRACES / "lab-evening-week.jsonl")
+WEEKS = (TRACES / "lab-week.jsonl", TRACES / "lab-evening-week.jsonl",
+         TRACES / "lab-deadline-week.jsonl")
 
 
 def write_traces() -> None:
@@ -41,7 +43,9 @@ def write_traces() -> None:
     write_trace(TRACES / "lab-day.jsonl", *generate(seed=7, days=1, name="lab-day"))
     write_trace(TRACES / "lab-evening-week.jsonl",
                 *generate_evening(seed=2024, days=7, name="lab-evening-week"))
-    print(f"wrote lab-week, lab-day and lab-evening-week in {TRACES}")
+    write_trace(TRACES / "lab-deadline-week.jsonl",
+                *generate_deadlines(seed=2031, days=7, name="lab-deadline-week"))
+    print(f"wrote lab-week, lab-day, lab-evening-week and lab-deadline-week in {TRACES}")
 
 
 def core_config(settings: list[str]) -> LauncherCoreConfig:
@@ -83,6 +87,7 @@ def run(path: Path, tick: float, notebooks_as: float | None,
         walls[p] = round(r.wall_seconds, 2)
         print(f"  {p}: replayed in {r.wall_seconds:.1f} s wall ({r.metrics.ticks} ticks"
               + (f", {len(r.refused)} refused" if r.refused else "") + ")")
+    lift_ceilings(metrics)
     print()
     print(table(metrics))
     print()
@@ -91,15 +96,36 @@ def run(path: Path, tick: float, notebooks_as: float | None,
     write_report(out, metrics, title=f"{name}: GPU utilisation per hour, {h.gpus} GPUs",
                  extra={"trace": str(path.relative_to(ROOT.parent)) if path.is_absolute()
                         and ROOT.parent in path.parents else str(path),
-                        "tick_seconds": tick, "wall_seconds": walls})
-    print(f"\nwrote {out}/report.md, metrics.json, utilisation.svg\n")
+                        "tick_seconds": tick, "wall_seconds": walls}, start=h.start)
+    png = render_png(out / "utilisation.svg", out / "utilisation.png")
+    print(f"\nwrote {out}/report.md, metrics.json, utilisation.svg"
+          + (", utilisation.png" if png else " (no PNG: chromium not found)") + "\n")
     return 0
+
+
+def render_png(svg: Path, png: Path) -> bool:
+    """The report's figure as PNG, rendered by headless Chromium (the launcher itself
+    draws SVG only, without any plotting library); False when Chromium is not here."""
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        return False
+    m = re.search(r'width="(\d+)" height="(\d+)"', svg.read_text())
+    size = f"{m.group(1)},{m.group(2)}" if m else "1100,900"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu",
+                    "--hide-scrollbars", f"--window-size={size}",
+                    f"--screenshot={png}", svg.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    return png.exists()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trace", type=Path, action="append",
-                    help="a trace to replay (repeat for several; default: the two weeks)")
+                    help="a trace to replay (repeat for several; default: the three weeks)")
     ap.add_argument("--tick", type=float, default=60.0, help="engine tick, seconds")
     ap.add_argument("--write-traces", action="store_true")
     ap.add_argument("--notebooks-as-fraction", type=float, metavar="F",

@@ -380,7 +380,20 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
     if cmd == "submit":
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
                                                          strict=True))
-        return f"submitted {len(resp['ids'])} job(s): {pairs}"
+        lines = [f"submitted {len(resp['ids'])} job(s): {pairs}"]
+        for t in resp.get("timing") or []:
+            parts = [f"  job {t['id']}:"]
+            if t.get("started_at"):
+                parts.append(f"started {_fmt_time(t['started_at'])}")
+            if t.get("earliest_finish"):
+                parts.append(f"estimated finish {_fmt_time(t['earliest_finish'])} at the "
+                             f"earliest (estimate {t['estimate_seconds'] / 3600:.1f} h)")
+            if isinstance(t.get("deadline"), (int, float)):
+                parts.append(f"deadline {_fmt_time(t['deadline'])}")
+            if t.get("warning"):
+                parts.append(f"WARNING: {t['warning']}")
+            lines.append(" ".join(parts))
+        return "\n".join(lines)
     if cmd == "retry":
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
                                                          strict=True))

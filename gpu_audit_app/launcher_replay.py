@@ -55,6 +55,44 @@ def add_replay_arguments(lsub: Any) -> None:
     r.add_argument("--tick", type=float, default=60.0, metavar="SECONDS",
                    help="the engine's tick in virtual seconds (default 60)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a core setting on top of the configuration, e.g. "
+                   "policy.evening_deadline=09:00 or policy.w_age=0 (repeatable)")
+    r.add_argument("--assume-present", action="store_true",
+                   help="replay the hand-launched baseline even on a trace without presence "
+                   "windows, everyone counted as always at the desk (it then equals "
+                   "first-fit on whole GPUs; said on every run)")
+
+
+def with_settings(core: LauncherCoreConfig, settings: list[str]) -> LauncherCoreConfig:
+    """`core` with `section.key=value` settings (YAML values) applied; ConfigError naming
+    every bad one."""
+    import yaml
+    from pydantic import ValidationError
+
+    from launcher.config import LauncherCoreConfig
+
+    data = core.model_dump()
+    problems = []
+    for item in settings:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or section not in data or not isinstance(data[section], dict):
+            problems.append(f"--set {item[:60]!r}: expected SECTION.KEY=VALUE with a "
+                            f"section of {', '.join(sorted(data))}")
+            continue
+        try:
+            data[section][name] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            problems.append(f"--set {item[:60]!r}: the value is not YAML")
+    try:
+        checked = LauncherCoreConfig.model_validate(data)
+    except ValidationError as exc:
+        problems += [f"--set: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                     for e in exc.errors()]
+    if problems:
+        raise ConfigError("--set", problems)
+    return checked
 
 
 def replay_command(args: argparse.Namespace,
@@ -63,7 +101,7 @@ def replay_command(args: argparse.Namespace,
     daemon's own loader, handed in by launcher_main so the two modules stay apart)."""
     from launcher.config import LauncherCoreConfig
     from launcher.replay.report import clean, table, targets, targets_table, write_report
-    from launcher.replay.run import POLICIES, replay
+    from launcher.replay.run import POLICIES, presence_assumption, replay
     from launcher.replay.trace import load_trace
 
     if not 1.0 <= args.tick <= 3600.0:
@@ -74,6 +112,8 @@ def replay_command(args: argparse.Namespace,
         core = LauncherCoreConfig()
         if args.config is not None:
             core = load_core(args.config)
+        if args.set:
+            core = with_settings(core, args.set)
         unknown = sorted({j.urgency for j in trace.jobs} - set(core.policy.urgency_levels))
         if unknown:
             raise ConfigError(str(args.trace), [
@@ -83,6 +123,20 @@ def replay_command(args: argparse.Namespace,
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
     policies = list(dict.fromkeys(args.policy or POLICIES))
+    assumed = presence_assumption(trace)
+    if "hand-launched" in policies and assumed is not None:
+        if not trace.people and not args.assume_present:
+            if args.policy:  # asked for by name: refuse, do not hand back a fake baseline
+                print(f"gpu-audit launcher replay: cannot replay hand-launched: {assumed}; "
+                      "add `person` lines (docs/REPLAY.md) or pass --assume-present",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            policies.remove("hand-launched")
+            print(f"WARNING: hand-launched baseline SKIPPED: {assumed}. Add `person` lines "
+                  "(docs/REPLAY.md), or --assume-present to replay it anyway.",
+                  file=sys.stderr)
+        else:
+            print(f"WARNING: hand-launched baseline ASSUMES: {assumed}", file=sys.stderr)
     h = trace.header
     print(f"trace {h.trace}: {len(trace.jobs)} jobs, {len(trace.people)} people, "
           f"{h.gpus} x {h.gpu_memory_bytes / 2**30:.0f} GiB GPUs, window "
@@ -90,7 +144,8 @@ def replay_command(args: argparse.Namespace,
     metrics = {}
     walls = {}
     for policy in policies:
-        run = replay(trace, policy, config=core, tick_seconds=args.tick)
+        run = replay(trace, policy, config=core, tick_seconds=args.tick,
+                     assume_present=args.assume_present)
         metrics[policy] = run.metrics
         walls[policy] = round(run.wall_seconds, 2)
         print(f"  {policy}: {run.wall_seconds:.1f} s ({run.metrics.ticks} ticks"
@@ -109,7 +164,7 @@ def replay_command(args: argparse.Namespace,
         try:
             paths = write_report(args.report, metrics, title=f"{h.trace}: replay",
                                  extra={"trace": str(args.trace), "tick_seconds": args.tick,
-                                        "wall_seconds": walls})
+                                        "wall_seconds": walls}, start=h.start)
         except OSError as exc:
             print(f"gpu-audit launcher replay: cannot write the report to {args.report}: "
                   f"{exc.strerror or exc}", file=sys.stderr)

@@ -166,6 +166,27 @@ class PolicyConfig(BaseModel):
         default=True,
         description="A GPU with an XID error within the GPU source's window gets no new "
         "jobs.")
+    # time
+    evening_deadline: str | None = Field(
+        default=None, pattern=r"^([01]\d|2[0-3]):[0-5]\d$",
+        description="Off by default. A local time (`09:00`): a job submitted between "
+        "`evening_starts` and this time (through midnight) without a deadline of its own "
+        "gets the next one as its deadline (the night's work is due in the morning).")
+    evening_starts: str = Field(
+        default="17:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$",
+        description="Local time from which a submission counts as an evening one for "
+        "`evening_deadline`.")
+    deadline_order: bool = Field(
+        default=True,
+        description="Policy `priority`: among waiting jobs of the same urgency level and "
+        "tier, jobs with a deadline go first, least slack (deadline - now - estimated "
+        "runtime) first; the other jobs keep their places in the priority order. A running "
+        "job with a deadline is preempted only for a more urgent level.")
+    deadline_preempt_slack_seconds: float = Field(
+        default=7200.0, ge=0,
+        description="Policy `priority` with `deadline_order`: a waiting job whose slack "
+        "has fallen under this may preempt checkpointing jobs without a deadline of the "
+        "same or a lower urgency level, whatever their priorities.")
 
     @model_validator(mode="after")
     def _levels(self) -> Self:

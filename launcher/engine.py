@@ -39,6 +39,7 @@ from launcher import reasons as r
 from launcher.admission import FAILED_STATES
 from launcher.config import EngineConfig, LauncherCoreConfig
 from launcher.constants import EXIT_PREEMPTED
+from launcher.deadlines import LocalTime, system_local_time
 from launcher.gpustate import GpuInfo, GpuStateSource
 from launcher.identity import job_environment
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
@@ -141,6 +142,9 @@ class Engine(Requests):
         self.ledger = FairShareLedger(scheduler.config.half_life_seconds)
         self.ledger.load(store.load_fairshare())
         self.gate = gate
+        # (user, clock seconds) -> their local time: `HH:MM` deadlines and the evening
+        # policy; replay maps its virtual clock onto the trace's calendar here
+        self.local_time: LocalTime = system_local_time
         # GPU-hours per user and project in the quotas' sliding window (allocated)
         self.usage = UsageWindow(self.config.quotas.window_seconds)
         self.usage.load(store.load_usage(self.usage.oldest_hour(clock())))

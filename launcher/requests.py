@@ -23,6 +23,7 @@ from gpu_audit.errors import GpuAuditError
 from launcher import reasons as r
 from launcher.admission import FAILED_STATES, queued_problems, submission_problems
 from launcher.config import LauncherCoreConfig
+from launcher.deadlines import LocalTime, evening_deadline, history_estimate, resolve_deadline
 from launcher.scheduler import Scheduler
 from launcher.spec import JobSpec
 from launcher.store import ACTIVE, TERMINAL, WAITING, Event, JobRecord, Store
@@ -66,6 +67,8 @@ class Requests:
     executor: _Killer
     node: dict[str, int]
     _killed_at: dict[int, float]
+    local_time: LocalTime
+    _estimate_sources: dict[str, str]
 
     def _event(self, now: float, job_id: int | None, kind: str,
                data: dict[str, Any] | None = None) -> Event:
@@ -104,14 +107,64 @@ class Requests:
                                 f"problem{'s' if len(problems) != 1 else ''})", problems)
         specs = [s if s.urgency is not None else
                  s.model_copy(update={"urgency": policy.default_urgency}) for s in specs]
+        specs, late = self._timed(specs, owner, now)
         with self.store.transaction():
             ids = self.store.add_jobs(specs, uid, owner, now)
             for job_id, spec in zip(ids, specs, strict=True):
-                self.store.update(job_id, wait_reason=r.NEW,
-                                  wait_detail="submitted; waits for the next scheduling round")
-                self._event(now, job_id, "queued", {"name": spec.name, "user": owner,
-                                                    "project": spec.project, "uid": uid})
+                detail = "submitted; waits for the next scheduling round"
+                if late.get(spec.name):
+                    detail = late[spec.name] + "; " + detail
+                self.store.update(job_id, wait_reason=r.NEW, wait_detail=r.cut(detail))
+                data: dict[str, Any] = {"name": spec.name, "user": owner,
+                                        "project": spec.project, "uid": uid}
+                if spec.deadline is not None:
+                    data["deadline"] = spec.deadline
+                if spec.expected_runtime is not None:
+                    data["runtime_estimate"] = {
+                        "seconds": spec.expected_runtime,
+                        "source": self._estimate_sources.get(spec.name, "the spec")}
+                if late.get(spec.name):
+                    data["warning"] = late[spec.name]
+                self._event(now, job_id, "queued", data)
         return ids
+
+    def _timed(self, specs: list[JobSpec], owner: str, now: float,
+               ) -> tuple[list[JobSpec], dict[str, str]]:
+        """Deadlines resolved to clock seconds (`HH:MM`: the next one in the owner's
+        local time; the site's evening default for an evening submission without one)
+        and, per job name, a warning when the deadline cannot be met even on an empty
+        node. Such a job is accepted (it may still be worth running), the warning goes
+        into its reason and the `queued` event so the user sees it at once."""
+        policy = self.scheduler.config
+        local = self.local_time(owner, now)
+        out: list[JobSpec] = []
+        late: dict[str, str] = {}
+        sources = self._estimate_sources = {}
+        for given in specs:
+            s = given
+            deadline: float | None
+            if s.deadline is not None:
+                deadline = resolve_deadline(s.deadline, now, local)
+            else:
+                deadline = evening_deadline(policy.evening_deadline, policy.evening_starts,
+                                            now, local)
+            if deadline is not None:
+                s = s.model_copy(update={"deadline": deadline})
+                need = s.expected_runtime
+                if need is None:
+                    known = history_estimate(self.store, owner, s.name, s.command)
+                    if known is not None:  # the slack the scheduler orders by needs one
+                        need = known[0]
+                        s = s.model_copy(update={"expected_runtime": need})
+                        sources[s.name] = known[1]
+                if deadline <= now:
+                    late[s.name] = "DEADLINE ALREADY PASSED"
+                elif need is not None and now + need > deadline:
+                    late[s.name] = (f"DEADLINE CANNOT BE MET: needs ~{need / 3600:.1f} h, "
+                                    f"{(deadline - now) / 3600:.1f} h left even on an empty "
+                                    "node")
+            out.append(s)
+        return out, late
 
     def _owned(self, job_id: int, uid: int, is_admin: bool) -> JobRecord:
         rec = self.store.get(job_id)

@@ -18,7 +18,8 @@ them fairly:
   strictly in order (the first job that does not fit blocks the rest), no preemption.
 - `first-fit`: submission order, every job that fits starts (fractions packed by
   measured free memory), no preemption.
-- `hand-launched` (a replay baseline: people starting jobs by hand): submission order,
+- `hand-launched` (a replay baseline: people starting jobs by hand): the most urgent
+  level first (a person with urgent work takes the next free GPU), then submission order,
   whole GPUs only, every job that fits starts, no preemption; replay also holds each job
   back while its owner is away (the engine's `gate`).
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 
 from launcher import reasons as r
 from launcher.config import PolicyConfig
+from launcher.deadlines import DeadlineJob, jointly_feasible
 from launcher.gpustate import GpuInfo
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
 from launcher.quota import Budget
@@ -102,6 +104,8 @@ class Scheduler:
         # would have fit on what was free before the decision)
         self._why_cache: dict[tuple[int, float | None, int | None],
                               tuple[str, str] | None] = {}
+        # waiting deadline jobs that cannot make it together with the others (per decision)
+        self._deferred: set[int] = set()
 
     # -------------------------------------------------------------------------- health
 
@@ -244,6 +248,7 @@ class Scheduler:
         self._now = now
         self._index = {g.uuid: g.index for g in gpus}
         self._why_cache = {}
+        self._deferred = set()
         slots = self._slots(gpus, running, blocked, d)
         if self._idle and queued:
             self._share_idle(running, slots, d)
@@ -253,6 +258,16 @@ class Scheduler:
                 d.breakdowns[job.id] = priority(c, job, now, ledger)
             order = sorted(queued, key=lambda j: (-d.breakdowns[j.id].total,
                                                   j.submitted_at, j.id))
+            if c.deadline_order:
+                self._deferred = self._jointly_infeasible(queued, running, gpus, now)
+                order = self._least_slack_first(order, d, now)
+        elif c.name == "hand-launched":
+            # a person at the desk with urgent work takes the next free GPU themselves
+            # rather than queueing behind other people's older jobs: the most urgent
+            # level first, then submission order
+            order = sorted(queued, key=lambda j: (
+                -c.urgency_points(j.spec.urgency or c.default_urgency), j.submitted_at,
+                j.id))
         else:
             order = sorted(queued, key=lambda j: (j.submitted_at, j.id))
         d.order = [j.id for j in order]
@@ -347,7 +362,80 @@ class Scheduler:
                 else:
                     detail += "; preempting the lower-priority jobs would not free enough"
             d.waits[job.id] = (kind, r.cut(detail))
+        if c.name == "priority" and c.deadline_order:
+            for job in queued:
+                slack = self.slack(job, now)
+                if slack is not None and job.id in d.waits:
+                    kind, detail = d.waits[job.id]
+                    late = "deadline can no longer be met; waits in priority order" \
+                        if slack < 0 else ("deadline cannot be met together with the "
+                                           "other deadline jobs; waits in priority order"
+                                           if job.id in self._deferred
+                                           else f"deadline slack {slack / 3600:.1f} h")
+                    d.waits[job.id] = (kind, r.cut(f"{late}; {detail}"))
         return d
+
+    @staticmethod
+    def slack(job: JobRecord, now: float) -> float | None:
+        """Seconds the job can still wait and make its deadline (its estimated runtime,
+        else none known: 0); None for a job without a deadline."""
+        deadline = job.spec.deadline
+        if not isinstance(deadline, float):
+            return None
+        return deadline - now - (job.spec.expected_runtime or 0.0)
+
+    def _can_make_it(self, job: JobRecord, now: float) -> bool:
+        slack = self.slack(job, now)
+        return slack is not None and slack >= 0 and job.id not in self._deferred
+
+    def _jointly_infeasible(self, queued: Sequence[JobRecord], running: Sequence[JobRecord],
+                            gpus: Sequence[GpuInfo], now: float) -> set[int]:
+        """Waiting deadline jobs that cannot make it together with the others (running
+        deadline jobs first, with what their estimates say is left): deferred to the
+        priority order, so they do not hold places that jobs which can still make it
+        need. A fluid area test (launcher/deadlines.py); skipped past 64 jobs."""
+        timed = [j for j in queued if (self.slack(j, now) or -1.0) >= 0]
+        if not timed or len(timed) > 64 or not gpus:  # no GPUs read yet: nothing to judge
+            return set()
+        cands = []
+        for j in running:
+            left = self._running_slack(j)
+            if left is not None and isinstance(j.spec.deadline, float):
+                work = max(0.0, j.spec.deadline - now - left)
+                # a running job holds its GPUs until it ends, late or not
+                cands.append(DeadlineJob(f"r{j.id}", now, work, j.spec.gpu_share,
+                                         max(j.spec.deadline, now + work)))
+        for j in timed:
+            assert isinstance(j.spec.deadline, float)
+            cands.append(DeadlineJob(f"q{j.id}", now, j.spec.expected_runtime or 0.0,
+                                     j.spec.gpu_share, j.spec.deadline))
+        kept = jointly_feasible(cands, float(len(gpus)),
+                                pinned={c.key for c in cands if c.key.startswith("r")})
+        return {j.id for j in timed if f"q{j.id}" not in kept}
+
+    def _least_slack_first(self, order: list[JobRecord], d: Decision, now: float,
+                           ) -> list[JobRecord]:
+        """Within each band (urgency level and tier), deadline jobs take the band's
+        places first, least slack first; the band's other jobs follow in their priority
+        order, and the places the bands hold in the whole order do not move."""
+        bands: dict[tuple[str, float], list[int]] = {}
+        for i, job in enumerate(order):
+            b = d.breakdowns[job.id]
+            bands.setdefault((b.urgency_level, b.tier), []).append(i)
+        out = list(order)
+        for places in bands.values():
+            members = [order[i] for i in places]
+            # a job that can no longer make its deadline is deferred to the priority
+            # order: least slack first would otherwise put every late job ahead of the
+            # ones that can still make it (the domino effect of earliest deadline first)
+            timed = sorted((j for j in members if self._can_make_it(j, now)),
+                           key=lambda j: (self.slack(j, now), j.id))
+            if not timed:
+                continue
+            rest = [j for j in members if not self._can_make_it(j, now)]
+            for i, job in zip(places, [*timed, *rest], strict=True):
+                out[i] = job
+        return out
 
     # ------------------------------------------------------------------------- reasons
 
@@ -510,8 +598,11 @@ class Scheduler:
         idle = [v for v in preemptible if self._idle and v.spec.checkpoint_dir
                 and self._reclaimable(v)
                 and d.breakdowns[v.id].total - d.breakdowns[v.id].age <= mine]
+        mine_b = d.breakdowns[job.id]
         busy = [v for v in preemptible if v not in idle
-                and self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
+                and (self._outranks(mine_b, d.breakdowns[v.id])
+                     or self._deadline_may_take(job, v, d))
+                and not self._deadline_protected(v, job, d)]
         candidates = idle + busy
         if not candidates:
             return []
@@ -529,6 +620,50 @@ class Scheduler:
             if self._place(job, probe) is not None:
                 return chosen
         return []
+
+    def _running_slack(self, job: JobRecord) -> float | None:
+        """Slack of a running deadline job: its deadline - now - what its estimate says is
+        left of this run (progress of earlier runs not credited: errs on the safe side)."""
+        deadline = job.spec.deadline
+        if not isinstance(deadline, float):
+            return None
+        ran = self._now - (job.started_at or self._now)
+        return deadline - self._now - max(0.0, (job.spec.expected_runtime or 0.0) - ran)
+
+    def _has_room(self, victim: JobRecord, job: JobRecord) -> bool:
+        """Whether a running deadline job keeps more than the threshold of slack after
+        giving `job` its estimated runtime plus a grace period."""
+        slack = self._running_slack(victim)
+        need = (job.spec.expected_runtime or 0.0) + self.config.preempt_wait_seconds
+        return slack is not None and slack - need > self.config.deadline_preempt_slack_seconds
+
+    def _deadline_protected(self, victim: JobRecord, job: JobRecord,
+                            d: Decision) -> bool:
+        """A running job with a deadline is preempted only for a more urgent level, or by
+        a deadline job in trouble when it keeps enough slack itself (a waiter that merely
+        outranks it by age or fair share would make it miss)."""
+        if not self.config.deadline_order or self._running_slack(victim) is None:
+            return False
+        if d.breakdowns[job.id].urgency > d.breakdowns[victim.id].urgency:
+            return False
+        return not (self._in_trouble(job) and self._has_room(victim, job))
+
+    def _in_trouble(self, job: JobRecord) -> bool:
+        """Short of slack, but still able to make it (a late job preempts nobody)."""
+        slack = self.slack(job, self._now)
+        return (slack is not None and 0 <= slack <= self.config.deadline_preempt_slack_seconds
+                and job.id not in self._deferred)
+
+    def _deadline_may_take(self, job: JobRecord, victim: JobRecord, d: Decision) -> bool:
+        """A waiting deadline job whose slack has fallen under
+        `deadline_preempt_slack_seconds` may preempt a checkpointing job of the same or a
+        lower urgency level, whatever their priorities, when that job has no deadline or
+        keeps enough slack to make its own."""
+        if not self.config.deadline_order or not self._in_trouble(job):
+            return False
+        return (victim.spec.checkpoint_dir is not None
+                and d.breakdowns[victim.id].urgency <= d.breakdowns[job.id].urgency
+                and (self._running_slack(victim) is None or self._has_room(victim, job)))
 
     def _outranks(self, waiter: PriorityBreakdown, victim: PriorityBreakdown) -> bool:
         """May `waiter` preempt the busy `victim` (policy preempt_by)?"""

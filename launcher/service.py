@@ -340,7 +340,28 @@ class Service:
         except LauncherError as exc:
             return protocol.error("invalid", f"{source}: {exc}", exc.problems)
         self._after_tick()
-        return {"ok": True, "ids": list(ids), "names": [s.name for s in specs]}
+        return {"ok": True, "ids": list(ids), "names": [s.name for s in specs],
+                "timing": self._timing(ids)}
+
+    def _timing(self, ids: list[int]) -> list[dict[str, Any]]:
+        """Per job with a deadline or an estimate: the deadline as stored, the runtime
+        estimate and the earliest it could end (started now, on free GPUs), and the
+        submit-time warning when the deadline cannot be met (`submit` prints them)."""
+        now = self.engine.clock()
+        out: list[dict[str, Any]] = []
+        for job_id in ids:
+            rec = self.engine.store.get(job_id)
+            if rec is None or (rec.spec.deadline is None and rec.spec.expected_runtime is None):
+                continue
+            est = rec.spec.expected_runtime
+            out.append({"id": job_id, "deadline": rec.spec.deadline,
+                        "estimate_seconds": est,
+                        "started_at": rec.started_at,
+                        "earliest_finish": (rec.started_at or now) + est
+                        if est is not None else None,
+                        "warning": rec.wait_detail.split(";")[0]
+                        if rec.wait_detail.startswith("DEADLINE") else None})
+        return out
 
     def _queue(self, caller: Caller) -> dict[str, Any]:
         del caller  # the queue is public on the node, like squeue

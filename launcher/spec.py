@@ -39,6 +39,7 @@ from pydantic import (
 
 from gpu_audit.errors import ConfigError
 from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, validation_problems
+from launcher.deadlines import parse_deadline, parse_duration
 from launcher.limits import MAX_JOB_ID, SPEC
 
 # Before issue 24 an urgency was a number 0..10 (points = w_urgency x number); specs stored
@@ -122,6 +123,12 @@ class JobSpec(BaseModel):
     after: list[str | int] = Field(default_factory=list, max_length=SPEC.max_after)
     env: dict[str, str] = Field(default_factory=dict, max_length=SPEC.max_env)
     preempt_signal: str = "SIGUSR1"
+    # when the job must be done: absolute (epoch seconds / ISO 8601) or "HH:MM" (the next
+    # one after submission, the submitter's local time); the engine stores it absolute
+    deadline: float | str | None = None
+    # how long the job runs, in seconds ("4h", "90m" accepted): the user's estimate,
+    # used for slack when the launcher has no history of its own for the job
+    expected_runtime: float | None = None
 
     @field_validator("name")
     @classmethod
@@ -179,6 +186,16 @@ class JobSpec(BaseModel):
                     raise ValueError(f"job id {_short(dep)} is out of range "
                                      f"(1..{MAX_JOB_ID})")
         return v
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, v: object) -> object:
+        return None if v is None else parse_deadline(v)
+
+    @field_validator("expected_runtime", mode="before")
+    @classmethod
+    def _expected(cls, v: object) -> object:
+        return None if v is None else parse_duration(v)
 
     @field_validator("preempt_signal")
     @classmethod

@@ -6,8 +6,13 @@ GPUs really did), never from the engine's own bookkeeping.
   window (the week) and over the whole replay (until the last job ended); and the
   window's utilisation as a share of the demand ceiling (launcher/replay/demand.py: the
   most any scheduler could get out of these jobs in the window);
-- night completion: of the jobs submitted in the night (17:00-09:00, owner's time; not
-  notebooks) that could have ended by 09:00 on an empty node, the share that did;
+- deadline jobs met: jobs with a deadline (the trace's, or the site's evening default as
+  the engine resolved it), trainings (>= SHORT_SECONDS) apart from short jobs, and
+  overnight trainings (15:00-09:00, due the next 09:00) on their own line, each against
+  the jointly feasible ceiling (launcher/deadlines.py: how many could ALL make it);
+- night completion (kept for comparison; it flatters itself): of the jobs submitted in
+  the night (17:00-09:00, owner's time; not notebooks) that could have ended by 09:00 on
+  an empty node, the share that did;
 - idle-held GPU-hours: time a GPU was held by a process of ours (a job or a leak) while
   under IDLE_UTIL busy;
 - queue wait: first start - arrival, per urgency class (mean, p95); a job that never
@@ -23,13 +28,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpu_audit.rules import IDLE_UTILIZATION
-from launcher.replay.demand import demand_ceiling, earliest_finish, night_deadline
+from launcher.deadlines import DeadlineJob, jointly_feasible
+from launcher.replay.demand import NIGHT_UNTIL, demand_ceiling, earliest_finish, night_deadline
 from launcher.replay.executor import Interval, JobTruth
+from launcher.replay.people import parse_hhmm
 from launcher.replay.trace import URGENCIES, Trace
 
 IDLE_UTIL = IDLE_UTILIZATION
@@ -51,6 +58,26 @@ class WaitStats:
     mean_s: float
     p95_s: float
     never_started: int
+
+
+@dataclass
+class DeadlineFigure:
+    """One group of deadline jobs: how many there are, how many could meet their
+    deadline alone on an empty node, how many could ALL meet them together (the jointly
+    feasible ceiling), and how many did; `missed` names the jointly feasible ones that
+    did not."""
+
+    jobs: int = 0
+    alone: int = 0
+    jointly: int = 0
+    met: int = 0
+    met_of_joint: int = 0  # met jobs that are in the jointly feasible set
+    missed: list[str] = field(default_factory=list)
+
+    @property
+    def share_of_joint(self) -> float:
+        """Met, as a share of the jointly feasible ceiling (NaN when it is 0)."""
+        return self.met / self.jointly if self.jointly else math.nan
 
 
 @dataclass
@@ -81,6 +108,13 @@ class ReplayMetrics:
     night_could: int = 0  # night jobs that could have ended by 09:00
     night_did: int = 0  # ... and did
     refused: int = 0  # trace jobs the launcher refused at submission
+    # jobs with a deadline (their own, or the site's evening default), by their deadline:
+    # trainings (>= SHORT_SECONDS of runtime) apart from short jobs
+    deadline_long: DeadlineFigure = field(default_factory=DeadlineFigure)
+    deadline_short: DeadlineFigure = field(default_factory=DeadlineFigure)
+    # trainings submitted in the evening or night (OVERNIGHT_FROM-09:00, owner's time,
+    # every day of the week), due the next 09:00, whatever deadline the job had
+    overnight: DeadlineFigure = field(default_factory=DeadlineFigure)
 
     @property
     def preemption_loss_ratio(self) -> float:
@@ -102,6 +136,8 @@ class ReplayMetrics:
         out["preemption_loss_ratio"] = self.preemption_loss_ratio
         out["ceiling_share"] = self.ceiling_share
         out["night_completion"] = self.night_completion
+        for key in ("deadline_long", "deadline_short", "overnight"):
+            out[key]["share_of_joint"] = getattr(self, key).share_of_joint
         return out
 
 
@@ -160,10 +196,61 @@ def max_min_fair(demand: dict[str, float], total: float) -> dict[str, float]:
     return shares
 
 
+SHORT_SECONDS = 3600.0  # a job running less than this is a short (debug) job
+OVERNIGHT_FROM = parse_hhmm("15:00")
+
+
+def deadline_figure(trace: Trace, due: Mapping[str, float], finished: Mapping[str, float],
+                    names: Collection[str]) -> DeadlineFigure:
+    """The figure of the jobs `names` due at `due[name]` (trace seconds), finished at
+    `finished[name]` (missing: never)."""
+    soonest = earliest_finish(trace)
+    by_name = {j.name: j for j in trace.jobs}
+    cands = []
+    for name in names:
+        job = by_name[name]
+        wall = job.wall_seconds()
+        cands.append(DeadlineJob(name, soonest[name] - wall, wall, job.gpu_share,
+                                 due[name]))
+    joint = jointly_feasible(cands, float(trace.header.gpus))
+    met = {n for n in names if n in finished and finished[n] <= due[n] + 1e-6}
+    return DeadlineFigure(
+        jobs=len(cands), alone=sum(1 for c in cands if c.release + c.work <= c.deadline
+                                   + 1e-6),
+        jointly=len(joint), met=len(met), met_of_joint=len(met & joint),
+        missed=sorted(joint - met))
+
+
+def deadline_figures(trace: Trace, deadlines: Mapping[str, float],
+                     finished: Mapping[str, float]
+                     ) -> tuple[DeadlineFigure, DeadlineFigure, DeadlineFigure]:
+    """(deadline trainings, deadline short jobs, overnight trainings). Notebooks never
+    count: a session is not work that completes."""
+    work = [j for j in trace.jobs if not j.interactive]
+    timed = [j for j in work if j.name in deadlines]
+    long_ = deadline_figure(trace, deadlines, finished,
+                            [j.name for j in timed if j.runtime >= SHORT_SECONDS])
+    short = deadline_figure(trace, deadlines, finished,
+                            [j.name for j in timed if j.runtime < SHORT_SECONDS])
+    calendar = trace.calendar()
+    morning: dict[str, float] = {}
+    for j in work:
+        if j.runtime < SHORT_SECONDS:
+            continue
+        zone = trace.zone_of(j.user)
+        local = calendar.local(j.arrival, zone)
+        of_day = local.hour * 3600 + local.minute * 60 + local.second
+        if of_day >= OVERNIGHT_FROM or of_day < NIGHT_UNTIL:
+            morning[j.name] = calendar.next_local(j.arrival, NIGHT_UNTIL, zone)
+    overnight = deadline_figure(trace, morning, finished, list(morning))
+    return long_, short, overnight
+
+
 def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
             intervals: Sequence[Interval], started: dict[str, float | None],
             end: float, ticks: int = 0, refused: int = 0,
-            failed: Collection[str] = ()) -> ReplayMetrics:
+            failed: Collection[str] = (),
+            deadlines: Mapping[str, float] | None = None) -> ReplayMetrics:
     """Metrics of one replay. `started` maps each trace job's name to its first start
     (None: never started); `end` is when the replay stopped; `failed`: the jobs the
     launcher gave up on (failed, or cancelled because a step before them failed)."""
@@ -224,6 +311,8 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
                   for u in sorted(demand)}
 
     could, did = night_completion(trace, truth)
+    done = {t.trace.name: t.finished_at for t in truth.values() if t.finished_at is not None}
+    long_, short, overnight = deadline_figures(trace, deadlines or {}, done)
     return ReplayMetrics(
         policy=policy, gpus=header.gpus, window_s=window, end_s=end,
         demand_ceiling=demand_ceiling(trace), night_could=could, night_did=did,
@@ -238,7 +327,7 @@ def compute(policy: str, trace: Trace, truth: dict[int, JobTruth], *,
         jobs=len(trace.jobs), jobs_finished=finished, jobs_failed=gave_up,
         jobs_unfinished=len(trace.jobs) - finished - gave_up, makespan_s=last_exit,
         wait=wait, fairness_jain=jain, user_share=user_share, utilisation_hourly=hourly,
-        ticks=ticks)
+        ticks=ticks, deadline_long=long_, deadline_short=short, overnight=overnight)
 
 
 def night_completion(trace: Trace, truth: dict[int, JobTruth]) -> tuple[int, int]:

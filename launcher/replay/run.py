@@ -9,8 +9,9 @@ schedules, places or preempts.
 
 Each trace job is submitted at its arrival as its user would submit it (pipeline steps
 with `after:` naming the ids of the steps before them). The `hand-launched` baseline is
-the same engine with whole GPUs, no preemption, and a gate: a job starts only while its
-owner is at the desk (the trace's people), as in a lab without a launcher.
+the same engine with whole GPUs, no preemption, the most urgent level first, and a gate:
+a job starts only while its owner is at the desk (the trace's people), as in a lab
+without a launcher; a trace without people is refused for it (it would be first-fit).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpu_audit.errors import ConfigError
 from launcher import reasons as r
 from launcher.config import LauncherCoreConfig, PolicyName
 from launcher.engine import Engine, LauncherError
@@ -63,7 +65,10 @@ def job_spec(job: TraceJob, after: list[int] | None = None) -> JobSpec:
         gpu_fraction=job.gpu_fraction, gpu_memory_bytes=job.memory_bytes,
         urgency=job.urgency, user=job.user, project=job.project,
         checkpoint_dir=f"/replay/ckpt/{job.name}" if job.checkpoint_interval else None,
-        max_retries=job.max_retries, after=list(after or []))
+        max_retries=job.max_retries, after=list(after or []),
+        # the owner's estimate: the replay gives the job's true undisturbed wall time (an
+        # exact estimate, the best case for slack ordering; docs/REPLAY.md)
+        deadline=job.deadline, expected_runtime=job.wall_seconds())
 
 
 def presence_gate(presence: dict[str, Presence], calendar_note: Callable[[float], str],
@@ -80,6 +85,23 @@ def presence_gate(presence: dict[str, Presence], calendar_note: Callable[[float]
     return gate
 
 
+def presence_assumption(trace: Trace) -> str | None:
+    """What the hand-launched baseline would have to assume about presence, said in
+    words; None when every user of the trace has a person line (nothing assumed)."""
+    users = sorted({j.user for j in trace.jobs})
+    known = {p.person for p in trace.people}
+    missing = [u for u in users if u not in known]
+    if not missing:
+        return None
+    if len(missing) == len(users):
+        return ("the trace has no presence windows (no `person` lines): the hand-launched "
+                "baseline would replay everyone as always at the desk, i.e. first-fit on "
+                "whole GPUs, not a lab launching by hand")
+    return (f"{len(missing)} of {len(users)} users have no `person` line and count as "
+            f"always at the desk: {', '.join(missing[:8])}"
+            + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
 def config_for(policy: PolicyName, base: LauncherCoreConfig | None = None
                ) -> LauncherCoreConfig:
     base = base or LauncherCoreConfig()
@@ -88,10 +110,18 @@ def config_for(policy: PolicyName, base: LauncherCoreConfig | None = None
 
 def replay(trace: Trace, policy: PolicyName = "priority", *,
            config: LauncherCoreConfig | None = None, tick_seconds: float = 60.0,
-           horizon_windows: float = 4.0) -> ReplayRun:
+           horizon_windows: float = 4.0, assume_present: bool = False) -> ReplayRun:
     """Replay `trace` under `policy` (the rest of `config` the same for every policy).
     Stops when every job has ended and no GPU awaits release, or at
-    `horizon_windows` x the trace's window."""
+    `horizon_windows` x the trace's window.
+
+    The hand-launched baseline needs to know when people are in: a trace without any
+    presence windows is refused for it (ConfigError) unless `assume_present`, because
+    replaying everyone as always present silently turns the baseline into first-fit."""
+    if policy == "hand-launched" and not trace.people and not assume_present:
+        raise ConfigError(trace.header.trace, [
+            (presence_assumption(trace) or "") + "; add `person` lines (docs/REPLAY.md) "
+            "or pass --assume-present to replay it anyway"])
     wall0 = time.perf_counter()
     cfg = config_for(policy, config)
     header = trace.header
@@ -107,6 +137,9 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
                              lambda t: calendar.local(t).strftime("%a %H:%M"))
     engine = Engine(Store(":memory:"), Scheduler(cfg.policy), sim, executor, clock, cfg,
                     gate=gate)
+    days = trace.calendar()
+    zones = {u: trace.zone_of(u) for u in {j.user for j in trace.jobs}}
+    engine.local_time = lambda user, t: days.local(t, zones.get(user))
     users = sorted({j.user for j in trace.jobs})
     uids = {u: BASE_UID + i for i, u in enumerate(users)}
     jobs = list(trace.jobs)  # arrival order, pipeline steps after the steps they follow
@@ -157,7 +190,9 @@ def replay(trace: Trace, policy: PolicyName = "priority", *,
         if truth.starts:
             started[names[job_id]] = truth.starts[0]
     failed = {names[j.id] for j in engine.store.jobs(("failed", "cancelled", "timed_out"))}
+    deadlines = {names[j.id]: j.spec.deadline for j in engine.store.jobs()
+                 if isinstance(j.spec.deadline, float)}
     metrics = compute(policy, trace, executor.truth, intervals=executor.intervals,
                       started=started, end=end, ticks=ticks, refused=len(refused),
-                      failed=failed)
+                      failed=failed, deadlines=deadlines)
     return ReplayRun(metrics, engine, executor, time.perf_counter() - wall0, refused)

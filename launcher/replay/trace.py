@@ -105,6 +105,8 @@ class TraceJob(BaseModel):
     leaks: bool = False
     interactive: bool = False
     max_retries: int | None = Field(default=2, ge=0, le=100)  # None: the launcher's default
+    # when its owner needs it done, in trace seconds (None: no deadline of its own)
+    deadline: float | None = Field(default=None, gt=0)
 
     @field_validator("urgency")
     @classmethod
@@ -122,6 +124,8 @@ class TraceJob(BaseModel):
             raise ValueError("an interactive job does not checkpoint: drop checkpoint_interval")
         if (self.oom or self.exit_code != 1) and self.fails_at is None:
             raise ValueError("oom and exit_code describe a failure: set fails_at too")
+        if self.deadline is not None and self.deadline <= self.arrival:
+            raise ValueError("deadline must be after arrival")
         if self.exit_code == 75:
             raise ValueError("exit_code 75 means preempted, not a crash")
         return self

@@ -265,7 +265,9 @@ def test_the_replay_command_writes_its_report(tmp_path: Path,
     trace = _trace(_job("a", 0, runtime=HOUR), _job("b", 60, runtime=HOUR, urgency="urgent"))
     from launcher.replay.trace import dump_trace
 
-    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    path.write_bytes(dump_trace(trace.header, trace.jobs,
+                                [Person(person="a", present=((0.0, 86400.0),)),
+                                 Person(person="b", present=((0.0, 86400.0),))]))
     code = main(["launcher", "replay", str(path), "--policy", "priority", "--policy",
                  "hand-launched", "--report", str(tmp_path / "out")])
     out = capsys.readouterr().out
@@ -283,3 +285,102 @@ def test_a_daemon_refuses_the_hand_launched_baseline() -> None:
 
     with pytest.raises(ValidationError, match="replay baseline"):
         LauncherConfig.model_validate({"core": {"policy": {"name": "hand-launched"}}})
+
+
+def test_a_trace_without_presence_refuses_the_hand_launched_baseline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trap: a version-1 trace (no people) replayed by hand with everyone always
+    present is first-fit on whole GPUs, not a lab launching by hand. The replay refuses
+    it, the command skips it loudly (all policies) or refuses it (named), and replays it
+    only when told to assume presence, saying so."""
+    from gpu_audit.errors import ConfigError
+    from gpu_audit_app.cli import main
+    from launcher.replay.trace import dump_trace
+
+    trace = _trace(_job("a", 0, runtime=HOUR), _job("b", 60, runtime=HOUR))
+    with pytest.raises(ConfigError, match="no presence windows"):
+        replay(trace, "hand-launched")
+    assert replay(trace, "hand-launched", assume_present=True).metrics.jobs_finished == 2
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    capsys.readouterr()
+    assert main(["launcher", "replay", str(path)]) == 0
+    got = capsys.readouterr()
+    assert "hand-launched baseline SKIPPED" in got.err and "always at the desk" in got.err
+    assert "| metric | priority | first-fit | fifo-exclusive |" in got.out
+    assert main(["launcher", "replay", str(path), "--policy", "hand-launched"]) == 2
+    assert "no presence windows" in capsys.readouterr().err
+    assert main(["launcher", "replay", str(path), "--policy", "hand-launched",
+                 "--assume-present"]) == 0
+    assert "ASSUMES" in capsys.readouterr().err
+
+
+def test_a_person_at_the_desk_takes_the_next_free_gpu_for_urgent_work() -> None:
+    """By hand, someone with urgent work does not queue behind other people's older
+    jobs: when the running job ends, the urgent one (submitted last) starts first."""
+    everyone = tuple(Person(person=u, present=((0.0, 86400.0),))
+                     for u in ("run", "old1", "old2", "hot"))
+    trace = _trace(_job("run", 0, runtime=HOUR), _job("old1", 60, runtime=HOUR),
+                   _job("old2", 120, runtime=HOUR),
+                   _job("hot", 600, runtime=600.0, urgency="urgent"), people=everyone)
+    hand = replay(trace, "hand-launched", tick_seconds=60)
+    starts = {t.trace.name: t.starts[0] for t in hand.executor.truth.values()}
+    assert starts["hot"] == pytest.approx(HOUR, abs=120)
+    assert starts["old1"] > starts["hot"]
+
+
+def test_verdicts_compare_what_the_report_prints() -> None:
+    """"57.5 % vs 57.5 %" is not a miss: values that print the same are equal; a strict
+    bound ("< 10 min") is not met by a value that prints as the bound."""
+    from launcher.replay.report import _pct, verdict
+
+    assert verdict(0.57496, 0.575, True, _pct)
+    assert not verdict(0.5740, 0.575, True, _pct)
+    from launcher.replay.report import targets
+
+    m = replay(_trace(_job("a", 0, runtime=HOUR), _job("b", 0, runtime=HOUR)),
+               "first-fit").metrics
+    worse = m.__class__(**{**m.__dict__, "policy": "priority",
+                           "utilisation_window": m.utilisation_window - 1e-6})
+    rows = targets({"priority": worse, "first-fit": m})
+    row = next(r for r in rows if r["target"].startswith("priority at least as good as first"))
+    assert row["met"], row
+
+
+def test_deadline_jobs_are_counted_apart_from_short_ones_against_the_joint_ceiling(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two 3-hour trainings due at 04:00 on a 1-GPU node: each could make it alone, only
+    one can with the other; the short job is counted on its own line. The report shows
+    the joint ceiling beside the figure and puts the definitions first."""
+    trace = _trace(_job("t1", 0, runtime=3 * HOUR, deadline=4 * HOUR),
+                   _job("t2", 1, runtime=3 * HOUR, deadline=4 * HOUR),
+                   _job("dbg", 2, runtime=600.0, deadline=8 * HOUR), gpus=1)
+    m = replay(trace, "first-fit").metrics
+    assert (m.deadline_long.jobs, m.deadline_long.alone, m.deadline_long.jointly,
+            m.deadline_long.met) == (2, 2, 1, 1)
+    assert (m.deadline_short.jobs, m.deadline_short.met) == (1, 1)
+    assert m.deadline_long.share_of_joint == 1.0
+    paths = write_report(tmp_path, {"first-fit": m}, title="t")
+    md = paths[0].read_text()
+    assert md.index("## Definitions") < md.index("| metric |")
+    assert "| deadline trainings met / jointly feasible (alone, all) | 1 / 1 = 100.0 % (2, 2) |" \
+        in md
+
+
+def test_the_replay_command_applies_the_evening_deadline_to_a_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_audit_app.cli import main
+    from launcher.replay.trace import dump_trace
+
+    trace = _trace(_job("night", 20 * HOUR, runtime=3 * HOUR), _job("day", 10 * HOUR,
+                                                                   runtime=HOUR))
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(dump_trace(trace.header, trace.jobs))
+    assert main(["launcher", "replay", str(path), "--policy", "priority", "--json",
+                 "--set", "policy.evening_deadline=09:00"]) == 0
+    data = json.loads(capsys.readouterr().out)["policies"]["priority"]
+    assert data["deadline_long"]["jobs"] == 1 and data["deadline_long"]["met"] == 1
+    assert main(["launcher", "replay", str(path), "--set", "policy.nope=1",
+                 "--set", "bad"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.nope" in err and "'bad'" in err

@@ -1,0 +1,263 @@
+"""Time in the launcher: `deadline:` and `expected_runtime:` in the spec, resolved at
+submission (a local `HH:MM` is the next one; the site's evening default), a warning when
+the deadline cannot be met even on an empty node, runtime estimates from the user's
+history, least-slack-first ordering within a band, and the joint feasibility test."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from launcher.config import PolicyConfig
+from launcher.deadlines import DeadlineJob, jointly_feasible, parse_duration
+from launcher.gpustate import GIB, GpuInfo
+from launcher.policy import FairShareLedger
+from launcher.scheduler import Scheduler
+from launcher.spec import JobSpec, load_submission
+from launcher.store import JobRecord
+from tests.launcher.harness import Node
+
+HOUR = 3600.0
+# 2023-11-14 22:00 UTC: a Tuesday evening on the node's clock for these tests
+EVENING = dt.datetime(2023, 11, 14, 22, 0, tzinfo=dt.UTC).timestamp()
+
+
+def _utc(user: str, t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.UTC)
+
+
+def test_the_spec_takes_a_deadline_and_an_expected_runtime_and_names_every_bad_one() -> None:
+    spec = JobSpec(name="a", command="x", deadline="9:00", expected_runtime="4h")
+    assert (spec.deadline, spec.expected_runtime) == ("09:00", 4 * HOUR)
+    assert JobSpec(name="a", command="x",
+                   deadline="2026-03-04T09:00+01:00").deadline == pytest.approx(
+        dt.datetime(2026, 3, 4, 8, 0, tzinfo=dt.UTC).timestamp())
+    assert parse_duration("90m") == 5400.0 and parse_duration(120) == 120.0
+    from gpu_audit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as bad:
+        load_submission("name: a\ncommand: x\ndeadline: tomorrow\nexpected_runtime: soon\n")
+    text = str(bad.value)
+    assert "deadline" in text and "tomorrow" in text and "expected_runtime" in text
+
+
+def test_a_local_deadline_is_the_next_one_and_stored_absolute() -> None:
+    node = Node(gpus=1, now=EVENING)
+    node.engine.local_time = _utc
+    (job,) = node.submit("name: a\ncommand: x\ndeadline: '09:00'\nexpected_runtime: 2h\n")
+    assert node.rec(job).spec.deadline == pytest.approx(EVENING + 11 * HOUR)
+    queued = next(e for e in node.store.events(job) if e.kind == "queued")
+    assert queued.data["runtime_estimate"] == {"seconds": 2 * HOUR, "source": "the spec"}
+
+
+def test_the_evening_policy_gives_evening_jobs_the_next_morning_and_is_off_by_default(
+        ) -> None:
+    assert PolicyConfig().evening_deadline is None
+    off = Node(gpus=1, now=EVENING)
+    off.engine.local_time = _utc
+    (a,) = off.submit("name: a\ncommand: x\n")
+    assert off.rec(a).spec.deadline is None
+    on = Node(gpus=1, now=EVENING, policy=PolicyConfig(evening_deadline="09:00"))
+    on.engine.local_time = _utc
+    (b,) = on.submit("name: b\ncommand: x\n")
+    assert on.rec(b).spec.deadline == pytest.approx(EVENING + 11 * HOUR)
+    on.now = EVENING - 10 * HOUR  # 12:00: a day submission gets none
+    (c,) = on.submit("name: c\ncommand: x\n")
+    assert on.rec(c).spec.deadline is None
+
+
+def test_a_deadline_that_cannot_be_met_is_accepted_with_a_loud_warning() -> None:
+    """Accepted (the work may still be wanted), never silently: the reason and the
+    queued event say it cannot finish in time even on an empty node."""
+    node = Node(gpus=1, now=EVENING)
+    node.engine.local_time = _utc
+    (job,) = node.submit("name: a\ncommand: x\ndeadline: '23:00'\nexpected_runtime: 4h\n")
+    rec = node.rec(job)
+    assert rec.wait_detail.startswith("DEADLINE CANNOT BE MET: needs ~4.0 h, 1.0 h left")
+    queued = next(e for e in node.store.events(job) if e.kind == "queued")
+    assert queued.data["warning"].startswith("DEADLINE CANNOT BE MET")
+
+
+def test_a_runtime_estimate_comes_from_the_users_history_of_the_same_job() -> None:
+    node = Node(gpus=1, now=EVENING - 20 * HOUR)
+    node.engine.local_time = _utc
+    node.submit("name: train\ncommand: x\n")
+    node.run(2 * HOUR, step=60.0)  # the simulated job runs its default time
+    done = [j for j in node.store.jobs() if j.state == "succeeded"]
+    assert done, "the first run must have finished to be history"
+    took = (done[0].finished_at or 0) - (done[0].started_at or 0)
+    node.now = EVENING
+    (again,) = node.submit("name: train\ncommand: x\ndeadline: '09:00'\n")
+    est = next(e for e in node.store.events(again) if e.kind == "queued").data[
+        "runtime_estimate"]
+    assert est["seconds"] == pytest.approx(took)
+    assert est["source"] == "history: 1 run(s) of this name"
+
+
+def _rec(job_id: int, submitted: float, **spec: object) -> JobRecord:
+    s = JobSpec.model_validate({"name": f"j{job_id}", "command": "x", **spec})
+    return JobRecord(id=job_id, submission=job_id, spec=s, uid=1, user="u", state="queued",
+                     submitted_at=submitted, queued_at=submitted)
+
+
+def test_least_slack_first_within_a_band_and_other_bands_keep_their_places() -> None:
+    now = 100_000.0
+    queued = [
+        _rec(1, 0.0),  # oldest, no deadline
+        _rec(2, 50_000.0, deadline=now + 10 * HOUR, expected_runtime=2 * HOUR),
+        _rec(3, 60_000.0, deadline=now + 5 * HOUR, expected_runtime=4 * HOUR),
+        _rec(4, 99_000.0, urgency="urgent"),
+    ]
+    gpus = [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB, memory_used_bytes=0,
+                    temperature_c=40.0)]
+    d = Scheduler(PolicyConfig()).decide(now, queued, [], gpus, FairShareLedger(3600))
+    assert d.order == [4, 3, 2, 1]
+    d = Scheduler(PolicyConfig(deadline_order=False)).decide(
+        now, queued, [], gpus, FairShareLedger(3600))
+    assert d.order == [4, 1, 2, 3]
+
+
+def test_joint_feasibility_drops_what_cannot_make_it_together() -> None:
+    """Two 1-GPU jobs of 6 h due in 8 h fit a 1-GPU node only one at a time; the third,
+    alone impossible, is never counted."""
+    jobs = [DeadlineJob("a", 0, 6 * HOUR, 1.0, 8 * HOUR),
+            DeadlineJob("b", 0, 6 * HOUR, 1.0, 8 * HOUR),
+            DeadlineJob("c", 0, 1 * HOUR, 1.0, 2 * HOUR),
+            DeadlineJob("x", 0, 9 * HOUR, 1.0, 8 * HOUR)]
+    assert jointly_feasible(jobs, 1.0) in ({"a", "c"}, {"b", "c"})
+    assert jointly_feasible(jobs, 2.0) == {"a", "b", "c"}
+    quarter = [DeadlineJob(k, 0, 4 * HOUR, 0.25, 4 * HOUR) for k in "pqrs"]
+    assert jointly_feasible(quarter, 1.0) == set("pqrs")
+
+
+def _gpu() -> list[GpuInfo]:
+    return [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB, memory_used_bytes=0,
+                    temperature_c=40.0)]
+
+
+def _running(job_id: int, now: float, **spec: object) -> JobRecord:
+    rec = _rec(job_id, now - 50 * HOUR, **spec)
+    rec.state, rec.gpus, rec.started_at = "running", ["G0"], now - HOUR
+    return rec
+
+
+def test_a_deadline_job_in_trouble_preempts_checkpointing_work_without_a_deadline() -> None:
+    """Same urgency level, the running job older (it outranks the waiter by age): the
+    waiter whose slack is under the threshold still takes its GPU; with plenty of slack,
+    or with deadline order off, it does not."""
+    now = 500_000.0
+    config = PolicyConfig(preempt_wait_seconds=300, preempt_min_runtime_seconds=0)
+    victim = _running(9, now, checkpoint_dir="/ckpt/9")
+    tight = _rec(1, now - 400, deadline=now + 3 * HOUR, expected_runtime=2 * HOUR)
+    d = Scheduler(config).decide(now, [tight], [victim], _gpu(), FairShareLedger(3600))
+    assert d.preemptions == [(9, 1)]
+    loose = _rec(1, now - 400, deadline=now + 10 * HOUR, expected_runtime=2 * HOUR)
+    assert Scheduler(config).decide(now, [loose], [victim], _gpu(),
+                                    FairShareLedger(3600)).preemptions == []
+    off = config.model_copy(update={"deadline_order": False})
+    assert Scheduler(off).decide(now, [tight], [victim], _gpu(),
+                                 FairShareLedger(3600)).preemptions == []
+    uncheckpointed = _running(9, now)
+    assert Scheduler(config).decide(now, [tight], [uncheckpointed], _gpu(),
+                                    FairShareLedger(3600)).preemptions == []
+
+
+def test_a_running_deadline_job_is_not_preempted_by_age_alone() -> None:
+    """A normal job that outranks a running deadline job only by its age (w_age) would
+    make it miss: it waits. An urgent one still preempts it."""
+    now = 500_000.0
+    config = PolicyConfig(preempt_wait_seconds=300, preempt_min_runtime_seconds=0,
+                          preempt_by="priority")
+    victim = _running(9, now, checkpoint_dir="/ckpt/9", deadline=now + 6 * HOUR,
+                      expected_runtime=6 * HOUR)
+    victim.submitted_at = now - HOUR
+    old = _rec(1, now - 200 * HOUR)  # normal too, 200 h of age
+    d = Scheduler(config).decide(now, [old], [victim], _gpu(), FairShareLedger(3600))
+    assert d.preemptions == []
+    unprotected = Scheduler(config.model_copy(update={"deadline_order": False})).decide(
+        now, [old], [victim], _gpu(), FairShareLedger(3600))
+    assert unprotected.preemptions == [(9, 1)]
+    urgent = _rec(1, now - 400, urgency="urgent")
+    assert Scheduler(config).decide(now, [urgent], [victim], _gpu(),
+                                    FairShareLedger(3600)).preemptions == [(9, 1)]
+
+
+def test_a_job_that_can_no_longer_make_its_deadline_is_deferred_and_says_so() -> None:
+    """Least slack first would put every late job ahead of those that can still make it
+    (earliest deadline first's domino effect): a late one waits in priority order."""
+    now = 500_000.0
+    late = _rec(1, now - 60, deadline=now - 600.0, expected_runtime=HOUR)
+    can = _rec(2, now - 30, deadline=now + 3 * HOUR, expected_runtime=HOUR)
+    older = _rec(3, now - 7200)
+    d = Scheduler(PolicyConfig()).decide(now, [late, can, older], [], [], FairShareLedger(3600))
+    assert d.order == [2, 3, 1]
+    assert d.waits[1][1].startswith("deadline can no longer be met")
+    assert d.waits[2][1].startswith("deadline slack 2.0 h")
+
+
+def test_submit_prints_the_estimated_finish_the_deadline_and_the_warning(
+        tmp_path: Path) -> None:
+    """`gpu-audit launcher submit` answer: the earliest finish from the estimate, the
+    deadline as stored, and the warning when it cannot be met."""
+    import orjson
+
+    from gpu_audit_app.launcher_main import _render
+    from launcher.config import LauncherCoreConfig
+    from launcher.engine import Engine
+    from launcher.executor import ProcessExecutor
+    from launcher.peer import Caller
+    from launcher.protocol import parse_request
+    from launcher.service import Service
+    from launcher.sim.gpus import SimGpuSource
+    from launcher.store import Store
+    from launcher.telemetry import Telemetry
+
+    executor = ProcessExecutor(tmp_path / "state", switch_users=False)
+    store = Store(tmp_path / "l.db")
+    core = LauncherCoreConfig()
+    engine = Engine(store, Scheduler(core.policy), SimGpuSource(1), executor,
+                    lambda: EVENING, core)
+    engine.local_time = _utc
+    svc = Service(engine, store, executor, jobmap=None, audit=None, telemetry=Telemetry(),
+                  clock=lambda: EVENING)
+    caller = Caller(pid=2, uid=4242, gid=4242, groups=frozenset(), user="u", admin=False)
+    spec = "{name: a, command: [x], deadline: '23:00', expected_runtime: 4h}"
+    request = parse_request(orjson.dumps({"op": "submit", "spec": spec}))
+    assert not isinstance(request, dict)
+    answer = svc.handle(caller, request)
+    assert answer["ok"] is True, answer
+    (timing,) = answer["timing"]
+    assert timing["deadline"] == pytest.approx(EVENING + HOUR)
+    assert timing["earliest_finish"] == pytest.approx(EVENING + 4 * HOUR)
+    assert timing["warning"].startswith("DEADLINE CANNOT BE MET")
+    text = _render("submit", answer)
+    assert "estimated finish" in text and "WARNING: DEADLINE CANNOT BE MET" in text
+
+
+def test_deadline_jobs_that_cannot_all_make_it_together_defer_one_and_say_so() -> None:
+    """One GPU, two 3-hour jobs due in 4 h: each could make it alone, not both. The
+    one the joint test drops waits in priority order and its reason says why; the other
+    keeps its slack order. A running deadline job counts against the capacity."""
+    now = 500_000.0
+    a = _rec(1, now - 60, deadline=now + 4 * HOUR, expected_runtime=3 * HOUR)
+    b = _rec(2, now - 30, deadline=now + 4 * HOUR + 60, expected_runtime=3 * HOUR)
+    busy = [GpuInfo(uuid="G0", index=0, memory_total_bytes=80 * GIB,
+                    memory_used_bytes=80 * GIB, temperature_c=40.0)]  # another tenant's
+    d = Scheduler(PolicyConfig()).decide(now, [a, b], [], busy, FairShareLedger(3600))
+    kept = [j for j in (1, 2) if not d.waits[j][1].startswith("deadline cannot be met "
+                                                               "together")]
+    assert len(kept) == 1
+    deferred = 3 - kept[0]
+    assert d.waits[deferred][1].startswith("deadline cannot be met together with the other")
+    two = [_gpu()[0], GpuInfo(uuid="G1", index=1, memory_total_bytes=80 * GIB,
+                              memory_used_bytes=0, temperature_c=40.0)]
+    running = _running(9, now, deadline=now + 4 * HOUR, expected_runtime=4 * HOUR)
+    running.gpus = ["G1"]
+    d = Scheduler(PolicyConfig()).decide(now, [a, b], [running], two,
+                                         FairShareLedger(3600))
+    assert d.starts and len(d.starts) == 1  # one free GPU
+    waiting = [j for j in (1, 2) if j in d.waits]
+    assert len(waiting) == 1
+    assert d.waits[waiting[0]][1].startswith("deadline cannot be met together")
