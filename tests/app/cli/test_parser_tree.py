@@ -78,8 +78,9 @@ def _arguments(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
 ARGUMENTS = list(_arguments(build_parser()))
 FLAGS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._CountAction,
          argparse._StoreConstAction, argparse._AppendConstAction)
-# upper case, saying what the value is: FILE, DIR, URL, HOST:PORT, NAME|FILE, SOURCE[,SOURCE]
-METAVAR = re.compile(r"[A-Z][A-Z0-9_]*(?:[:|,.-][A-Z0-9_]+|\[[^\]]+\])*")
+# upper case, saying what the value is: FILE, DIR, URL, HOST:PORT, NAME|FILE, SOURCE[,SOURCE],
+# SECTION.KEY=VALUE
+METAVAR = re.compile(r"[A-Z][A-Z0-9_]*(?:[:|,.=-][A-Z0-9_]+|\[[^\]]+\])*")
 
 
 def _name(command: str, action: argparse.Action) -> str:
