@@ -42,8 +42,9 @@ from gpu_audit.yamlload import Loc, dotted, line_for, parse_yaml, read_text, val
 from launcher.deadlines import parse_deadline, parse_duration
 from launcher.limits import MAX_JOB_ID, SPEC
 
-# Before issue 24 an urgency was a number 0..10 (points = w_urgency x number); specs stored
-# then are read back as the level that number meant. A submission may no longer give one.
+# Before named urgency levels an urgency was a number 0..10 (points = w_urgency x
+# number); specs stored then are read back as the level that number meant. A submission
+# may no longer give one.
 LEGACY_URGENCY = ("low", "normal", "high", "urgent")
 URGENCY_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 

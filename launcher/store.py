@@ -38,7 +38,7 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed
 SCHEMA_VERSION = 4
 # What each older schema lacks, added in place when a newer daemon opens it (a lab's
 # queue survives the upgrade): version 1 had no wait reasons, no starting priority and
-# no usage window (issue 24).
+# no usage window.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN wait_reason TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN wait_detail TEXT NOT NULL DEFAULT ''",

@@ -1,5 +1,5 @@
 """A second, independently shaped lab week: people who launch their trainings before they
-go home. Written from issue 24's description of the lab the seed articles speak of (10
+go home. Written from the description of the lab the seed articles speak of (10
 people, 8 GPUs, overnight trainings submitted 16-19 h, debugging, idle notebooks), not
 from `generate.py`'s week, and with its own seed, so the replay's claims are checked on
 a second mix (docs/REPLAY.md says what each kind of job is).

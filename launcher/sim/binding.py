@@ -48,7 +48,7 @@ class SimGpuBinding(ProcessExecutor):
         # Every pid the attempt had, dead or alive: `pids()` of an ended job lists only
         # the live ones (what the release barrier needs on a real GPU), and a process that
         # exited between the engine's GPU read and this poll is already dead here. Asking
-        # `pids()` left it on its simulated GPU for good (issue 24, defect 1).
+        # `pids()` left it on its simulated GPU for good.
         attempts = {job: set(a.pids) for job, a in self._running.items()}
         exits = super().poll()
         for e in exits:

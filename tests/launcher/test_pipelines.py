@@ -1,4 +1,4 @@
-"""Pipelines that resume (issue 24, defects 4 and 5): `after:` on earlier jobs of the same
+"""Pipelines that resume: `after:` on earlier jobs of the same
 user, `retry` of a failed job with the dependents its failure cancelled, `restarted`
 (not `resumed`) for an attempt without a checkpoint, and a default retry budget for
 checkpointing jobs killed by a signal or out of memory."""

@@ -1,4 +1,4 @@
-"""Policy the admin sets (issue 24, defect 3): urgency levels are the admin's names with
+"""Policy the admin sets: urgency levels are the admin's names with
 points and groups; per-user and per-project limits (running GPUs, waiting jobs,
 GPU-hours per window); caps on jobs per submission and on a submission's size. Every
 refusal names the limit's configuration key."""

@@ -1,4 +1,4 @@
-"""Why each job waits (issue 24, defect 2): one current reason per waiting job, stored,
+"""Why each job waits: one current reason per waiting job, stored,
 with the numbers; a job that can never run is refused at submission instead."""
 
 from __future__ import annotations

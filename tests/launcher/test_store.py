@@ -116,7 +116,7 @@ def test_events_after_a_sequence_number_and_state_counts() -> None:
 
 def test_a_version_1_state_is_upgraded_in_place_and_its_jobs_read_back(
         tmp_path: Path) -> None:
-    """A lab's queue survives the upgrade of issue 24: a schema-1 database (no wait
+    """A lab's queue survives the upgrade to named urgency levels: a schema-1 database (no wait
     reasons, no usage window; urgency stored as a number) opens, gains the new columns
     and table, and its queued job reads back with the level its number meant."""
     import sqlite3

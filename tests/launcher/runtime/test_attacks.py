@@ -1,4 +1,4 @@
-"""Hostile local users against the real daemon through its real socket (issue 20).
+"""Hostile local users against the real daemon through its real socket.
 
 Every attack here runs in a process that has become an ordinary local user
 (tests/launcher/runtime/hostile.py), against `gpu-audit launcher serve` running as root,

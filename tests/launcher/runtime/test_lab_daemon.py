@@ -1,4 +1,4 @@
-"""Issue 24 end to end, through the real daemon and the real `gpu-audit launcher` command
+"""The lab policy end to end, through the real daemon and the real `gpu-audit launcher` command
 run as real users: what can never run is refused at submission (exit 2, the numbers
 named), a level restricted to a group is refused to others, `queue` says why each job
 waits and shows the running job's start, attempt, GPU and starting priority, the reason

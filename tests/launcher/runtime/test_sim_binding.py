@@ -1,6 +1,6 @@
 """Real jobs on simulated GPUs (`gpus: sim:N`): a job that ends must leave its GPU.
 
-The race of issue 24 (defect 1), reproduced deterministically: the engine reads the GPUs
+The race of a simulated GPU binding, reproduced deterministically: the engine reads the GPUs
 while the job still runs, the job exits before the engine polls, and the poll reaps it.
 The GPU source below makes exactly that happen (it ends the job right after its read
 and waits until the process has exited, unreaped); the engine's clock is injected, so
