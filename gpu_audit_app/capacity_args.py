@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import argparse
 
+from gpu_audit_app.chargeback_period import add_location_arguments, add_period_arguments
+
 SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch")
 BINS = {"hour": 3600.0, "day": 86400.0}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    when = p.add_argument_group("period (one of)")
-    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
-    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
-    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
+    add_period_arguments(p)
     p.add_argument("--source", default="archive", choices=SOURCES,
                    help="Where the fleet figures come from (default archive), as for "
                    "`gpu-audit chargeback`.")
-    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
-                   "archive and the sinks are.")
-    p.add_argument("--sink", metavar="NAME",
-                   help="The configured archive or search sink to read (its name, or its "
-                   "type when unnamed), when the configuration has more than one.")
+    add_location_arguments(p)
     p.add_argument("--prometheus-url", metavar="URL",
                    help="Prometheus-compatible query API, with --source prometheus.")
     p.add_argument("--bin", choices=sorted(BINS), default="day",

@@ -28,7 +28,7 @@ from chargeback.run import (
 )
 from chargeback.software import valid_key
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.chargeback_period import period
+from gpu_audit_app.chargeback_period import add_location_arguments, add_period_arguments, period
 
 
 def group_by_choice(text: str) -> str:
@@ -41,10 +41,7 @@ def group_by_choice(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    when = p.add_argument_group("period (one of)")
-    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
-    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
-    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
+    add_period_arguments(p)
     p.add_argument("--source", default=None, metavar="SOURCE",
                    choices=("prometheus", "archive", "elasticsearch", "opensearch"),
                    help="Where the usage comes from: prometheus (default), archive, "
@@ -54,11 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bills differ (e.g. --source prometheus --compare-with archive).")
     p.add_argument("--prometheus-url", metavar="URL",
                    help="Prometheus-compatible query API (Prometheus, VictoriaMetrics, ...).")
-    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
-                   "archive and the sinks are.")
-    p.add_argument("--sink", metavar="NAME",
-                   help="The configured archive or search sink to read (its name, or its "
-                   "type when unnamed), when the configuration has more than one.")
+    add_location_arguments(p)
     p.add_argument("--rates", metavar="FILE", help="Rates file (YAML; see "
                    "chargeback/examples/rates.yaml). Without it: a showback (GPU-hours and "
                    "energy, no cost).")

@@ -1,5 +1,6 @@
-"""The period of a bill, from `--month` or `--from`/`--to` (shared by `gpu-audit
-chargeback` and its `--group-by slurm` bill)."""
+"""The period of a bill, from `--month` or `--from`/`--to`, and where its records are
+(`--config`, `--sink`): the options `gpu-audit chargeback` (its `--group-by` bills too)
+and `gpu-audit capacity` share, defined once. Light: the parser imports it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ import re
 from datetime import UTC, datetime
 
 from gpu_audit.errors import ConfigError
+
+
+def add_period_arguments(p: argparse.ArgumentParser) -> None:
+    """--month, or --from and --to."""
+    when = p.add_argument_group("period (one of)")
+    when.add_argument("--month", metavar="YYYY-MM", help="A calendar month, UTC.")
+    when.add_argument("--from", dest="time_from", metavar="RFC3339", help="Start (inclusive).")
+    when.add_argument("--to", dest="time_to", metavar="RFC3339", help="End (exclusive).")
+
+
+def add_location_arguments(p: argparse.ArgumentParser) -> None:
+    """--config and --sink: the configuration and the sink to read records from."""
+    p.add_argument("--config", metavar="FILE", help="gpu-audit configuration: where the "
+                   "archive and the sinks are.")
+    p.add_argument("--sink", metavar="NAME",
+                   help="The configured archive or search sink to read (its name, or its "
+                   "type when unnamed), when the configuration has more than one.")
+
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 
