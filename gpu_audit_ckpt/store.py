@@ -155,7 +155,8 @@ class _HashingWriter:
         return self._hash.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -227,10 +228,10 @@ def commit(
             os.fsync(fh.fileno())
             _at("after_file_fsync")
         entries[name] = FileEntry(digest, hw.size)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     _at("before_rename")
     os.rename(tmp, final)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     _at("after_rename")
     created = time.time()
     body: dict[str, Any] = {
@@ -256,7 +257,7 @@ def commit(
     _at("after_manifest_write")
     os.rename(tmp_manifest, final / MANIFEST)
     _at("after_manifest_rename")
-    _fsync_dir(final)
+    fsync_dir(final)
     return Manifest(final, step, cursor, created, reason, entries, dict(meta or {}))
 
 

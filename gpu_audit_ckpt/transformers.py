@@ -40,21 +40,13 @@ from transformers import TrainerCallback
 from gpu_audit_ckpt.checkpointer import Checkpointer
 from gpu_audit_ckpt.constants import ENV_EVENTS_FILE
 from gpu_audit_ckpt.events import EventLog
-from gpu_audit_ckpt.store import FORMAT, FORMAT_VERSION
+from gpu_audit_ckpt.store import FORMAT, FORMAT_VERSION, fsync_dir
 
 SEAL = "gpu-audit-manifest.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 1 << 20
 # Progress is reported at every logging step and at least this often in between.
 REPORT_MAX_SECONDS = 30.0
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _files(directory: Path) -> list[Path]:
@@ -83,7 +75,7 @@ def seal(directory: Path, step: int, reason: str) -> int:
         digest, size = _hash_file(path, fsync=True)
         entries[path.relative_to(directory).as_posix()] = {"sha256": digest, "size": size}
     for sub in sorted({p.parent for p in directory.rglob("*") if p.is_file()}):
-        _fsync_dir(sub)
+        fsync_dir(sub)
     body = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "reason": reason,
             "files": entries}
     canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -94,7 +86,7 @@ def seal(directory: Path, step: int, reason: str) -> int:
         fh.flush()
         os.fsync(fh.fileno())
     os.rename(tmp, directory / SEAL)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return sum(int(e["size"]) for e in entries.values())
 
 
