@@ -92,12 +92,12 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
 
     rule_interval: the rules' evaluation interval (default the month's step, which
     must divide it). records: backfill only these rules (and the rules they read);
-    default all of alerts/rules/recording.yaml. The query lookback is one interval less
-    a second: backfilled series carry no staleness markers, so a series that stopped
-    must drop out at once. writer: writes the raw series as OpenMetrics to the path it
-    is given and returns the sample count (default: the month's); `month` then needs
-    only `start`, `end` and `step`. rule_file_in: the recording rule file (default the shipped
-    production rules).
+    default all of alerts/rules/recording.yaml. The lookback of the Prometheus
+    yielded is one interval less a second: backfilled series carry no staleness
+    markers, so a series that stopped must drop out at once. writer: writes the raw
+    series as OpenMetrics to the path it is given and returns the sample count
+    (default: the month's); `month` then needs only `start`, `end` and `step`.
+    rule_file_in: the recording rule file (default the shipped production rules).
     """
     from tests.promstack import need
     prometheus, promtool = need("prometheus"), need("promtool")
@@ -121,16 +121,22 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
         group["rules"] = _needed(group["rules"], records)
     rule_file = root / "rules.yaml"
     rule_file.write_text(yaml.safe_dump({"groups": [dict(group, interval=f"{interval}s")]}))
-    # promtool evaluates rules at an offset within the interval (a hash of the file
-    # path): a lookback of one interval less a second sees exactly the latest sample.
-    lookback = f"{interval - 1}s"
+    # promtool evaluates rules at an offset o in [0, interval) within each interval (a
+    # hash of the group name and file path, so of the temporary directory). While rules
+    # are backfilled, a lookback of one interval less a millisecond sees the latest raw
+    # sample whatever o is and never one a whole interval old. One interval less a
+    # second (what the bill's queries are served with, so a series that stopped drops
+    # out at once) missed every sample when o fell in the last second, about one
+    # temporary path in ten at 10 s, and left the period without rule samples.
+    backfill_lookback, lookback = f"{interval * 1000 - 1}ms", f"{interval - 1}s"
     # one query_range per block and rule: at most 11,000 points per series
     block_h = max(24, min(744, (10_000 * interval // 3600) // 24 * 24))
     log = root / "log.txt"
-    proc, url = _start(prometheus, root, rule_file, lookback, log)
+    proc, url = _start(prometheus, root, rule_file, backfill_lookback, log)
     t0 = time.perf_counter()
     try:
-        for k, rules in enumerate(_levels(group["rules"])):
+        levels = _levels(group["rules"])
+        for k, rules in enumerate(levels):
             # one path and group name for every round: promtool offsets evaluations
             # by a hash of them, and a rule must read the rules below at its own instants
             level_file = root / "level.yaml"
@@ -147,7 +153,9 @@ def backfilled_prometheus(tmp: Path, month: Month, rule_interval: int | None = N
             for block in out.iterdir():
                 shutil.move(str(block), root / "tsdb" / block.name)
             _stop(proc)
-            proc, url = _start(prometheus, root, rule_file, lookback, log)
+            last = k == len(levels) - 1
+            proc, url = _start(prometheus, root, rule_file,
+                               lookback if last else backfill_lookback, log)
         timings["backfill_rules"] = time.perf_counter() - t0
         yield Backfilled(url, samples, timings)
     finally:

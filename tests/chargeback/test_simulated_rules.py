@@ -28,12 +28,6 @@ STEP = 10
 SPAN = 600
 
 
-# Known flaky (about half of full runs, never alone): promtool offsets the backfilled rule
-# evaluations by a hash of the temporary path, and at some offsets the 10 s rules leave the
-# period without any rule sample, so the source reports "rules missing". Not strict so
-# CI measures it without hiding a pass; the fix (a fixed evaluation offset or a wider
-# lookback in tests/chargeback/promfill.py) is open work.
-@pytest.mark.xfail(strict=False, reason="flaky promtool rule-backfill offset at 10 s steps")
 def test_simulated_series_in_the_rules_are_not_billed(tmp_path: Path) -> None:
     om = OpenMetrics()
     t0 = START.timestamp()
