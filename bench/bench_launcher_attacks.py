@@ -35,7 +35,11 @@ daemon's peak RSS (VmHWM) and the growth of its database (launcher.db with its W
 - amplification: 16 submissions of a 258 KB pipeline whose top-level env (250 x 1,000
   characters) would be copied into 100 jobs, then 16 of the largest that is accepted (8
   jobs); then a restart and one `status` from a user with no jobs;
-- connect_close: four processes connect and close as fast as they can for 30 s;
+- connect_close: four processes connect and close as fast as they can for 30 s, on the
+  common socket (connect_close_own: on bob's own socket); root and alice used the
+  launcher before, so they have their own sockets;
+- first_contact: alice's first three calls (the first through the common socket) while
+  bob floods it;
 - projects: bob writes `project: vision` (a project of alice's group) to fill its cap;
 - cpu_jobs: bob submits 600 `gpus: 0` jobs (6 x 100) that each run 3 processes;
 - socket_dir: `launcher serve` run by hand creates its socket's directory; can alice
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pwd
 import shutil
 import statistics
 import threading
@@ -60,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from launcher.protocol import ProtocolError, call
+from launcher.protocol import ProtocolError, call, user_socket_path
 from tests.launcher.runtime.daemon import REPO, LauncherDaemon
 from tests.launcher.runtime.hostile import Holding
 from tests.launcher.runtime.users import (
@@ -348,14 +353,47 @@ def amplification(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
         _done(d, home)
 
 
-def connect_close(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+def connect_close(repo: Path, extra: dict[str, Any] | None, *, own: bool = False,
+                  ) -> dict[str, Any]:
+    """bob's four connect/close loops on the common socket (own: on his own socket);
+    root and alice have used the launcher before, as a node's users have."""
     d, home = _daemon(repo, extra)
     try:
-        with Holding(BOB, "connect_close", d.socket, 4, 120):
+        d.ask({"op": "ping"})
+        d.client(ALICE, "queue")
+        d.client(BOB, "queue")
+        target = d.socket
+        bobs = user_socket_path(d.socket, pwd.getpwnam(BOB).pw_uid)
+        if own and bobs.exists():  # an older daemon has no own sockets: the common one
+            target = bobs
+        with Holding(BOB, "connect_close", target, 4, 120):
             out = _measure(d, 30.0, 15)
             out["peak_rss_mb"] = _peak_mb(d)
         out["alive"] = d.alive()
+        out["flooded"] = "bob's own socket" if target == bobs else "the common socket"
         return out
+    finally:
+        _done(d, home)
+
+
+def connect_close_own(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    return connect_close(repo, extra, own=True)
+
+
+def first_contact(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """alice's very first call (no own socket yet) while bob floods the common socket:
+    the one call that must still queue behind the flood."""
+    d, home = _daemon(repo, extra)
+    try:
+        with Holding(BOB, "connect_close", d.socket, 4, 120):
+            time.sleep(2.0)
+            calls = []
+            for _ in range(3):
+                t = time.perf_counter()
+                r = d.client(ALICE, "queue", check=False, timeout=60)
+                calls.append({"ms": round((time.perf_counter() - t) * 1000, 1),
+                              "ok": r.returncode == 0})
+        return {"alice_calls": calls, "alive": d.alive()}
     finally:
         _done(d, home)
 
@@ -422,7 +460,8 @@ def socket_dir(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
 
 LOAD: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {
     "events_flood": events_flood, "amplification": amplification,
-    "connect_close": connect_close, "projects": projects, "cpu_jobs": cpu_jobs,
+    "connect_close": connect_close, "connect_close_own": connect_close_own,
+    "first_contact": first_contact, "projects": projects, "cpu_jobs": cpu_jobs,
     "socket_dir": socket_dir}
 
 SCENARIOS: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {

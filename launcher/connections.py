@@ -17,6 +17,12 @@ and one answer (launcher.protocol), and everything it may cost is bounded
 - time: a client has `request_timeout_seconds` to send its request and
   `write_timeout_seconds` to read its answer, or it is dropped. Answers are written as
   the socket takes them; the loop never waits for a client;
+- queues: after a uid's first connection through the common socket, the daemon gives
+  it a listening socket of its own (launcher.usersockets, `own_socket`), which its
+  client uses from then on; a uid over its connect rate on its own socket has that
+  socket left out of the loop for 50 ms..2 s (its flood waits in its own kernel
+  queue), and a flood of the common socket is accepted in batches 20 ms apart, so
+  the loop keeps its CPU for the users on their own sockets;
 - accept() failing for want of files or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) is
   logged once per episode, counted, and accepting pauses with a growing backoff (50 ms to
   1 s) while the open connections are served and time out.
@@ -50,12 +56,18 @@ log = logging.getLogger(__name__)
 # ConnectionLoop.reply(token, answer); the token is the handler's second argument.
 Handler = Callable[[Caller, bytes, object], dict[str, Any] | None]
 Identify = Callable[[socket.socket], Caller]
+# A uid's first connection through the common socket -> a new listening socket of that
+# uid's own (launcher.usersockets), or None.
+OwnSocket = Callable[[int], socket.socket | None]
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPTS_PER_ROUND = 256  # so reading, writing and the engine keep their turns in a flood
 _UCRED = struct.Struct("3i")
 _RATE_UIDS = 4096  # uids whose connect rate is remembered at once (bounded memory)
 _SWEEP_EVERY = 0.05
+_OWN_PAUSE_MIN, _OWN_PAUSE_MAX = 0.05, 2.0  # a uid over its rate on its own socket
+_FLOOD_REFUSALS = 32  # refused for rate in one round on the common socket: a flood
+_COMMON_PAUSE = 0.02  # ... which is then accepted in batches this far apart
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
@@ -75,6 +87,19 @@ class _Conn:
     @property
     def held(self) -> int:
         return len(self.rbuf) + len(self.out) - self.sent
+
+
+@dataclass(eq=False)
+class _Listener:
+    """A listening socket: the common one (uid None) or one uid's own
+    (launcher.usersockets), with its pause: a listener out of the selector is left to
+    its kernel queue until `resume`."""
+
+    sock: socket.socket
+    uid: int | None
+    registered: bool = True
+    resume: float = 0.0
+    backoff: float = 0.0
 
 
 class _LogOnce:
@@ -99,23 +124,24 @@ class ConnectionLoop:
 
     def __init__(self, listener: socket.socket, handle: Handler, identify: Identify, *,
                  limits: DaemonLimits, stats: LoopStats,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._listener = listener
+                 clock: Callable[[], float] = time.monotonic,
+                 own_socket: OwnSocket | None = None) -> None:
+        self._main = _Listener(listener, None)
+        self._listeners = [self._main]
+        self._own_socket = own_socket
         self._handle = handle
         self._identify = identify
         self.limits = limits
         self.stats = stats
         self._clock = clock
         self._sel = selectors.DefaultSelector()
-        self._sel.register(listener, _READ, None)
-        self._listening = True
+        self._sel.register(listener, _READ, self._main)
         self._conns: set[_Conn] = set()
         self._per_uid: dict[int, int] = {}
         self._uid_bytes: dict[int, int] = {}
         self._buffered = 0
         self._all_paused = False
         self._keepers: set[_Conn] = set()  # read even over a budget (see _budget)
-        self._accept_resume = 0.0
         self._accept_backoff = 0.0
         self._accept_failures = 0
         self._accept_logged = False
@@ -136,15 +162,16 @@ class ConnectionLoop:
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for I/O and handle what came; enforce deadlines."""
         now = self._clock()
-        if not self._listening:
-            if now >= self._accept_resume:
-                self._sel.register(self._listener, _READ, None)
-                self._listening = True
-            else:
-                timeout = min(timeout, self._accept_resume - now)
+        for lst in self._listeners:
+            if not lst.registered:
+                if now >= lst.resume:
+                    self._sel.register(lst.sock, _READ, lst)
+                    lst.registered = True
+                else:
+                    timeout = min(timeout, lst.resume - now)
         for key, mask in self._sel.select(max(0.0, timeout)):
-            if key.data is None:
-                self._accept()
+            if isinstance(key.data, _Listener):
+                self._accept(key.data)
                 continue
             if callable(key.data):
                 key.data()
@@ -173,22 +200,36 @@ class ConnectionLoop:
             self._sel.register(token.sock, _WRITE, token)
             self._answer(token, response, registered=True)
 
+    @property
+    def own_sockets(self) -> int:
+        """Listening sockets of single uids (launcher.usersockets)."""
+        return len(self._listeners) - 1
+
     def close(self) -> None:
-        """Close every client connection (the listener is the caller's)."""
+        """Close every client connection (the listeners are the caller's)."""
         for conn in list(self._conns):
             self._close(conn)
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.unregister(self._listener)
+        for lst in self._listeners:
+            if lst.registered:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(lst.sock)
         self._sel.close()
 
     # --- accept --------------------------------------------------------------------------
 
-    def _accept(self) -> None:
+    def _pause(self, lst: _Listener, seconds: float) -> None:
+        lst.resume = self._clock() + seconds
+        if lst.registered:
+            self._sel.unregister(lst.sock)
+            lst.registered = False
+
+    def _accept(self, lst: _Listener) -> None:
+        over_rate = 0
         for _ in range(_ACCEPTS_PER_ROUND):
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = lst.sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:
                     continue
@@ -200,7 +241,26 @@ class ConnectionLoop:
                              self._accept_failures)
                 self._accept_failures, self._accept_logged = 0, False
                 self._accept_backoff = 0.0
-            self._admit(sock)
+            uid = self._admit(sock, lst)
+            if uid is None:
+                continue
+            over_rate += 1
+            if lst.uid is not None:
+                # one uid over its rate on its own socket: stop listening there for a
+                # while; its flood waits in its own kernel queue, at no cost to anyone
+                lst.backoff = min(_OWN_PAUSE_MAX, max(_OWN_PAUSE_MIN, lst.backoff * 2))
+                if self._notes.first(("own_paused", lst.uid), self._clock()):
+                    log.warning("uid %d is over its connect rate on its own socket: not "
+                                "listening there for %.2g s at a time while it lasts",
+                                lst.uid, lst.backoff)
+                self._pause(lst, lst.backoff)
+                return
+        if lst.uid is not None:
+            lst.backoff = 0.0
+        elif over_rate >= _FLOOD_REFUSALS:
+            # the common socket flooded: accept it in paced batches, so the loop keeps
+            # CPU for everyone on their own sockets (a first contact waits a moment)
+            self._pause(lst, _COMMON_PAUSE)
 
     def _accept_failed(self, exc: OSError) -> None:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
@@ -216,10 +276,8 @@ class ConnectionLoop:
                       len(self._conns))
         self._accept_failures += 1
         self._accept_backoff = min(1.0, max(0.05, self._accept_backoff * 2))
-        self._accept_resume = self._clock() + self._accept_backoff
-        if self._listening:
-            self._sel.unregister(self._listener)
-            self._listening = False
+        for lst in self._listeners:
+            self._pause(lst, self._accept_backoff)
 
     def _over_rate(self, uid: int) -> bool:
         """A token bucket per uid: per_uid_connect_rate new connections a second, bursts
@@ -236,7 +294,8 @@ class ConnectionLoop:
         self._rate[uid] = (tokens - 1.0, now)
         return False
 
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, lst: _Listener) -> int | None:
+        """Take a new connection; the uid when it was refused for its connect rate."""
         sock.setblocking(False)
         try:
             # the uid alone first (one getsockopt): a uid over its connect rate costs
@@ -245,32 +304,39 @@ class ConnectionLoop:
                                                       _UCRED.size))
         except OSError:
             sock.close()
-            return
+            return None
         if self._over_rate(uid):
             self._refuse(sock, uid, "per_uid_rate", f"too many new connections from uid "
                                                     f"{uid}: at most "
                                                     f"{self.limits.per_uid_connect_rate:g} a "
                                                     "second; try again")
-            return
+            return int(uid)
         try:
             caller = self._identify(sock)
         except OSError as exc:
             log.warning("client without peer credentials refused: %s", exc)
             sock.close()
-            return
+            return None
         uid = caller.uid
+        if lst.uid is None and self._own_socket is not None:
+            own = self._own_socket(uid)  # None when it has one (or may not have one)
+            if own is not None:
+                mine = _Listener(own, uid)
+                self._listeners.append(mine)
+                self._sel.register(own, _READ, mine)
         if len(self._conns) >= self.limits.max_connections:
             self._refuse(sock, uid, "total",
                          f"too many connections: {self.limits.max_connections}")
-            return
+            return None
         if self._per_uid.get(uid, 0) >= self.limits.per_uid_connections:
             self._refuse(sock, uid, "per_uid", f"too many connections for uid {uid}: "
                                                f"{self.limits.per_uid_connections}")
-            return
+            return None
         conn = _Conn(sock, caller, self._clock() + self.limits.request_timeout_seconds)
         self._conns.add(conn)
         self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
         self._sel.register(sock, _READ, conn)  # parked by _budget if over a budget
+        return None
 
     def _refuse(self, sock: socket.socket, uid: int, reason: str, message: str) -> None:
         self.stats.refused(reason)

@@ -85,6 +85,12 @@ class DaemonLimits(BaseModel):
         description="Connections the kernel queues for the daemon before it accepts them "
         "(capped by net.core.somaxconn); a connection finding the queue full waits in the "
         "client, which retries for a few seconds before saying the daemon is busy.")
+    max_user_sockets: int = Field(
+        default=512, ge=0, le=65536,
+        description="Listening sockets of single users the daemon keeps beside the common "
+        "one (<socket>.d/<uid>, made after a user's first connection, used by the client "
+        "from then on), so one user's connection flood queues in front of nobody else; "
+        "one descriptor each; past it users share the common socket; 0: off.")
     max_request_bytes: int = Field(
         default=1 * MIB, ge=4 * KIB, le=64 * MIB,
         description="Bytes of one request (one JSON line, a submission's YAML included); "

@@ -15,14 +15,18 @@ the daemon takes it from the socket (launcher.peer).
 
 `call()` is the client side: it writes the request while reading, so an answer that
 comes before the request is fully sent (a request too large) is read and reported
-(`RequestTooLarge`) instead of the client dying on a broken pipe.
+(`RequestTooLarge`) instead of the client dying on a broken pipe. It connects through
+the uid's own socket beside the common one when the daemon made one
+(`user_socket_path`, launcher.usersockets), else through the common socket.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import selectors
 import socket
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -207,13 +211,56 @@ def _connect_once(path: Path, timeout: float) -> socket.socket:
     return s
 
 
+def user_socket_dir(path: Path) -> Path:
+    """Where the daemon listening on `path` keeps its per-user sockets."""
+    return path.with_name(path.name + ".d")
+
+
+def user_socket_path(path: Path, uid: int) -> Path:
+    """The socket the daemon at `path` listens on for `uid` alone
+    (launcher.usersockets): a flood in someone else's queue is not in front of it."""
+    return user_socket_dir(path) / str(uid)
+
+
+def _own_socket(path: Path) -> Path | None:
+    """This uid's own socket beside `path`, when the daemon made one for it (owned by
+    this uid, or by root for root): anything else there is not used."""
+    uid = os.geteuid()
+    own = user_socket_path(path, uid)
+    try:
+        st = os.lstat(own)
+    except OSError:
+        return None
+    return own if stat.S_ISSOCK(st.st_mode) and st.st_uid == uid else None
+
+
 def _connect(path: Path, timeout: float) -> socket.socket:
-    """A connection to the daemon; a full listen queue (EAGAIN) is retried with a growing
-    pause for up to BUSY_RETRY_SECONDS, then reported as the daemon being busy."""
+    """A connection to the daemon, through this uid's own socket when the daemon made
+    one (a stale one falls back to the common socket); a full listen queue (EAGAIN) is
+    retried with a growing pause for up to BUSY_RETRY_SECONDS, then reported as the
+    daemon being busy."""
     deadline = time.monotonic() + min(timeout, BUSY_RETRY_SECONDS)
     pause = 0.01
+    own = _own_socket(path)
     while True:
         left = max(0.05, deadline - time.monotonic())
+        if own is not None:
+            try:
+                return _connect_once(own, min(left, 1.0))
+            except (FileNotFoundError, ConnectionRefusedError, PermissionError):
+                own = None  # a dead daemon's, or taken away: the common socket
+                continue
+            except OSError as exc:
+                # its own queue is full (this uid over its rate): wait like below
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) \
+                        and not isinstance(exc, TimeoutError):
+                    own = None
+                    continue
+                if time.monotonic() >= deadline:
+                    raise DaemonBusy(_busy(path)) from None
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.5)
+                continue
         try:
             return _connect_once(path, min(left, 1.0))
         except FileNotFoundError:

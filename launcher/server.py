@@ -20,6 +20,8 @@ there is removed by name relative to it (never following a link), the mode comes
 the umask at bind and the group from fchownat without following links. A directory
 made for it is chmod'ed explicitly (0755, never the daemon's 077 umask); an existing
 one the users socket_mode admits could not search is refused with the fix named.
+Beside it, each user gets a socket of their own after their first connection
+(launcher.usersockets), so no user's flood queues in front of another's connection.
 
 This module must never run a job or a client request as root on someone's behalf, never
 wait on a client, and never let a bad request take the daemon down (it gets an error
@@ -49,6 +51,7 @@ from launcher.privileges import drop_ambient, raise_nofile, raise_priority
 from launcher.safefs import UnsafePath, open_dir
 from launcher.service import Service
 from launcher.submissions import SubmissionReader
+from launcher.usersockets import UserSockets
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class Daemon:
         self._dirfd: int | None = None
         self._bound_ino: int | None = None
         self._loop: ConnectionLoop | None = None
+        self._users: UserSockets | None = None
         self._reader: SubmissionReader | None = None
         self._pending: dict[object, tuple[Caller, protocol.Request]] = {}
         self._last_tick_error: str | None = None
@@ -151,10 +155,12 @@ class Daemon:
             signal.signal(signum, self.request_stop)
         self.service.start()
         self._listener = self._bind()
+        self._users = UserSockets(self.socket_path, cap=self.limits.max_user_sockets)
+        self._users.open()
         self._loop = ConnectionLoop(
             self._listener, self._handle,
             lambda sock: peer_of(sock, admin=self._admin),
-            limits=self.limits, stats=self.stats)
+            limits=self.limits, stats=self.stats, own_socket=self._users.ensure)
         self._reader = SubmissionReader(
             timeout_seconds=self.limits.submit_timeout_seconds,
             levels=list(self.service.engine.scheduler.config.urgency_levels),
@@ -230,6 +236,8 @@ class Daemon:
             self._reader.close()
         if self._listener is not None:
             self._listener.close()
+        if self._users is not None:
+            self._users.close()
         if self._dirfd is not None:
             with contextlib.suppress(OSError):
                 st = os.stat(self.socket_path.name, dir_fd=self._dirfd, follow_symlinks=False)

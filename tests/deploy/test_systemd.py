@@ -27,7 +27,7 @@ INSTALLED_BIN = "/opt/gpu-audit/bin/gpu-audit"
 MAX_EXPOSURE = {"gpu-audit-exporter.service": 2.5, "gpu-audit-shipper.service": 1.8,
                 "gpu-audit-launcher.service": 5.5,
                 "gpu-audit-launcher-dedicated.service": 5.2}
-LAUNCHER_CAPS = {"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN"}
+LAUNCHER_CAPS = {"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_SYS_NICE"}
 
 
 def unit(path: Path) -> configparser.RawConfigParser:

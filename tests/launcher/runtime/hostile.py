@@ -16,6 +16,7 @@ are in place, then wait):
 - `connect_close SOCKET PROCS SECONDS`: PROCS processes each connect and close at once,
   as fast as they can, for SECONDS (or until the test leaves the block); the result
   counts the connects that got in and those refused with EAGAIN.
+- `connect_to SOCKET`: one connection; "ok" or the errno's name.
 - `plant_links DIR NAME=TARGET...`: replace NAME in DIR with a symbolic link to TARGET;
   report which succeeded and the error of the others.
 """
@@ -275,8 +276,18 @@ def connect_close(path: str, procs: str, seconds: str) -> None:
         os.waitpid(pid, 0)
 
 
+def connect_to(path: str) -> None:
+    """One connection to PATH: "ok" or the errno's name."""
+    got = _connect(path)
+    if isinstance(got, str):
+        print(json.dumps({"result": got}))
+        return
+    got.close()
+    print(json.dumps({"result": "ok"}))
+
+
 ATTACKS: dict[str, Callable[..., None]] = {
-    "connect_close": connect_close,
+    "connect_close": connect_close, "connect_to": connect_to,
     "flood": flood, "big_lines": big_lines, "non_readers": non_readers,
     "plant_links": plant_links,
 }

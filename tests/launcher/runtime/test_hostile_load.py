@@ -3,7 +3,8 @@ users against the real daemon (tests/launcher/runtime/daemon.py, hostile.py):
 
 - a job's own events file flooded with checkpoint and anomaly lines;
 - a pipeline whose shared defaults are copied into every one of its jobs;
-- a connect/close loop that keeps the listen backlog full;
+- a connect/close loop that keeps the listen backlog full (of the common socket, or of
+  the user's own);
 - a `project:` naming a project its user is no member of;
 - hundreds of CPU-only jobs at once;
 - a daemon started by hand that creates its own socket directory.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import sqlite3
 import stat
@@ -24,8 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.protocol import user_socket_dir, user_socket_path
 from tests.launcher.runtime.daemon import LauncherDaemon
-from tests.launcher.runtime.hostile import Holding
+from tests.launcher.runtime.hostile import Holding, as_user
 from tests.launcher.runtime.users import ALICE, BOB, job_python, local_user
 from tests.polling import wait_for
 
@@ -138,6 +141,58 @@ def test_a_connect_close_loop_locks_nobody_out(home: Path) -> None:
         metrics = d.scrape()
         assert 'gpu_audit_launcher_connections_refused_total{reason="per_uid_rate"}' \
             in metrics
+    finally:
+        d.stop()
+
+
+def test_each_user_gets_a_socket_of_their_own_that_nobody_else_may_use(home: Path) -> None:
+    """After a user's first call, the daemon listens for that uid alone on
+    `<socket>.d/<uid>` (owned by the uid, 0600, in the daemon's own 0755 directory), so a
+    flood of the common socket's single queue is not in front of their next call; another
+    user cannot connect to it. What a dead daemon left in the directory is removed at start,
+    never followed."""
+    own_dir = user_socket_dir(home / "launcher.sock")
+    own_dir.mkdir(mode=0o755)
+    outside = home / "outside.txt"
+    outside.write_text("keep")
+    (own_dir / "1234").symlink_to(outside)
+    d = LauncherDaemon(home, gpus=1).start()
+    try:
+        assert not (own_dir / "1234").is_symlink() and outside.read_text() == "keep"
+        d.client(ALICE, "queue")
+        alice = pwd.getpwnam(ALICE).pw_uid
+        mine = user_socket_path(d.socket, alice)
+        st = os.lstat(mine)
+        assert stat.S_ISSOCK(st.st_mode) and st.st_uid == alice, st
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        dst = os.stat(own_dir)
+        assert dst.st_uid == 0 and stat.S_IMODE(dst.st_mode) == 0o755
+        assert as_user(BOB, "connect_to", mine)["result"] == "EACCES"
+        assert as_user(ALICE, "connect_to", mine)["result"] == "ok"
+        with Holding(BOB, "connect_close", d.socket, 3, 60):
+            for _ in range(4):
+                d.client(ALICE, "queue", timeout=60)
+        assert d.alive()
+    finally:
+        d.stop()
+    assert not mine.exists()  # removed with the daemon
+
+
+def test_a_flood_of_a_users_own_socket_pauses_only_that_socket(home: Path) -> None:
+    """bob loops connect/close on his own socket: the daemon stops listening there while
+    he is over his rate (said once in its log) and alice's calls go on."""
+    d = LauncherDaemon(home, gpus=1).start()
+    try:
+        d.client(BOB, "queue")
+        d.client(ALICE, "queue")
+        bobs = user_socket_path(d.socket, pwd.getpwnam(BOB).pw_uid)
+        with Holding(BOB, "connect_close", bobs, 3, 60):
+            wait_for(lambda: "over its connect rate on its own socket" in d.log.read_text(),
+                     30, "the daemon to pause bob's own socket")
+            for _ in range(4):
+                d.client(ALICE, "queue", timeout=60)
+        assert d.alive()
+        d.client(BOB, "queue")  # his socket is listened on again once he stops
     finally:
         d.stop()
 

@@ -16,7 +16,7 @@ from tests.launcher.runtime.users import ALICE, BOB, LAUNCHER, job_python, local
 from tests.polling import wait_for
 
 PY = job_python()
-CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN")
+CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_SYS_NICE")
 REPORT = ("import os\n"
           "caps = {l.split(':')[0]: int(l.split()[1], 16) for l in open('/proc/self/status')"
           " if l.startswith('Cap')}\n"
