@@ -21,6 +21,7 @@ This module must never add a capability, and never lower the file limit.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -68,6 +69,14 @@ def lowered(argv: list[str]) -> list[str]:
     if delta <= 0:
         return argv
     return [_NICE, "-n", str(delta), "--", *argv]
+
+
+def lower_child(pid: int) -> None:
+    """Put a child the daemon started (as its own uid) back at the priority the daemon
+    was started with: for a child whose interpreter nice(1) could not exec by path."""
+    if _BASE_NICE is not None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, pid, _BASE_NICE)
 
 
 _NICE = next((p for p in ("/usr/bin/nice", "/bin/nice") if os.path.exists(p)), "nice")

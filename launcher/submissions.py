@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from launcher.parseworker import frame
-from launcher.privileges import lowered
+from launcher.privileges import lower_child
 from launcher.spec import TRUSTED, JobSpec
 
 log = logging.getLogger(__name__)
@@ -154,16 +154,15 @@ class SubmissionReader:
         if self._worker is None or self._worker.poll() is not None:
             # this very interpreter, through /proc/self/exe: a daemon that gave up root
             # may no longer be able to look up the path it was started from
+            # (not through nice(1), which would need a path the account may not reach:
+            # its priority is put back once it runs; it reads before it computes)
             argv = [sys.executable, "-m", "launcher.parseworker"]
             exe = "/proc/self/exe" if os.path.exists("/proc/self/exe") else None
-            if lowered(argv) != argv:  # through nice(1): it needs the real path
-                with contextlib.suppress(OSError):
-                    argv[0] = os.readlink("/proc/self/exe")
-                argv, exe = lowered(argv), None
             self._worker = subprocess.Popen(
                 argv, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
                 start_new_session=True, cwd="/", executable=exe)
+            lower_child(self._worker.pid)
         return self._worker
 
     def _stop_worker(self) -> None:

@@ -359,7 +359,8 @@ def test_finished_jobs_past_a_users_cap_are_deleted_and_status_stays_own(
 
 def test_the_daemon_outranks_users_for_cpu_but_its_jobs_do_not(home: Path) -> None:
     """The daemon raises its own CPU priority (limits.daemon_nice) so users' busy loops
-    cannot starve its loop; a job it starts runs at the priority it was started with."""
+    cannot starve its loop; a job it starts, and its submission reader, run at the
+    priority it was started with."""
     d = LauncherDaemon(home, gpus=1).start()
     try:
         assert d.proc is not None
@@ -369,5 +370,20 @@ def test_the_daemon_outranks_users_for_cpu_but_its_jobs_do_not(home: Path) -> No
             PY, "-c", "import os; print(os.nice(0))"]})
         d.wait_state(job, {"succeeded"}, timeout=60)
         assert d.client(ALICE, "logs", str(job)).stdout.strip() == str(os.nice(0))
+        # the submission reader it started reads users' YAML: back at that priority too
+        workers = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and b"launcher.parseworker" in _read(p / "cmdline")
+                   and _read(p / "stat").rsplit(b")", 1)[1].split()[1] ==
+                   str(d.proc.pid).encode()]
+        assert len(workers) == 1, workers
+        stat_of = _read(workers[0] / "stat").rsplit(b")", 1)[1].split()
+        assert int(stat_of[16]) == os.nice(0)
     finally:
         d.stop()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

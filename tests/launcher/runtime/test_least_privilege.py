@@ -33,10 +33,10 @@ def _caps(pid: int) -> dict[str, int]:
 
 def test_dedicated_account_runs_jobs_as_their_users_and_jobs_hold_no_capability(
         home: Path) -> None:
-    """A daemon running as its own account with CAP_SETUID, CAP_SETGID, CAP_KILL and
-    CAP_CHOWN (ambient) starts alice's job as alice, with no capability in any set (the
-    daemon emptied its ambient set: a job inheriting it could make itself root); alice
-    reads her log through the daemon, bob may not cancel it, alice may."""
+    """A daemon running as its own account with CAP_SETUID, CAP_SETGID, CAP_KILL,
+    CAP_CHOWN and CAP_SYS_NICE (ambient) starts alice's job as alice, with no capability
+    in any set (the daemon emptied its ambient set: a job inheriting it could make itself
+    root); alice reads her log through the daemon, bob may not cancel it, alice may."""
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     account = local_user(LAUNCHER)
@@ -46,7 +46,7 @@ def test_dedicated_account_runs_jobs_as_their_users_and_jobs_hold_no_capability(
         assert d.proc is not None
         caps = _caps(d.proc.pid)  # setpriv execs the daemon: same pid
         assert caps["CapAmb"] == 0, "the daemon kept its ambient capabilities"
-        assert caps["CapEff"] == sum(1 << n for n in (7, 6, 5, 0))
+        assert caps["CapEff"] == sum(1 << n for n in (23, 7, 6, 5, 0))
         assert os.stat(d.state).st_uid == account.pw_uid
         (home / "job.yaml").write_text(yaml.safe_dump({
             "name": "caps", "gpus": 0, "command": [PY, "-c", REPORT]}))
