@@ -1,6 +1,8 @@
 """The audit trail: records built from snapshots, hash-chained, spooled and verified.
 
-- builder: Snapshot -> record dicts (pure); accounting: GPU-seconds and energy;
+- builder: Snapshot -> record dicts (pure), through the record kinds usage and events
+  and the parts cache (parts); interval: the interval trail's records (holders: the
+  bill's per-sample rules); accounting: GPU-seconds and energy;
 - canonical: the bytes, ids and hash chain; schema: the published JSON Schema;
 - producer: AuditProducer (chain + group commit to the spool); metrics: AuditCollector;
 - verify: `audit verify` over JSON Lines, spool directories and sink read-backs.

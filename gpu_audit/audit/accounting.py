@@ -6,7 +6,9 @@ which a double represents exactly, so sums over records are exact in any order a
 per-GPU conservation `sum(process energy) + unattributed energy == gpu energy` holds
 bit for bit, not just within a tolerance.
 
-This module must never do I/O or look at anything but the numbers it is given.
+A leaf of the audit record path: the builder, the record kinds and the interval call it,
+it calls none of them (tests/core/audit/test_call_layers.py). This module must never do
+I/O or look at anything but the numbers (and the GPU readings) it is given.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from typing import Literal
+from math import isfinite
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gpu_audit.model.samples import GpuSample
 
 ENERGY_GRID = 1024  # units per joule
 EnergySource = Literal["counter", "counter_reset", "power"]
@@ -66,6 +72,27 @@ def energy_units(
     if power_watts is not None and power_watts >= 0:
         return round(power_watts * elapsed * ENERGY_GRID), "power"
     return None
+
+
+def finite(v: float | None) -> float | None:
+    """A reading, or None when it is not a finite number: a non-finite reading is "not
+    measured" (as in a record's `values`), never a number to use."""
+    return v if v is not None and isfinite(v) else None
+
+
+def as_float(x: int | None) -> float | None:
+    return float(x) if x is not None else None
+
+
+def energy_of(
+    gpu: GpuSample, prev_gpu: GpuSample | None, elapsed: float, counter_share: float
+) -> tuple[int, EnergySource] | None:
+    """energy_units() of a GPU from its readings (the energy counter of this and the
+    previous sample, when that GPU was up; else the power draw)."""
+    counter, power = finite(gpu.scalar("energy")), finite(gpu.scalar("power_usage"))
+    prev_counter = (finite(prev_gpu.scalar("energy"))
+                    if prev_gpu is not None and prev_gpu.up else None)
+    return energy_units(counter, prev_counter, power, elapsed, counter_share=counter_share)
 
 
 def joules(units: int) -> float:

@@ -12,17 +12,18 @@ not on the first snapshot after a start):
   one `unattributed` record for the usage no attributed process explains;
 - events: `gpu_lost` / `gpu_recovered` (up transitions; a GPU missing from the snapshot
   counts as lost), `process_end` / `process_start` (the set of visible (GPU, pid, start
-  time) keys changed), `xid` (GpuSample.new_xids). A `process_start` also carries
-  `software`, the libraries the process has loaded, when the resolver found any
-  (AttributedProcess.software); no other record does, so what a process runs costs one
-  record's bytes per process lifetime.
+  time) keys changed), `xid` (GpuSample.new_xids).
 
 Records of one cycle share nested objects (the GPU part, an owner's attribution part):
 treat them as read-only; the producer only ever sets top-level `seq` / `prev_hash` /
 `hash`.
 
-This module orders a cycle and makes its events; the usage records and their accounting
-are gpu_audit.audit.usage, the parts they share and their cache gpu_audit.audit.parts.
+The orchestrator of the per-cycle records, read top-down: this module walks the GPUs,
+looks up what the records are made of in the parts cache (gpu_audit.audit.parts) and
+hands it to the record kinds, gpu_audit.audit.usage (gpu, process, unattributed) and
+gpu_audit.audit.events; below them are only the leaves gpu_audit.audit.canonical
+(encoding) and gpu_audit.audit.accounting. None of them calls back into this module
+(tests/core/audit/test_call_layers.py).
 
 Records carry only the allow-listed attribution fields (IDENTITY_FIELDS and their
 sources); this module must never copy a process's environ or cgroup text into a record,
@@ -39,85 +40,27 @@ import orjson
 from gpu_audit.audit.accounting import elapsed_for
 from gpu_audit.audit.canonical import (
     SCHEMA_ID,
+    Cycle,
     Encoded,
+    Record,
     canonical_bytes,
     format_time_ns,
     record_id,
     to_time_ns,
 )
+from gpu_audit.audit.events import Changed, gpu_events, missing_gpu_events
 from gpu_audit.audit.parts import (
-    VALUE_NAMES,
-    Cycle,
+    Owner,
     PartsCache,
-    Record,
     gpu_part_of,
-    gpu_values,
-    process_key_str,
     process_part_of,
     visible_processes,
 )
-from gpu_audit.audit.usage import usage_records
+from gpu_audit.audit.usage import VALUE_NAMES, gpu_values, usage_records
 from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.mig import process_weights
 from gpu_audit.model.samples import GpuSample
 from gpu_audit.model.snapshot import Snapshot
-
-
-def _process_event(
-    cyc: Cycle, event: str, gpu_part: Any, ap: AttributedProcess
-) -> Record:
-    p = ap.process
-    rec = cyc.record(
-        "event", event=event, gpu_uuid=ap.gpu_uuid, process_key=process_key_str(p)
-    )
-    rec["gpu"] = gpu_part
-    rec["process"] = process_part_of(p)
-    owned, part = cyc.attribution(ap)
-    rec["attributed"] = owned
-    if owned:
-        rec["attribution"] = part
-    if ap.software is not None and event == "process_start":
-        rec["software"] = ap.software.record_part()
-    return rec
-
-
-def _event_records(
-    cyc: Cycle,
-    snap: Snapshot,
-    prev: Snapshot | None,
-    *,
-    gpu: GpuSample,
-    prev_gpu: GpuSample | None,
-    gpu_part: Any,
-) -> list[Record]:
-    out: list[Record] = []
-    uuid = gpu.info.uuid
-    was_up = prev_gpu.up if prev_gpu is not None else True
-    if gpu.up != was_up or (not gpu.up and prev_gpu is None):
-        ev = "gpu_recovered" if gpu.up else "gpu_lost"
-        rec = cyc.record("event", event=ev, gpu_uuid=uuid)
-        rec["gpu"] = gpu_part
-        out.append(rec)
-    now_keys, now_procs = cyc.parts.visible(snap, gpu)
-    before_keys, before_procs = cyc.parts.visible(prev, prev_gpu, now=False)
-    # Most cycles change no process: equal key lists (compared in C, no dict built) have
-    # no event; otherwise the dicts say which keys came and went, in the lists' order.
-    if now_keys != before_keys:
-        now = dict(zip(now_keys, now_procs, strict=True))
-        before = dict(zip(before_keys, before_procs, strict=True))
-        prev_part = gpu_part_of(prev_gpu) if prev_gpu is not None else gpu_part
-        for key, ap in before.items():
-            if key not in now:
-                out.append(_process_event(cyc, "process_end", prev_part, ap))
-        for key, ap in now.items():
-            if key not in before:
-                out.append(_process_event(cyc, "process_start", gpu_part, ap))
-    for x in gpu.new_xids:
-        xid_ns = to_time_ns(x.timestamp)
-        rec = cyc.record("event", event="xid", gpu_uuid=uuid, xid_key=f"{x.xid}@{xid_ns}")
-        rec["gpu"] = gpu_part
-        rec["xid"] = {"code": x.xid, "time": format_time_ns(xid_ns), "time_ns": xid_ns}
-        out.append(rec)
-    return out
 
 
 def build_records(
@@ -199,7 +142,6 @@ def _build(
         exporter_version=exporter_version,
         simulated=snap.backend.simulated if simulated is None else simulated,
         elapsed=elapsed,
-        parts=parts,
     )
     prev_gpus: Mapping[str, GpuSample] = (
         {g.info.uuid: g for g in prev.gpus} if prev is not None else {}
@@ -219,30 +161,93 @@ def _build(
         # backwards) has no usage to report: a row of zeros would only be noise in
         # every chart. Its snapshot still is the baseline of the next interval.
         if usage and elapsed > 0:
-            out.extend(
-                usage_records(
-                    cyc, snap, gpu, prev_gpu=prev_gpu, elapsed=elapsed,
-                    counter_share=counter_share, gpu_part=part, gpu_bytes=gpu_bytes,
-                )
-            )
-        events.extend(
-            _event_records(cyc, snap, prev, gpu=gpu, prev_gpu=prev_gpu, gpu_part=part)
-        )
+            out.extend(_usage(cyc, snap, gpu, prev_gpu, parts, elapsed=elapsed,
+                              counter_share=counter_share, gpu_part=part,
+                              gpu_bytes=gpu_bytes))
+        events.extend(_events(cyc, snap, prev, gpu, prev_gpu, parts, part))
     seen = {g.info.uuid for g in snap.gpus}
     for uuid, prev_gpu in prev_gpus.items():
         if uuid in seen:
             continue
         # Gone from the snapshot: lost (unless it was already down), processes ended.
-        part = {**gpu_part_of(prev_gpu), "up": False, "error": "missing"}
-        if prev_gpu.up:
-            rec = cyc.record("event", event="gpu_lost", gpu_uuid=uuid)
-            rec["gpu"] = part
-            events.append(rec)
-        for ap in visible_processes(prev, prev_gpu).values():
-            events.append(_process_event(cyc, "process_end", gpu_part_of(prev_gpu), ap))
+        prev_part = gpu_part_of(prev_gpu)
+        events.extend(missing_gpu_events(
+            cyc, uuid, was_up=prev_gpu.up,
+            missing_part={**prev_part, "up": False, "error": "missing"},
+            prev_part=prev_part,
+            ended=[_changed(parts, ap) for ap in visible_processes(prev, prev_gpu).values()],
+        ))
     out.extend(events)
-    cyc.parts.end_cycle()
+    parts.end_cycle()
     return out
+
+
+def _usage(
+    cyc: Cycle,
+    snap: Snapshot,
+    gpu: GpuSample,
+    prev_gpu: GpuSample | None,
+    parts: PartsCache,
+    *,
+    elapsed: float,
+    counter_share: float,
+    gpu_part: Any,
+    gpu_bytes: bytes | None,
+) -> list[Record | Encoded]:
+    """usage.usage_records() of one GPU, with each process's owner and `process` part
+    from the cache (for an up GPU: a down one has no process records)."""
+    procs: Sequence[AttributedProcess] = ()
+    owners: list[Owner] = []
+    proc_parts: list[tuple[Any, bytes]] = []
+    slices = None
+    if gpu.up:
+        procs = snap.processes_of(gpu)
+        owner, process, uuid = parts.owner, parts.process, gpu.info.uuid
+        owners = [owner(ap.attribution) for ap in procs]
+        slices = process_weights(gpu)  # MIG: gpu_instance_id -> weight (None: whole GPU)
+        if slices is None:
+            proc_parts = [process(uuid, ap.process) for ap in procs]
+        else:
+            proc_parts = [process(uuid, p, slices.get(gi) if gi is not None else None)
+                          for p, gi in ((ap.process, ap.process.gpu_instance_id)
+                                        for ap in procs)]
+    return usage_records(cyc, gpu, procs, owners, proc_parts, slices, prev_gpu=prev_gpu,
+                         elapsed=elapsed, counter_share=counter_share, gpu_part=gpu_part,
+                         gpu_bytes=gpu_bytes)
+
+
+def _events(  # noqa: PLR0917 - one call per GPU and cycle
+    cyc: Cycle,
+    snap: Snapshot,
+    prev: Snapshot | None,
+    gpu: GpuSample,
+    prev_gpu: GpuSample | None,
+    parts: PartsCache,
+    gpu_part: Any,
+) -> list[Record]:
+    """events.gpu_events() of one GPU: which processes ended and started is decided
+    here, from the visible keys of this and the previous snapshot."""
+    now_keys, now_procs = parts.visible(snap, gpu)
+    before_keys, before_procs = parts.visible(prev, prev_gpu, now=False)
+    ended: list[Changed] = []
+    started: list[Changed] = []
+    prev_part = gpu_part
+    # Most cycles change no process: equal key lists (compared in C, no dict built) have
+    # no event; otherwise the dicts say which keys came and went, in the lists' order.
+    if now_keys != before_keys:
+        now = dict(zip(now_keys, now_procs, strict=True))
+        before = dict(zip(before_keys, before_procs, strict=True))
+        ended = [_changed(parts, ap) for key, ap in before.items() if key not in now]
+        started = [_changed(parts, ap) for key, ap in now.items() if key not in before]
+        if prev_gpu is not None:
+            prev_part = gpu_part_of(prev_gpu)
+    return gpu_events(cyc, gpu, prev_gpu, gpu_part, prev_part, ended, started)
+
+
+def _changed(parts: PartsCache, ap: AttributedProcess) -> Changed:
+    """What an event record of a process that started or ended needs from the parts."""
+    owned, owner_part = parts.get(ap.attribution)
+    return ap, process_part_of(ap.process), owned, owner_part
 
 
 def exporter_event(

@@ -11,7 +11,13 @@ the producer and `audit verify` can never disagree:
   `prev_hash` = 64 zeros;
 - `id` = a hash over the sample's identity (host, stream, kind, event, time, GPU, process,
   XID), never over `seq` or the chain, so the same sample gets the same id on every
-  retry and replay.
+  retry and replay;
+- `Cycle`: the members every record of one sampling cycle shares (schema, stream, time,
+  host, ...), the start of each record with its id, and those members as canonical bytes
+  for the builder's encoded `process` records.
+
+A leaf of the audit record path: the builder and the record kinds call it, it calls
+none of them (tests/core/audit/test_call_layers.py).
 
 This module must never log or return an HMAC key, and never do I/O except reading the
 key file in `load_hmac_key`.
@@ -24,11 +30,17 @@ import hmac
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gpu_audit.logredact import register_secret
+
+if TYPE_CHECKING:  # annotations only: `audit verify` loads this module without the model
+    from gpu_audit.model.samples import ProcessSample
+    from gpu_audit.model.snapshot import Snapshot
+
+Record = dict[str, Any]
 
 SCHEMA_ID = "gpu-audit.record/2"  # the per-cycle records and every event
 SCHEMA_V1 = "gpu-audit.record/1"
@@ -211,6 +223,88 @@ def record_id(
     return id_from_prefix(
         id_prefix(host, stream, time_ns), kind, event, gpu_uuid, process_key, xid_key
     )
+
+
+def process_key_str(p: ProcessSample) -> str:
+    """The process member of a record id."""
+    # NVML may list one pid once per type and per MIG instance: all of it is identity.
+    return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
+
+
+class Cycle:
+    """Shared members of every record of one cycle, computed once."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        *,
+        host: str,
+        stream: str,
+        exporter_version: str,
+        simulated: bool,
+        elapsed: float,
+    ) -> None:
+        self.host = host
+        self.stream = stream
+        self.time_ns = to_time_ns(snap.timestamp)
+        self.id_prefix = id_prefix(host, stream, self.time_ns)
+        self.time = format_time_ns(self.time_ns)
+        self.exporter_version = exporter_version
+        self.interval_seconds = snap.interval_seconds
+        self.simulated = simulated
+        self.common: dict[str, Any] = {
+            "schema": SCHEMA_ID,
+            "stream": stream,
+            "time": self.time,
+            "time_ns": self.time_ns,
+            "host": host,
+            "interval_seconds": snap.interval_seconds,
+            "elapsed_seconds": elapsed,
+            "simulated": simulated,
+            "exporter_version": exporter_version,
+        }
+        self._encoded: tuple[bytes, bytes, bytes, bytes] | None = None
+
+    def record(
+        self,
+        kind: str,
+        *,
+        event: str = "",
+        gpu_uuid: str = "",
+        process_key: str = "",
+        xid_key: str = "",
+    ) -> Record:
+        """A new record of this cycle: the shared members, its kind and its id."""
+        r = dict(self.common)
+        r["kind"] = kind
+        if event:
+            r["event"] = event
+        r["id"] = id_from_prefix(self.id_prefix, kind, event, gpu_uuid, process_key, xid_key)
+        return r
+
+    def encoded_members(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The members every encoded `process` record of this cycle shares, as canonical
+        bytes in sorted key order: (`,"elapsed_seconds":..`; `,"host":..,"id":"`;
+        `","interval_seconds":..,"kind":"process","prev_hash":"`;
+        `,"simulated":..,"time_ns":..,"values":`), made on first use."""
+        if self._encoded is None:
+            c, dumps = self.common, orjson.dumps
+            self._encoded = (
+                b',"elapsed_seconds":' + dumps(c["elapsed_seconds"]),
+                b',"host":' + dumps(self.host) + b',"id":"',
+                b'","interval_seconds":' + dumps(self.interval_seconds)
+                + b',"kind":"process","prev_hash":"',
+                b',"simulated":' + dumps(self.simulated) + b',"stream":' + dumps(self.stream)
+                + b',"time":' + dumps(self.time) + b',"time_ns":' + dumps(self.time_ns)
+                + b',"values":',
+            )
+        return self._encoded
+
+    def gpu_members(self, gpu_part: bytes, gpu_seconds: float) -> bytes:
+        """`,"exporter_version":..,"gpu":{..},"gpu_seconds":..`: the members of a GPU's
+        encoded `process` records from after `energy_joules` to before `hash`."""
+        return (b',"exporter_version":' + orjson.dumps(self.exporter_version)
+                + b',"gpu":' + gpu_part + b',"gpu_seconds":' + orjson.dumps(gpu_seconds))
 
 
 def to_time_ns(unix_seconds: float) -> int:

@@ -2,7 +2,7 @@
 `audit.interval_seconds`, one record per GPU and holder per interval.
 
 Every sample is accounted exactly as a per-cycle trail accounts it (the energy split of
-gpu_audit.audit.usage, the bill's rules of gpu_audit.audit.holders), and the results are
+gpu_audit.audit.accounting, the bill's rules of gpu_audit.audit.holders), and the results are
 summed, so a bill from the interval trail equals the bill from the per-cycle trail of
 the same run. On top of the sums a record keeps what forensics needs: the peak memory of
 each process and of the GPU, mean and max utilisation.
@@ -13,6 +13,10 @@ owner `(user, project)`, or the unattributed holder: processes nobody owns), own
 when nobody held the GPU. The GPU's own sums are on the first of them only, so a sum of
 a field over records counts each GPU interval once. Key names are short on purpose
 (a record is written per GPU per minute, for a year); docs/AUDIT.md lists them.
+
+The orchestrator of the interval trail (the producer calls it, as it calls the builder for
+the per-cycle one): below it are only holders.py and the leaves canonical.py and
+accounting.py, none of which calls back up (tests/core/audit/test_call_layers.py).
 
 Pure: snapshots in, record dicts out (unchained: the producer chains them). Never I/O,
 never a process's environ or cgroup text.
@@ -28,7 +32,14 @@ from typing import Any
 
 import orjson
 
-from gpu_audit.audit.accounting import energy_weights, joules, split_units
+from gpu_audit.audit.accounting import (
+    as_float,
+    energy_of,
+    energy_weights,
+    finite,
+    joules,
+    split_units,
+)
 from gpu_audit.audit.canonical import SCHEMA_V3, id_prefix, id_tail
 from gpu_audit.audit.holders import (
     F_DOWN,
@@ -41,8 +52,6 @@ from gpu_audit.audit.holders import (
     Owner,
     close_cycle,
 )
-from gpu_audit.audit.parts import processes_of
-from gpu_audit.audit.usage import as_float, energy_of, finite
 from gpu_audit.model.mig import process_weights, unowned_slices
 from gpu_audit.model.samples import GpuSample, ProcessSample
 from gpu_audit.model.snapshot import Snapshot
@@ -190,7 +199,7 @@ class IntervalUsage:
             acc.util_time += e * util
             acc.util_seconds += e
             acc.util_max = util if acc.util_max is None else max(acc.util_max, util)
-        procs = processes_of(snap, gpu)
+        procs = snap.processes_of(gpu)
         owners = [_owner_of(ap.attribution.attributed, ap.attribution) for ap in procs]
         owned = [ap for ap, o in zip(procs, owners, strict=True) if o is not None]
         unowned = [ap for ap, o in zip(procs, owners, strict=True) if o is None]

@@ -1,9 +1,10 @@
-"""The pieces every audit record is made of, and their cache across cycles.
+"""The parts records are made of, and their cache across cycles.
 
-Nested parts (GPU, process, owner), value maps in base units, the id tail of a process,
-the visible-process keys the events diff, and `Cycle`, the members every record of one
-cycle shares. `PartsCache` keeps the parts that only change when a process does, so the
-builder makes them once per process lifetime, optionally pre-serialised.
+Nested parts (GPU, process, owner), the visible-process keys the events diff, and
+`PartsCache`, which keeps the parts that only change when a process does, so the
+builder makes them once per process lifetime, optionally pre-serialised. Only the
+builder calls this module; it hands what it finds here to the record kinds
+(gpu_audit.audit.usage, gpu_audit.audit.events), which never look here themselves.
 
 Pure: no I/O. Records carry only the allow-listed attribution fields (IDENTITY_FIELDS and
 their sources); this module must never copy a process's environ or cgroup text.
@@ -11,29 +12,15 @@ their sources); this module must never copy a process's environ or cgroup text.
 
 from __future__ import annotations
 
-from math import isfinite
 from typing import Any
 
 import orjson
 
-from gpu_audit.audit.canonical import (
-    SCHEMA_ID,
-    canonical_bytes,
-    format_time_ns,
-    id_from_prefix,
-    id_prefix,
-    id_tail,
-    to_time_ns,
-)
-from gpu_audit.model.attribution import IDENTITY_FIELDS, UNKNOWN, AttributedProcess, Attribution
-from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.audit.canonical import SCHEMA_ID, Record, canonical_bytes, id_tail, process_key_str
+from gpu_audit.model.attribution import IDENTITY_FIELDS, AttributedProcess, Attribution
 from gpu_audit.model.samples import GpuSample, ProcessSample
 from gpu_audit.model.snapshot import Snapshot
 
-# Catalogue key -> record value name: the metric name without its `gpu_` prefix.
-VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATALOGUE}
-
-Record = dict[str, Any]
 ProcessKey = tuple[str, int, int | None]  # (gpu uuid, pid, start time ticks)
 # (the Attribution, attributed, its record part or None, its encoded head: PartsCache.owner)
 Owner = tuple[Attribution, bool, Any, bytes]
@@ -49,25 +36,6 @@ def kept_bytes(part: dict[str, Any]) -> bytes:
     as long as their process (1,024 of them at 8 GPUs x 64 processes: ~4 MB of RSS).
     bytes(b) would return b itself, hence the memoryview."""
     return bytes(memoryview(canonical_bytes(part)))
-
-
-def gpu_values(gpu: GpuSample) -> dict[str, Any]:
-    """Measured values in base units: scalars as numbers, labelled values as an object
-    keyed by the label values joined with "/" in the catalogue's label order."""
-    out: dict[str, Any] = {}
-    for key, series in gpu.values.items():
-        name = VALUE_NAMES.get(key)
-        if name is None:
-            continue  # not a catalogue field: nothing downstream could name its unit
-        if len(series) == 1 and () in series:
-            v = series[()]
-            if isfinite(v):
-                out[name] = v
-            continue
-        labelled = {"/".join(lv): v for lv, v in series.items() if lv and isfinite(v)}
-        if labelled:
-            out[name] = labelled
-    return out
 
 
 def gpu_part_of(gpu: GpuSample) -> dict[str, Any]:
@@ -111,54 +79,6 @@ def attribution_part_of(a: Attribution) -> dict[str, Any]:
     return part
 
 
-# Value names shared by every record kind: one name per quantity, the name the gpu
-# record uses (the catalogue metric name without `gpu_`), so one query charts them all.
-MEMORY_USED = "memory_used_bytes"
-UTILIZATION = "utilization_ratio"  # process: its SM share of the GPU's busy time
-MEMORY_CONTROLLER_UTILIZATION = "memory_controller_utilization_ratio"
-ENCODER_UTILIZATION = "encoder_utilization_ratio"
-DECODER_UTILIZATION = "decoder_utilization_ratio"
-
-
-def process_values(p: ProcessSample) -> dict[str, Any]:
-    """A process's measured values, NaN/Inf left out as "not measured". The keys are
-    inserted in sorted order, so the encoded records dump it without sorting (written
-    out field by field: this runs once per process per cycle)."""
-    out: dict[str, Any] = {}
-    v = p.decoder_util_ratio
-    if v is not None and isfinite(v):
-        out[DECODER_UTILIZATION] = v
-    v = p.encoder_util_ratio
-    if v is not None and isfinite(v):
-        out[ENCODER_UTILIZATION] = v
-    v = p.memory_util_ratio
-    if v is not None and isfinite(v):
-        out[MEMORY_CONTROLLER_UTILIZATION] = v
-    if p.used_memory_bytes is not None:
-        out[MEMORY_USED] = p.used_memory_bytes
-    v = p.sm_util_ratio
-    if v is not None and isfinite(v):
-        out[UTILIZATION] = v
-    return out
-
-
-def process_key_str(p: ProcessSample) -> str:
-    # NVML may list one pid once per type and per MIG instance: all of it is identity.
-    return f"{p.pid}:{p.type}:{p.gpu_instance_id}:{p.compute_instance_id}"
-
-
-def start_ticks(p: ProcessSample) -> int | None:
-    return p.identity.start_time_ticks if p.identity is not None else None
-
-
-def processes_of(snap: Snapshot, gpu: GpuSample) -> tuple[AttributedProcess, ...]:
-    """The GPU's processes with their owners (unknown owner when attribution is absent)."""
-    attributed = snap.processes.get(gpu.info.uuid)
-    if attributed is not None:
-        return attributed
-    return tuple(AttributedProcess(gpu.info.uuid, p, UNKNOWN) for p in gpu.processes)
-
-
 def visible_processes(
     snap: Snapshot | None, gpu: GpuSample | None
 ) -> dict[ProcessKey, AttributedProcess]:
@@ -175,8 +95,8 @@ def visible_keys(
     if snap is None or gpu is None or not gpu.up:
         return [], ()
     uuid = gpu.info.uuid
-    procs = processes_of(snap, gpu)
-    return [  # start_ticks(), written out: once per process and cycle
+    procs = snap.processes_of(gpu)
+    return [  # the key: once per process and cycle
         (uuid, (p := ap.process).pid,
          p.identity.start_time_ticks if p.identity is not None else None)
         for ap in procs
@@ -297,82 +217,16 @@ class PartsCache:
         self._visible, self._visible_new = self._visible_new, {}
 
 
-class Cycle:
-    """Shared parts of every record of one cycle, computed once."""
-
-    def __init__(
-        self,
-        snap: Snapshot,
-        *,
-        host: str,
-        stream: str,
-        exporter_version: str,
-        simulated: bool,
-        elapsed: float,
-        parts: PartsCache,
-    ) -> None:
-        self.host = host
-        self.stream = stream
-        self.time_ns = to_time_ns(snap.timestamp)
-        self.id_prefix = id_prefix(host, stream, self.time_ns)
-        self.parts = parts
-        self.time = format_time_ns(self.time_ns)
-        self.exporter_version = exporter_version
-        self.interval_seconds = snap.interval_seconds
-        self.simulated = simulated
-        self.common: dict[str, Any] = {
-            "schema": SCHEMA_ID,
-            "stream": stream,
-            "time": self.time,
-            "time_ns": self.time_ns,
-            "host": host,
-            "interval_seconds": snap.interval_seconds,
-            "elapsed_seconds": elapsed,
-            "simulated": simulated,
-            "exporter_version": exporter_version,
-        }
-        self._encoded: tuple[bytes, bytes, bytes, bytes] | None = None
-
-    def record(
-        self,
-        kind: str,
-        *,
-        event: str = "",
-        gpu_uuid: str = "",
-        process_key: str = "",
-        xid_key: str = "",
-    ) -> Record:
-        r = dict(self.common)
-        r["kind"] = kind
-        if event:
-            r["event"] = event
-        r["id"] = id_from_prefix(self.id_prefix, kind, event, gpu_uuid, process_key, xid_key)
-        return r
-
-    def encoded_members(self) -> tuple[bytes, bytes, bytes, bytes]:
-        """The members every encoded `process` record of this cycle shares, as canonical
-        bytes in sorted key order: (`,"elapsed_seconds":..`; `,"host":..,"id":"`;
-        `","interval_seconds":..,"kind":"process","prev_hash":"`;
-        `,"simulated":..,"time_ns":..,"values":`), made on first use."""
-        if self._encoded is None:
-            c, dumps = self.common, orjson.dumps
-            self._encoded = (
-                b',"elapsed_seconds":' + dumps(c["elapsed_seconds"]),
-                b',"host":' + dumps(self.host) + b',"id":"',
-                b'","interval_seconds":' + dumps(self.interval_seconds)
-                + b',"kind":"process","prev_hash":"',
-                b',"simulated":' + dumps(self.simulated) + b',"stream":' + dumps(self.stream)
-                + b',"time":' + dumps(self.time) + b',"time_ns":' + dumps(self.time_ns)
-                + b',"values":',
-            )
-        return self._encoded
-
-    def gpu_members(self, gpu_part: bytes, gpu_seconds: float) -> bytes:
-        """`,"exporter_version":..,"gpu":{..},"gpu_seconds":..`: the members of a GPU's
-        encoded `process` records from after `energy_joules` to before `hash`."""
-        return (b',"exporter_version":' + orjson.dumps(self.exporter_version)
-                + b',"gpu":' + gpu_part + b',"gpu_seconds":' + orjson.dumps(gpu_seconds))
-
-    def attribution(self, ap: AttributedProcess) -> tuple[bool, Any]:
-        """(attributed, record part or None) of a process's owner."""
-        return self.parts.get(ap.attribution)
+__all__ = (
+    "Owner",
+    "PartsCache",
+    "ProcessKey",
+    "Record",
+    "attribution_part_of",
+    "gpu_part_of",
+    "kept_bytes",
+    "process_key_str",
+    "process_part_of",
+    "visible_keys",
+    "visible_processes",
+)

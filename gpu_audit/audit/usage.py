@@ -1,6 +1,10 @@
 """Usage records of one GPU and cycle: the `gpu` record, one `process` record per
 process and the `unattributed` remainder, with the accounting that splits the interval's
-energy between them (gpu_audit.audit.accounting).
+energy between them (gpu_audit.audit.accounting), and the values they carry.
+
+A record kind: the builder calls it with everything it needs (each process's owner and
+cached `process` part, from gpu_audit.audit.parts); it calls only the leaves
+(gpu_audit.audit.canonical, gpu_audit.audit.accounting), never back up.
 
 Two ways to build `process` records, giving the same stored bytes: plain dicts (the
 reference), and, for the producer, canonical.Encoded bytes assembled from members
@@ -13,50 +17,86 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from math import isfinite
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gpu_audit.audit.accounting import energy_units, energy_weights, joules, split_units
-from gpu_audit.audit.canonical import Encoded, id_from_tail
-from gpu_audit.audit.parts import (
-    MEMORY_USED,
-    UTILIZATION,
-    Cycle,
-    Owner,
-    Record,
-    gpu_values,
-    process_values,
-    processes_of,
+from gpu_audit.audit.accounting import (
+    energy_of,
+    energy_weights,
+    finite,
+    joules,
+    split_units,
 )
+from gpu_audit.audit.canonical import Cycle, Encoded, Record, id_from_tail
 from gpu_audit.model.attribution import AttributedProcess
-from gpu_audit.model.mig import process_weights, unowned_slices
+from gpu_audit.model.fields import CATALOGUE
+from gpu_audit.model.mig import unowned_slices
 from gpu_audit.model.samples import GpuSample, ProcessSample
-from gpu_audit.model.snapshot import Snapshot
+
+if TYPE_CHECKING:  # the owners the builder found in its cache: data, never a call
+    from gpu_audit.audit.parts import Owner
+
+# Catalogue key -> record value name: the metric name without its `gpu_` prefix.
+VALUE_NAMES: dict[str, str] = {m.key: m.name.removeprefix("gpu_") for m in CATALOGUE}
+
+# Value names shared by every record kind: one name per quantity, the name the gpu
+# record uses (the catalogue metric name without `gpu_`), so one query charts them all.
+MEMORY_USED = "memory_used_bytes"
+UTILIZATION = "utilization_ratio"  # process: its SM share of the GPU's busy time
+MEMORY_CONTROLLER_UTILIZATION = "memory_controller_utilization_ratio"
+ENCODER_UTILIZATION = "encoder_utilization_ratio"
+DECODER_UTILIZATION = "decoder_utilization_ratio"
 
 
-def finite(v: float | None) -> float | None:
-    # A non-finite reading is "not measured" (as in `values`), never a number to use.
-    return v if v is not None and isfinite(v) else None
+def gpu_values(gpu: GpuSample) -> dict[str, Any]:
+    """Measured values in base units: scalars as numbers, labelled values as an object
+    keyed by the label values joined with "/" in the catalogue's label order."""
+    out: dict[str, Any] = {}
+    for key, series in gpu.values.items():
+        name = VALUE_NAMES.get(key)
+        if name is None:
+            continue  # not a catalogue field: nothing downstream could name its unit
+        if len(series) == 1 and () in series:
+            v = series[()]
+            if isfinite(v):
+                out[name] = v
+            continue
+        labelled = {"/".join(lv): v for lv, v in series.items() if lv and isfinite(v)}
+        if labelled:
+            out[name] = labelled
+    return out
 
 
-def as_float(x: int | None) -> float | None:
-    return float(x) if x is not None else None
+def process_values(p: ProcessSample) -> dict[str, Any]:
+    """A process's measured values, NaN/Inf left out as "not measured". The keys are
+    inserted in sorted order, so the encoded records dump it without sorting (written
+    out field by field: this runs once per process per cycle)."""
+    out: dict[str, Any] = {}
+    v = p.decoder_util_ratio
+    if v is not None and isfinite(v):
+        out[DECODER_UTILIZATION] = v
+    v = p.encoder_util_ratio
+    if v is not None and isfinite(v):
+        out[ENCODER_UTILIZATION] = v
+    v = p.memory_util_ratio
+    if v is not None and isfinite(v):
+        out[MEMORY_CONTROLLER_UTILIZATION] = v
+    if p.used_memory_bytes is not None:
+        out[MEMORY_USED] = p.used_memory_bytes
+    v = p.sm_util_ratio
+    if v is not None and isfinite(v):
+        out[UTILIZATION] = v
+    return out
 
 
-def energy_of(
-    gpu: GpuSample, prev_gpu: GpuSample | None, elapsed: float, counter_share: float
-) -> tuple[int, str] | None:
-    counter, power = finite(gpu.scalar("energy")), finite(gpu.scalar("power_usage"))
-    prev_counter = (finite(prev_gpu.scalar("energy"))
-                    if prev_gpu is not None and prev_gpu.up else None)
-    return energy_units(counter, prev_counter, power, elapsed, counter_share=counter_share)
-
-
-def usage_records(
+def usage_records(  # noqa: PLR0917 - one call per GPU and cycle
     cyc: Cycle,
-    snap: Snapshot,
     gpu: GpuSample,
+    procs: Sequence[AttributedProcess],
+    owners: Sequence[Owner],
+    proc_parts: Sequence[tuple[Any, bytes]],
+    slices: dict[int, float] | None,
     *,
     prev_gpu: GpuSample | None,
     elapsed: float,
@@ -66,7 +106,11 @@ def usage_records(
 ) -> list[Record | Encoded]:
     """The GPU's usage records of one cycle: `gpu`, one `process` per process (Encoded
     when `gpu_bytes`, the GPU part's canonical bytes, is given: the producer's path),
-    `unattributed`."""
+    `unattributed`.
+
+    For an up GPU, `procs` are its processes (Snapshot.processes_of), `owners` and
+    `proc_parts` what PartsCache.owner() and PartsCache.process() gave for each, and
+    `slices` its MIG weights (gpu_audit.model.mig.process_weights; None: whole GPU)."""
     uuid = gpu.info.uuid
     grec = cyc.record("gpu", gpu_uuid=uuid)
     grec["gpu"] = gpu_part
@@ -82,18 +126,13 @@ def usage_records(
         grec["energy_source"] = energy[1]
     out: list[Record | Encoded] = [grec]
 
-    procs = processes_of(snap, gpu)
-    owner_of = cyc.parts.owner
-    # One pass (this runs for every GPU and cycle): each process's owner, and its SM
-    # ratio (finite, else None) and used memory, apart for owned and unowned processes.
-    owners: list[Owner] = []
+    # One pass (this runs for every GPU and cycle): each process's SM ratio (finite,
+    # else None) and used memory, apart for owned and unowned processes.
     own_sm: list[float | None] = []
     own_mem: list[int | None] = []
     un_sm: list[float | None] = []
     un_mem: list[int | None] = []
-    for ap in procs:
-        o = owner_of(ap.attribution)
-        owners.append(o)
+    for ap, o in zip(procs, owners, strict=True):
         p = ap.process
         sm = p.sm_util_ratio
         if sm is not None and not isfinite(sm):
@@ -116,12 +155,11 @@ def usage_records(
         )
         shares = split_units(energy[0], weights)
 
-    slices = process_weights(gpu)  # MIG: gpu_instance_id -> weight (None: whole GPU)
     if gpu_bytes is not None:
-        out += encoded_process_records(cyc, uuid, procs, owners, shares, slices, elapsed,
+        out += encoded_process_records(cyc, procs, owners, proc_parts, shares, elapsed,
                                        gpu_bytes)
     else:
-        out += process_records(cyc, uuid, procs, owners, shares, slices, elapsed, gpu_part)
+        out += process_records(cyc, procs, owners, proc_parts, shares, elapsed, gpu_part)
 
     un = cyc.record("unattributed", gpu_uuid=uuid)
     un["gpu"] = gpu_part
@@ -148,22 +186,17 @@ def usage_records(
     return out
 
 
-def _slice_weight(slices: dict[int, float] | None, p: ProcessSample) -> float | None:
-    if slices is None or p.gpu_instance_id is None:
-        return None
-    return slices.get(p.gpu_instance_id)
-
-
 def process_records(  # noqa: PLR0917 - one call per GPU and cycle
-    cyc: Cycle, uuid: str, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
-    shares: list[int], slices: dict[int, float] | None, elapsed: float, gpu_part: Any,
+    cyc: Cycle, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
+    proc_parts: Sequence[tuple[Any, bytes]], shares: list[int], elapsed: float,
+    gpu_part: Any,
 ) -> list[Record]:
     """The `process` records of one GPU and cycle as plain dicts (the reference)."""
     out: list[Record] = []
     owned_share = iter(shares)
-    for ap, (_a, is_owned, owner_part, _head) in zip(procs, owners, strict=True):
+    for ap, (_a, is_owned, owner_part, _head), (proc_part, tail) in zip(
+            procs, owners, proc_parts, strict=True):
         p = ap.process
-        proc_part, tail = cyc.parts.process(uuid, p, _slice_weight(slices, p))
         sm = p.sm_util_ratio
         rec = dict(cyc.common)
         rec["kind"] = "process"
@@ -184,26 +217,26 @@ def process_records(  # noqa: PLR0917 - one call per GPU and cycle
 
 
 def encoded_process_records(  # noqa: PLR0917 - one call per GPU and cycle
-    cyc: Cycle, uuid: str, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
-    shares: list[int], slices: dict[int, float] | None, elapsed: float, gpu_bytes: bytes,
+    cyc: Cycle, procs: Sequence[AttributedProcess], owners: Sequence[Owner],
+    proc_parts: Sequence[tuple[Any, bytes]], shares: list[int], elapsed: float,
+    gpu_bytes: bytes,
 ) -> list[Encoded]:
     """The same records as process_records(), as canonical.Encoded bytes: the members
     shared by the cycle, the GPU, the owner and the process are serialised once (Cycle,
     PartsCache); per record only its id, busy seconds, energy and values are, each by
     orjson as in a whole record (tests/core/audit/test_node_cycle_bytes.py pins the
     bytes). This loop makes most of a cycle's records: it is kept lean on purpose
-    (the values in sorted key order, the slice weight lookup written out)."""
+    (the values in sorted key order). `proc_parts`: with a fragments cache, each
+    process's `mid` (its encoded members around the `process` part) and id tail."""
     elapsed_m, pre, pre_end, end = cyc.encoded_members()
     gpu_m = cyc.gpu_members(gpu_bytes, elapsed)
     dumps = orjson.dumps
-    process, prefix, time_ns = cyc.parts.process, cyc.id_prefix, cyc.time_ns
+    prefix, time_ns = cyc.id_prefix, cyc.time_ns
     owned_share = iter(shares)
     out: list[Encoded] = []
-    for ap, (_a, is_owned, _part, owner_head) in zip(procs, owners, strict=True):
+    for ap, (_a, is_owned, _part, owner_head), (mid, tail) in zip(
+            procs, owners, proc_parts, strict=True):
         p = ap.process
-        gi = p.gpu_instance_id
-        mid, tail = process(uuid, p, slices.get(gi) if slices is not None and gi is not None
-                            else None)
         h = prefix.copy()
         h.update(tail)
         x = p.sm_util_ratio

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpu_audit.model.attribution import AttributedProcess
+from gpu_audit.model.attribution import UNKNOWN, AttributedProcess
 from gpu_audit.model.samples import BackendInfo, GpuSample
 
 
@@ -35,3 +35,10 @@ class Snapshot:
     # is up has its owners in `processes`
     last_owners: Mapping[str, tuple[tuple[str, str, str, str], ...]] = field(
         default_factory=dict)
+
+    def processes_of(self, gpu: GpuSample) -> tuple[AttributedProcess, ...]:
+        """The GPU's processes with their owners (unknown owner when attribution is absent)."""
+        attributed = self.processes.get(gpu.info.uuid)
+        if attributed is not None:
+            return attributed
+        return tuple(AttributedProcess(gpu.info.uuid, p, UNKNOWN) for p in gpu.processes)
