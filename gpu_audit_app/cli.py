@@ -160,7 +160,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "HTML and an audit manifest in --out. Exit 1 when the source is "
                        "unreachable or has no data for the period.")
     if full:
-        from gpu_audit_app.chargeback_main import add_arguments
+        from gpu_audit_app.chargeback.main import add_arguments
 
         add_arguments(p)
 
@@ -200,7 +200,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("slurm", help="gpu-audit on a Slurm cluster: epilog, job reports, "
                        "health check, idle-GPU policy (docs/SLURM.md).")
     if full:
-        from gpu_audit_app.slurm_main import add_arguments as add_slurm_arguments
+        from gpu_audit_app.slurm.main import add_arguments as add_slurm_arguments
 
         add_slurm_arguments(p)
     return parser
@@ -316,7 +316,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return run(config, with_shipper=(cmd == "run"))
     if cmd == "audit":  # its one action, verify (argparse requires it)
         _setup_logging("warning")
-        from gpu_audit_app.audit_verify import verify_command
+        from gpu_audit_app.audit.verify import verify_command
 
         return verify_command(args)
     if cmd == "capacity":
@@ -326,7 +326,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return capacity_command(args)
     if cmd == "chargeback":
         _setup_logging("warning")
-        from gpu_audit_app.chargeback_main import chargeback_command
+        from gpu_audit_app.chargeback.main import chargeback_command
 
         return chargeback_command(args)
     if cmd == "spool":
@@ -356,7 +356,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return launcher_command(args, parser)
     if cmd == "slurm":
         _setup_logging("warning")
-        from gpu_audit_app.slurm_main import command as slurm_command
+        from gpu_audit_app.slurm.main import command as slurm_command
 
         return slurm_command(args, parser)
     if cmd == "rules":  # its one action, render

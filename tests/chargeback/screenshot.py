@@ -27,7 +27,7 @@ from tests.chargeback.fixtures import sample_bill, sample_request, sample_source
 def _month_export(tmp: Path) -> Path:
     from chargeback.model import Request
     from chargeback.run import run_chargeback
-    from gpu_audit_app.chargeback_main import readers
+    from gpu_audit_app.chargeback.main import readers
     from tests.chargeback.month import scenario
     from tests.chargeback.promfill import backfilled_prometheus
 

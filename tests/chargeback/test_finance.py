@@ -51,7 +51,7 @@ def _data(req: Request, progress: bool) -> SourceData:
 
 @pytest.fixture
 def source(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", _data)
 
 
 def _rates(tmp_path: Path, text: str = "") -> Path:
@@ -245,7 +245,7 @@ def test_counter_and_integrated_power_apart_is_a_warning(
         data.fleet[A100].energy_joules = 0.0
         return data
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", apart)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", apart)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     out = capsys.readouterr().out
     assert "WARNING ENERGY: the energy counter says 14.820 kWh and integrated power " \
@@ -253,7 +253,7 @@ def test_counter_and_integrated_power_apart_is_a_warning(
     doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())
     assert any(n.startswith("ENERGY:") for n in doc["notes"])
     assert 'id="energy-warning"' in (tmp_path / "o" / "report.html").read_text()
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", _data)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     assert "ENERGY" not in capsys.readouterr().out
 
@@ -272,7 +272,7 @@ def test_allocation_not_known_is_null_in_the_json_and_reads_back(
                                    Fleet(gpu_seconds=7200.0))
         return data
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", unknown)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", unknown)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     assert {r["allocated_gpu_hours"] for r in _csv(tmp_path / "o" / CSV_NAME)} == {""}
     doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())

@@ -330,7 +330,7 @@ def test_compare_with_archive_reports_the_differences_and_replays(
     from chargeback.replay import replay
     from chargeback.sources.archive import read_archive
     from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
-    from gpu_audit_app import chargeback_main
+    from gpu_audit_app.chargeback import main as chargeback_main
 
     readers = {**chargeback_main.readers(), "archive": _archive_reader(month_archive)}
     out = tmp_path / "bill"

@@ -16,7 +16,7 @@ from chargeback.model import Request
 from chargeback.replay import replay
 from chargeback.run import run_chargeback
 from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback.main import readers
 from tests.chargeback.month import Month, scenario
 from tests.chargeback.promfill import Backfilled, backfilled_prometheus
 

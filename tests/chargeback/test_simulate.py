@@ -23,7 +23,7 @@ import pytest
 
 from chargeback.replay import replay
 from chargeback.values import CSV_NAME, HTML_NAME, MANIFEST_NAME
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback.main import readers
 from gpu_audit_app.cli import main
 
 pytestmark = pytest.mark.timeout(120)

@@ -50,7 +50,7 @@ from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
 from gpu_audit.spool.errors import SpoolLocked
-from gpu_audit_app.chargeback_sources import archive_source
+from gpu_audit_app.chargeback.sources import archive_source
 from gpu_audit_app.config import Config, load_settings
 from launcher.progress import clean_environment, estimate_remaining, fraction, progress_of
 

@@ -32,8 +32,8 @@ from chargeback.slurm.trail import Trails
 from chargeback.software import SoftwareUsage
 from gpu_audit.atomicfile import replace_file
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.chargeback.sources import archive_source
 from gpu_audit_app.chargeback_period import period
-from gpu_audit_app.chargeback_sources import archive_source
 
 LOOKBACK = timedelta(days=7)
 
