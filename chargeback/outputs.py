@@ -2,7 +2,7 @@
 `report.html`, `manifest.json`.
 
 Every byte is a function of the bill, the request and what the source read: no wall
-clock, no host name, no output path, so `gpu-audit chargeback --replay MANIFEST` can
+clock, no host name, no output path, so `gpu-audit chargeback replay MANIFEST` can
 reproduce each file byte for byte. Numbers are rounded once (chargeback.values) to `DECIMALS` places
 (CSV and JSON alike), so two runs whose floats differ in the last bit still agree.
 

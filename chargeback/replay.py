@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --replay MANIFEST`: re-run a recorded export and check it.
+"""`gpu-audit chargeback replay MANIFEST`: re-run a recorded export and check it.
 
 Replay rebuilds the request from the manifest (chargeback.manifest) and runs it again
 through `chargeback.run.run_chargeback`, with the rates and directory taken from the

@@ -155,10 +155,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("chargeback", help="A period's bill: GPU-hours, energy and cost per "
                        "user, project and department.",
-                       description="Bill a month (--month) or a period (--from/--to) from "
-                       "Prometheus, the audit archive or Elasticsearch/OpenSearch: CSV, JSON, "
-                       "HTML and an audit manifest in --out. Exit 1 when the source is "
-                       "unreachable or has no data for the period.")
+                       description="bill: a month (--month) or a period (--from/--to) from "
+                       "Prometheus, the audit archive or Elasticsearch/OpenSearch; simulate: "
+                       "the same from a simulator scenario, said SIMULATED everywhere; replay: "
+                       "an earlier bill reproduced from its manifest and checked. The flag "
+                       "form (`chargeback --month ...`, `--simulate`, `--replay`) still works "
+                       "for this release, with a deprecation line.")
     if full:
         from gpu_audit_app.chargeback.main import add_arguments
 
@@ -239,8 +241,16 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(words)
+    if command == "chargeback":  # its flag form, kept for one release
+        from gpu_audit_app.chargeback.legacy import modern_argv
+
+        words, note = modern_argv(words)
+        if note is not None:
+            print(note, file=sys.stderr)
+    parser = build_parser(command)
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

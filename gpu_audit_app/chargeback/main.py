@@ -1,9 +1,11 @@
-"""`gpu-audit chargeback`: a period's bill from Prometheus, the archive or a search sink.
+"""`gpu-audit chargeback bill|simulate|replay`: a period's bill from Prometheus, the
+archive or a search sink (`bill`), from a simulator scenario played into an archive
+(`simulate`), or an earlier bill reproduced from its manifest (`replay`, handed over to
+`chargeback.replay.replay`, which reruns the recorded request and checks the outputs
+byte for byte).
 
 Exit 0 with the outputs written, 1 when the source is unreachable or has no data for
 the period (no bill is written), 2 for bad arguments, rates or directory files.
-`--replay MANIFEST` hands over to `chargeback.replay.replay`, which reruns the
-recorded request and checks the outputs byte for byte.
 
 The source readers are built here (`readers()`), because two of them read the gpu-audit
 configuration (where the archive and the search sinks are), which chargeback may not
@@ -40,8 +42,7 @@ def group_by_choice(text: str) -> str:
         "as the exporter records it, e.g. software:cudart, software:torch, software:image)")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_period_arguments(p)
+def _add_source_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default=None, metavar="SOURCE",
                    choices=("prometheus", "archive", "elasticsearch", "opensearch"),
                    help="Where the usage comes from: prometheus (default), archive, "
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-url", metavar="URL",
                    help="Prometheus-compatible query API (Prometheus, VictoriaMetrics, ...).")
     add_location_arguments(p)
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", metavar="FILE", help="Rates file (YAML; see "
                    "chargeback/examples/rates.yaml). Without it: a showback (GPU-hours and "
                    "energy, no cost).")
@@ -66,15 +70,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=("none", "proportional", "even"),
                    help="How idle fleet cost is shared over owners (default proportional).")
     p.add_argument("--out", metavar="DIR", default="chargeback-out", help="Output directory.")
+
+
+def _add_archive_reading_arguments(p: argparse.ArgumentParser) -> None:
+    """How far an archive is trusted and checked (bill and simulate both read one)."""
+    p.add_argument("--allow-gaps", action="store_true",
+                   help="Bill from a trail with gaps (records missing, a part missing or "
+                   "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
+                   "manifest. Without it such a bill exits 1.")
+    p.add_argument("--verify-records", action="store_true",
+                   help="Archive: read every record of the sealed parts too, and check "
+                   "that their seals' sums are the records' (slower).")
+
+
+def _add_bill_arguments(p: argparse.ArgumentParser) -> None:
+    add_period_arguments(p)
+    _add_source_arguments(p)
+    _add_output_arguments(p)
     p.add_argument("--include-simulated", action="store_true",
                    help="Bill simulated series/records too (left out by default).")
     p.add_argument("--allow-unverified", action="store_true",
                    help="Bill from an archive whose hash chain does not verify (said in the "
                    "report).")
-    p.add_argument("--allow-gaps", action="store_true",
-                   help="Bill from a trail with gaps (records missing, a part missing or "
-                   "damaged): stamped INCOMPLETE in the terminal, CSV, JSON, report and "
-                   "manifest. Without it such a bill exits 1.")
+    _add_archive_reading_arguments(p)
     p.add_argument("--witness", metavar="URL",
                    help="Archive: Prometheus that scraped the exporters' chain heads "
                    "(gpu_audit_audit_head): the archive must hold every head it kept, or "
@@ -83,27 +101,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Archive without an HMAC key: bill sealed parts from their seals' "
                    "sums without reading them (fast), though nothing proves those sums; the "
                    "bill is marked unverified and says so.")
-    p.add_argument("--verify-records", action="store_true",
-                   help="Archive: read every record of the sealed parts too, and check "
-                   "that their seals' sums are the records' (slower).")
-    sim = p.add_argument_group("simulator (a SIMULATED bill, for demos and tests)")
-    sim.add_argument("--simulate", metavar="SCENARIO", help="Play a simulator scenario "
-                     "(name or file) over the period in virtual time through the real "
-                     "producer into a hash-chained archive, and bill that archive, "
-                     "simulated records included and said so everywhere.")
-    sim.add_argument("--sim-archive", metavar="DIR", help="Where the simulated archive "
-                     "goes (empty or new; default OUT/sim-archive).")
-    sim.add_argument("--sim-nodes", metavar="N", type=int, default=1,
-                     help="Copies of the scenario's node (default 1): N x its GPUs.")
-    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=60.0,
-                     help="Simulated sampling interval (default 60).")
-    sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
-                     help="audit.interval_seconds of the simulated exporter: a multiple of "
-                     "--sim-step (default 300: interval usage records, "
-                     "schema 3, as `gpu-audit run` writes them; equal to the step: the "
-                     "per-cycle trail).")
-    p.add_argument("--replay", metavar="MANIFEST",
-                   help="Reproduce the bill of an earlier run from its manifest.")
     slurm = p.add_argument_group("Slurm clusters (docs/SLURM.md)")
     slurm.add_argument("--group-by", type=group_by_choice, default="owner",
                        metavar="KEY",
@@ -117,6 +114,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="--group-by slurm/software: an archive or spool to read "
                        "(repeatable: each node's exporter archive and `slurm` stream); "
                        "default --config's archive.")
+
+
+# What `simulate` bills with: the simulated archive through its own configuration, no
+# other source, the owner bill (the run's `request` reads these as a bill's would).
+_SIMULATE_DEFAULTS: dict[str, object] = {
+    "source": None, "compare_with": "", "prometheus_url": None, "config": None,
+    "sink": None, "include_simulated": False, "allow_unverified": False, "witness": None,
+    "trust_unkeyed_seals": False, "group_by": "owner", "trail": []}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`chargeback bill|simulate|replay`, each with its own options."""
+    sub = p.add_subparsers(dest="chargeback_command", metavar="ACTION", required=True)
+    bill = sub.add_parser(
+        "bill", help="Bill a period from Prometheus, the archive or a search sink.",
+        description="Bill a month (--month) or a period (--from/--to) from Prometheus, the "
+        "audit archive or Elasticsearch/OpenSearch: CSV, JSON, HTML and an audit manifest in "
+        "--out. Exit 1 when the source is unreachable or has no data for the period.")
+    _add_bill_arguments(bill)
+    sim = sub.add_parser(
+        "simulate", help="A SIMULATED bill from a simulator scenario (demos and tests).",
+        description="Play a simulator scenario over the period in virtual time through the "
+        "real producer into a hash-chained archive, and bill that archive, simulated "
+        "records included and said so everywhere.")
+    sim.add_argument("scenario", metavar="SCENARIO",
+                     help="The simulator scenario to play (a shipped name or a file).")
+    add_period_arguments(sim)
+    _add_output_arguments(sim)
+    _add_archive_reading_arguments(sim)
+    sim.add_argument("--sim-archive", metavar="DIR", help="Where the simulated archive "
+                     "goes (empty or new; default OUT/sim-archive).")
+    sim.add_argument("--sim-nodes", metavar="N", type=int, default=1,
+                     help="Copies of the scenario's node (default 1): N x its GPUs.")
+    sim.add_argument("--sim-step", metavar="SECONDS", type=float, default=60.0,
+                     help="Simulated sampling interval (default 60).")
+    sim.add_argument("--sim-audit-interval", metavar="SECONDS", type=float, default=None,
+                     help="audit.interval_seconds of the simulated exporter: a multiple of "
+                     "--sim-step (default 300: interval usage records, "
+                     "schema 3, as `gpu-audit run` writes them; equal to the step: the "
+                     "per-cycle trail).")
+    sim.set_defaults(**_SIMULATE_DEFAULTS)
+    replay = sub.add_parser(
+        "replay", help="Reproduce an earlier bill from its manifest and check it.",
+        description="Re-read the source an earlier bill named in its manifest, bill it "
+        "again and check every output byte for byte. Exit 1 when they differ or the "
+        "source is gone.")
+    replay.add_argument("manifest", metavar="MANIFEST",
+                        help="The manifest.json an earlier bill wrote in its --out.")
 
 
 def request(args: argparse.Namespace) -> Request:
@@ -205,25 +250,16 @@ def readers() -> Mapping[str, Reader]:
 
 
 def _simulate(args: argparse.Namespace) -> argparse.Namespace:
-    """Write the simulated archive for --simulate; the arguments that bill it."""
+    """Write the simulated archive of `chargeback simulate`; the arguments that bill it."""
     from gpu_audit_app.chargeback.sim import CONFIG_NAME, simulate_archive
 
-    problems = []
-    if args.source not in (None, "archive"):
-        problems.append(f"--simulate bills the simulated archive: not --source {args.source}")
-    if args.config:
-        problems.append("--simulate writes its own configuration: not --config")
-    if args.compare_with:
-        problems.append("--simulate: --compare-with has no other source to read")
-    if problems:
-        raise ConfigError("arguments", problems)
     start, end = period(args)
     out = Path(args.out)
     archive = Path(args.sim_archive) if args.sim_archive else out / "sim-archive"
-    print(f"SIMULATED: playing scenario {args.simulate!r} over {start.isoformat()} .. "
+    print(f"SIMULATED: playing scenario {args.scenario!r} over {start.isoformat()} .. "
           f"{end.isoformat()} every {args.sim_step:g} s (virtual time) into {archive}",
           flush=True)
-    sim = simulate_archive(args.simulate, start, end, archive.resolve(),
+    sim = simulate_archive(args.scenario, start, end, archive.resolve(),
                            (out / CONFIG_NAME).resolve(), step=args.sim_step,
                            nodes=args.sim_nodes, audit_interval=args.sim_audit_interval)
     print(f"SIMULATED: {sim.cycles} cycles of {sim.gpus} simulated GPU(s), {sim.records} "
@@ -234,11 +270,29 @@ def _simulate(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def chargeback_command(args: argparse.Namespace) -> int:
-    if args.group_by == "slurm":
+    if args.chargeback_command == "replay":
+        from chargeback.replay import replay
+
+        try:
+            return replay(Path(args.manifest), readers=readers())
+        except (SourceError, NoDataError) as exc:
+            print(f"gpu-audit chargeback replay: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    if args.chargeback_command == "simulate":
+        from gpu_audit_app.chargeback.sim import SimulationError
+
+        # every problem of the rates and directory files before a month is simulated
+        load_tables(args.rates, args.directory)
+        try:
+            args = _simulate(args)
+        except SimulationError as exc:
+            print(f"gpu-audit chargeback simulate: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    elif args.group_by == "slurm":
         from gpu_audit_app.slurm.bill import slurm_bill_command
 
         return slurm_bill_command(args)
-    if args.group_by != "owner":
+    elif args.group_by != "owner":
         from gpu_audit_app.chargeback.software_bill import software_bill_command
 
         return software_bill_command(args)
@@ -248,24 +302,6 @@ def chargeback_command(args: argparse.Namespace) -> int:
          "slurm" in (s.strip() for s in args.compare_with.split(",")))) if used]
     if wrong:
         raise ConfigError("arguments", wrong)
-    if args.replay:
-        from chargeback.replay import replay
-
-        try:
-            return replay(Path(args.replay), readers=readers())
-        except (SourceError, NoDataError) as exc:
-            print(f"gpu-audit chargeback --replay: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-    if args.simulate:
-        from gpu_audit_app.chargeback.sim import SimulationError
-
-        # every problem of the rates and directory files before a month is simulated
-        load_tables(args.rates, args.directory)
-        try:
-            args = _simulate(args)
-        except SimulationError as exc:
-            print(f"gpu-audit chargeback --simulate: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
     req = request(args)
     try:
         result = run_chargeback(req, readers=readers(), progress=sys.stderr.isatty())

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by software` (or `software:NAME`): the period's GPU-hours
+"""`gpu-audit chargeback bill --group-by software` (or `software:NAME`): the period's GPU-hours
 of GPU processes by what they ran, from the audit trail (chargeback/software.py;
 docs/CHARGEBACK.md "By software").
 
@@ -45,9 +45,6 @@ def _problems(args: argparse.Namespace) -> list[str]:
                         f"--config's archive), not --source {args.source}")
     if [s for s in args.compare_with.split(",") if s.strip()]:
         problems.append(f"--group-by {args.group_by}: --compare-with is not supported")
-    for flag in ("simulate", "replay"):
-        if getattr(args, flag, None):
-            problems.append(f"--group-by {args.group_by}: --{flag} is not supported")
     return problems
 
 
@@ -59,10 +56,10 @@ def software_bill_command(args: argparse.Namespace) -> int:
     key = None
     trails = [Path(t) for t in args.trail]
     if not trails:
-        archive, key = archive_source(Path(args.config) if args.config else None)
+        archive, key = archive_source(Path(args.config) if args.config else None, args.sink)
         trails = [archive]
     elif args.config:
-        _, key = archive_source(Path(args.config))
+        _, key = archive_source(Path(args.config), args.sink)
     missing = [str(t) for t in trails if not t.is_dir()]
     if missing:
         raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by slurm`: the period's bill by Slurm account, partition
+"""`gpu-audit chargeback bill --group-by slurm`: the period's bill by Slurm account, partition
 and user from the audit trail, and with `--compare-with slurm` each row beside sacct's
 GPU TRES-hours (chargeback/slurm/bill.py; docs/SLURM.md).
 
@@ -37,9 +37,6 @@ def _problems(args: argparse.Namespace) -> list[str]:
     if args.source not in (None, "archive"):
         problems.append("--group-by slurm reads the audit trail (--trail or --config's "
                         f"archive), not --source {args.source}")
-    for flag in ("simulate", "replay"):
-        if getattr(args, flag, None):
-            problems.append(f"--group-by slurm: --{flag} is not supported")
     return problems
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.chargeback.screenshot --export BILL_DIR OUT.png
     .venv/bin/python -m tests.chargeback.screenshot --month OUT.png
 
-With `--export` it shoots the `report.html` of an export (`gpu-audit chargeback --out
+With `--export` it shoots the `report.html` of an export (`gpu-audit chargeback bill --out
 BILL_DIR`); with `--month`, the bill of the chargeback test month (tests/chargeback/
 month.py: a counter reset, a MIG GPU, a GPU down for a day, an unattributed process, an
 unmapped user, a simulated GPU) backfilled into a real Prometheus and billed by

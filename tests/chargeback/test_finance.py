@@ -62,7 +62,7 @@ def _rates(tmp_path: Path, text: str = "") -> Path:
 
 
 def _bill(tmp_path: Path, *extra: str) -> int:
-    return main(["chargeback", "--from", "2026-11-01T00:00:00Z", "--to",
+    return main(["chargeback", "bill", "--from", "2026-11-01T00:00:00Z", "--to",
                  "2026-11-02T00:00:00Z", "--source", "archive", "--idle-policy", "none",
                  "--out", str(tmp_path / "o"), *extra])
 
@@ -203,7 +203,7 @@ def test_report_period_labels_and_totals_agree_with_the_csv(tmp_path: Path,
     """A 7-hour window is titled with its times and UTC (not "2026-11-01 to
     2026-11-01"); charged, used and busy are each explained; the full bill has unit
     prices and cost columns and a totals line equal to the CSV's `total` line."""
-    assert main(["chargeback", "--from", "2026-11-01T08:00:00Z", "--to",
+    assert main(["chargeback", "bill", "--from", "2026-11-01T08:00:00Z", "--to",
                  "2026-11-01T15:00:00Z", "--source", "archive", "--csv-totals",
                  "--rates", str(_rates(tmp_path)), "--out", str(tmp_path / "o")]) == 0
     html = (tmp_path / "o" / "report.html").read_text()

@@ -1,6 +1,6 @@
 """Replaying a manifest reproduces the bill byte for byte, through the real pipeline:
 three days of the chargeback test month backfilled into a real Prometheus (promtool),
-billed by `run_chargeback`, then `gpu-audit chargeback --replay manifest.json`."""
+billed by `run_chargeback`, then `gpu-audit chargeback replay manifest.json`."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).parents[2] / "chargeback" / "examples"
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["chargeback", "--month", "2026-11", "--source", "archive",
+    return ["chargeback", "bill", "--month", "2026-11", "--source", "archive",
             "--rates", str(EXAMPLES / "rates.yaml"), "--out", str(tmp_path / "o"), *extra]
 
 

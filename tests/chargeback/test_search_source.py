@@ -265,9 +265,9 @@ def test_two_archive_sinks_are_chosen_by_name_as_audit_verify_chooses(
 
 
 def test_chargeback_takes_sink(tmp_path: Path) -> None:
-    """`gpu-audit chargeback --sink NAME` is an option of the command."""
+    """`gpu-audit chargeback bill --sink NAME` is an option of the command."""
     from gpu_audit_app.cli import build_parser
 
     args = build_parser("chargeback").parse_args(
-        ["chargeback", "--month", "2026-11", "--source", "archive", "--sink", "offsite"])
+        ["chargeback", "bill", "--month", "2026-11", "--source", "archive", "--sink", "offsite"])
     assert args.sink == "offsite"
