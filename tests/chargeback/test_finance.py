@@ -263,7 +263,7 @@ def test_allocation_not_known_is_null_in_the_json_and_reads_back(
     """A source that cannot see reservations: the CSV's allocated cells are empty, the
     JSON's rows and days say null (not 0, not a copy of used), and the JSON reads back
     into the same bill."""
-    from chargeback.outputs import bill_from_json
+    from tests.chargeback.billjson import bill_from_json
 
     def unknown(req: Request, progress: bool) -> SourceData:
         data = _data(req, progress)
