@@ -32,7 +32,7 @@ from chargeback.slurm.trail import Trails
 from chargeback.software import SoftwareUsage
 from gpu_audit.atomicfile import replace_file
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.chargeback.sources import archive_source
+from gpu_audit_app.chargeback.sources import trail_dirs
 from gpu_audit_app.chargeback_period import period
 
 LOOKBACK = timedelta(days=7)
@@ -53,16 +53,7 @@ def software_bill_command(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError("arguments", problems)
     start, end = period(args)
-    key = None
-    trails = [Path(t) for t in args.trail]
-    if not trails:
-        archive, key = archive_source(Path(args.config) if args.config else None, args.sink)
-        trails = [archive]
-    elif args.config:
-        _, key = archive_source(Path(args.config), args.sink)
-    missing = [str(t) for t in trails if not t.is_dir()]
-    if missing:
-        raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])
+    trails, key = trail_dirs(args)
     start_ns, end_ns = int(start.timestamp() * 1e9), int(end.timestamp() * 1e9)
     usage = SoftwareUsage(start_ns=start_ns, end_ns=end_ns,
                           include_simulated=args.include_simulated)
