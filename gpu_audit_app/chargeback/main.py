@@ -124,6 +124,14 @@ _SIMULATE_DEFAULTS: dict[str, object] = {
     "trust_unkeyed_seals": False, "group_by": "owner", "trail": []}
 
 
+def _action(sub: Any, name: str, value: str, summary: str, description: str, *,
+            value_help: str) -> argparse.ArgumentParser:
+    """An action whose one positional argument is `value` (its dest, lower-cased)."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+    p.add_argument(value.lower(), metavar=value, help=value_help)
+    return p
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`chargeback bill|simulate|replay`, each with its own options."""
     sub = p.add_subparsers(dest="chargeback_command", metavar="ACTION", required=True)
@@ -133,13 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "audit archive or Elasticsearch/OpenSearch: CSV, JSON, HTML and an audit manifest in "
         "--out. Exit 1 when the source is unreachable or has no data for the period.")
     _add_bill_arguments(bill)
-    sim = sub.add_parser(
-        "simulate", help="A SIMULATED bill from a simulator scenario (demos and tests).",
-        description="Play a simulator scenario over the period in virtual time through the "
-        "real producer into a hash-chained archive, and bill that archive, simulated "
-        "records included and said so everywhere.")
-    sim.add_argument("scenario", metavar="SCENARIO",
-                     help="The simulator scenario to play (a shipped name or a file).")
+    sim = _action(sub, "simulate", "SCENARIO",
+                  "A SIMULATED bill from a simulator scenario (demos and tests).",
+                  "Play a simulator scenario over the period in virtual time through the "
+                  "real producer into a hash-chained archive, and bill that archive, "
+                  "simulated records included and said so everywhere.",
+                  value_help="The simulator scenario to play (a shipped name or a file).")
     add_period_arguments(sim)
     _add_output_arguments(sim)
     _add_archive_reading_arguments(sim)
@@ -155,13 +162,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "schema 3, as `gpu-audit run` writes them; equal to the step: the "
                      "per-cycle trail).")
     sim.set_defaults(**_SIMULATE_DEFAULTS)
-    replay = sub.add_parser(
-        "replay", help="Reproduce an earlier bill from its manifest and check it.",
-        description="Re-read the source an earlier bill named in its manifest, bill it "
-        "again and check every output byte for byte. Exit 1 when they differ or the "
-        "source is gone.")
-    replay.add_argument("manifest", metavar="MANIFEST",
-                        help="The manifest.json an earlier bill wrote in its --out.")
+    _action(sub, "replay", "MANIFEST",
+            "Reproduce an earlier bill from its manifest and check it.",
+            "Re-read the source an earlier bill named in its manifest, bill it again and "
+            "check every output byte for byte. Exit 1 when they differ or the source is gone.",
+            value_help="The manifest.json an earlier bill wrote in its --out.")
 
 
 def request(args: argparse.Namespace) -> Request:
