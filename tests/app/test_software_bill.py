@@ -112,3 +112,25 @@ def test_hostile_software_objects_are_cut_to_the_allow_lists() -> None:
     (g,) = u.groups("software")
     assert g.label == "cudart 12.4.127" and g.gpu_seconds == 10.0
     assert group_label(None, "software:torch") == NO_RECORD
+
+
+def test_sink_names_the_archive_to_read_when_the_configuration_has_two(
+        tmp_path: Path) -> None:
+    """With two archive sinks configured, `--sink NAME` chooses the trail the software
+    bill reads (as `audit verify --sink` and the owner bill choose); the same bill as from
+    `--trail` of that directory."""
+    trail = _trail(tmp_path / "nfs", 60.0)
+    (tmp_path / "local").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"spool: {{directory: {tmp_path / 'spool'}}}\n"
+        "shipper:\n  sinks:\n"
+        f"    - {{type: archive, directory: {tmp_path / 'local'}}}\n"
+        f"    - {{type: archive, name: offsite, directory: {trail}}}\n")
+    start = datetime.fromtimestamp(T0 - 60, UTC).isoformat()
+    end = datetime.fromtimestamp(T0 + 3600, UTC).isoformat()
+    out = tmp_path / "by-sink"
+    assert main(["chargeback", "bill", "--group-by", "software", "--config", str(cfg),
+                 "--sink", "offsite", "--from", start, "--to", end, "--out", str(out)]) == 0
+    by_trail = _bill(trail, tmp_path / "by-trail", "software")
+    assert json.loads((out / "software.json").read_text())["groups"] == by_trail["groups"]
