@@ -73,7 +73,7 @@ def main() -> None:
     period = ["--from", start.isoformat(), "--to", end.isoformat()]
     cap = run(["capacity", "--source", "archive", "--config", str(cfg), *period, "--out",
                str(args.dir / "capacity"), "--no-png"])
-    cb = run(["chargeback", "--source", "archive", "--config", str(cfg), *period, "--out",
+    cb = run(["chargeback", "bill", "--source", "archive", "--config", str(cfg), *period, "--out",
               str(args.dir / "chargeback")])
     doc = json.loads((args.dir / "capacity" / "capacity.json").read_text())
     site = next(r for r in doc["rows"] if r["month"] == "period" and r["model"] == "all models")

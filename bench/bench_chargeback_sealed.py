@@ -7,7 +7,7 @@
 
 The archive (synth_archive.py: the default 60 s cadence, one usage record per GPU and
 holder per minute, written and sealed by the real archive sink) is generated once into
---dir and reused. Each bill is `gpu-audit chargeback --month 2026-11 --source archive`
+--dir and reused. Each bill is `gpu-audit chargeback bill --month 2026-11 --source archive`
 in a fresh process (peak RSS from its own ru_maxrss): from the seals (the default: the
 rollup of every sealed part whose MAC matches, each part's SHA-256 and the seal chain
 checked, the open parts read: `--key`; an unkeyed trail's seals prove nothing, so that
@@ -48,7 +48,7 @@ def bill(archive: Path, out: Path, *extra: str, key_file: Path | None = None
     audit = f"audit:\n  hmac_key_file: {key_file}\n" if key_file is not None else ""
     cfg.write_text(f"{audit}shipper:\n  sinks:\n  - type: archive\n"
                    f"    directory: {archive}\n")
-    cmd = [sys.executable, "-c", RUNNER, "chargeback", "--month", "2026-11", "--source",
+    cmd = [sys.executable, "-c", RUNNER, "chargeback", "bill", "--month", "2026-11", "--source",
            "archive", "--config", str(cfg), "--rates",
            str(ROOT / "chargeback" / "examples" / "rates.yaml"), "--out", str(out), *extra]
     t0 = time.monotonic()

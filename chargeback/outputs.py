@@ -2,7 +2,7 @@
 `report.html`, `manifest.json`.
 
 Every byte is a function of the bill, the request and what the source read: no wall
-clock, no host name, no output path, so `gpu-audit chargeback --replay MANIFEST` can
+clock, no host name, no output path, so `gpu-audit chargeback replay MANIFEST` can
 reproduce each file byte for byte. Numbers are rounded once (chargeback.values) to `DECIMALS` places
 (CSV and JSON alike), so two runs whose floats differ in the last bit still agree.
 
@@ -25,14 +25,10 @@ import orjson
 from chargeback.manifest import completeness_json, render_manifest
 from chargeback.model import (
     Bill,
-    Completeness,
     Fleet,
     Line,
-    Owner,
-    Reconciliation,
     Request,
     Row,
-    RowDifference,
     SourceComparison,
     SourceData,
     Usage,
@@ -48,7 +44,6 @@ from chargeback.values import (
     SECONDS_PER_HOUR,
     fmt_number,
     owner_sort_key,
-    parse_rfc3339,
     rfc3339,
     rounded,
     sha256_bytes,
@@ -276,17 +271,6 @@ def bill_to_json(bill: Bill) -> dict[str, Any]:
     }
 
 
-def completeness_from_json(obj: Any) -> Completeness | None:
-    if not isinstance(obj, dict):
-        return None
-    return Completeness(chains=list(obj["chains"]), gaps=list(obj["gaps"]),
-                        silent=list(obj["silent"]), inventory_gpus=obj["inventory_gpus"],
-                        inventory_hosts=obj["inventory_hosts"],
-                        expected_gpu_hours=obj["expected_gpu_hours"],
-                        observed_gpu_hours=obj["observed_gpu_hours"],
-                        allowed=obj["allowed"])
-
-
 def render_json(bill: Bill) -> bytes:
     return orjson.dumps(bill_to_json(bill),
                         option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
@@ -299,61 +283,6 @@ def _comparison_json(c: SourceComparison) -> dict[str, Any]:
         {f.name: (getattr(d, f.name) if f.name == "key" else rounded(getattr(d, f.name)))
          for f in fields(d)} for d in c.largest_differences]
     return out
-
-
-def _no_nulls(obj: dict[str, Any]) -> dict[str, Any]:
-    """A showback's empty costs (null) as 0.0, what the Bill holds when not priced."""
-    return {k: 0.0 if v is None else v for k, v in obj.items()}
-
-
-def bill_from_json(obj: dict[str, Any]) -> Bill:
-    """The inverse of `bill_to_json` (to the rounding it applied)."""
-    if obj.get("format") != JSON_FORMAT:
-        raise ValueError(f"not a {JSON_FORMAT} document: format={obj.get('format')!r}")
-    rows = [Row(**_no_nulls(row)) for row in obj["rows"]]
-    lines = [Line(**_no_nulls(li)) for li in obj.get("lines", [])]
-    recj = dict(obj["reconciliation"])
-    comparisons = {
-        name: SourceComparison(**{**c, "largest_differences": [
-            RowDifference(**d) for d in c["largest_differences"]]})
-        for name, c in recj.pop("comparisons", {}).items()}
-    rec = Reconciliation(**recj, comparisons=comparisons)
-    days: dict[str, tuple[dict[Owner, Usage], Fleet]] = {}
-    for day, value in obj["days"].items():
-        owners: dict[Owner, Usage] = {}
-        for entry in value["owners"]:
-            owners[(entry["user"], entry["project"])] = Usage(
-                allocated_gpu_seconds=(entry["allocated_gpu_hours"] or 0.0) * _HOURS,
-                used_gpu_seconds=entry["used_gpu_hours"] * _HOURS,
-                charged_gpu_seconds=entry["charged_gpu_hours"] * _HOURS,
-                busy_gpu_seconds=entry["busy_gpu_hours"] * _HOURS,
-                idle_held_gpu_seconds=entry["idle_held_gpu_hours"] * _HOURS,
-                energy_joules=entry["energy_kwh"] * _KWH,
-                power_energy_joules=entry["power_energy_kwh"] * _KWH,
-            )
-        f = value["fleet"]
-        days[day] = (owners, Fleet(
-            gpu_seconds=f["gpu_hours"] * _HOURS,
-            down_gpu_seconds=f["down_gpu_hours"] * _HOURS,
-            held_gpu_seconds=f["held_gpu_hours"] * _HOURS,
-            busy_gpu_seconds=f["busy_gpu_hours"] * _HOURS,
-            idle_held_gpu_seconds=f["idle_held_gpu_hours"] * _HOURS,
-            energy_joules=f["energy_kwh"] * _KWH,
-            power_energy_joules=f["power_energy_kwh"] * _KWH,
-        ))
-    return Bill(
-        start=parse_rfc3339(obj["period"]["start"]), end=parse_rfc3339(obj["period"]["end"]),
-        source=obj["source"], currency=obj["currency"] or "",
-        idle_policy=obj["idle_policy"],
-        idle_policy_note=obj["idle_policy_note"], rows=rows, reconciliation=rec, days=days,
-        unmapped=list(obj["unmapped"]), simulated_excluded=obj["simulated_excluded"],
-        simulated_included=obj["simulated_included"], verified=obj["verified"],
-        verification_problems=list(obj["verification_problems"]), notes=list(obj["notes"]),
-        completeness=completeness_from_json(obj.get("completeness")),
-        priced=obj.get("priced", True), allocation_known=obj.get("allocation_known", True),
-        energy_kwh_price=obj.get("energy_kwh_price") or 0.0,
-        lines=lines,
-    )
 
 
 # -- writing ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --replay MANIFEST`: re-run a recorded export and check it.
+"""`gpu-audit chargeback replay MANIFEST`: re-run a recorded export and check it.
 
 Replay rebuilds the request from the manifest (chargeback.manifest) and runs it again
 through `chargeback.run.run_chargeback`, with the rates and directory taken from the
@@ -123,7 +123,7 @@ def replay(manifest_path: Path, out_dir: Path | None = None, *,
            readers: Mapping[str, Reader], say: TextIO | None = None) -> int:
     """Re-run the export `manifest_path` describes; 0 when every output is identical.
 
-    `readers` are the source readers a run gets (gpu_audit_app.chargeback_main's).
+    `readers` are the source readers a run gets (gpu_audit_app.chargeback.main's).
     `out_dir` keeps the re-run's files (it must not be the export's own directory);
     None writes them to a temporary directory that is removed afterwards.
     """

@@ -7,7 +7,7 @@ that source's bill of the same period, compared with it: `Reconciliation.compari
 and hands it to `chargeback.outputs.write_outputs`, which writes the CSV, JSON, HTML and
 the manifest into `req.out` and returns each file's sha256.
 
-The readers are the caller's: the app layer (gpu_audit_app.chargeback_main) builds one
+The readers are the caller's: the app layer (gpu_audit_app.chargeback.main) builds one
 per source from the gpu-audit configuration (the archive directory and HMAC key, the
 search sinks), which chargeback may not import. This module keeps no registry of its
 own, and never imports replay (chargeback.replay sits above it).

@@ -3,7 +3,7 @@ carry a `software` object (docs/AUDIT.md: `loaded`, `libraries` {name: version},
 `image`), and the GPU-seconds of each process come from its usage records (version 2
 `process` records, version 3 `usage` records' `tasks`). `SoftwareUsage` joins the two by
 (host, pid, start ticks) and sums GPU-seconds per software group, for
-`gpu-audit chargeback --group-by software` and the Slurm per-job report.
+`gpu-audit chargeback bill --group-by software` and the Slurm per-job report.
 
 Group keys (`group_label`): `software` is the whole fingerprint ("image x; cudart
 12.4.127, torch 2.6.0" from the image and every library with a version), `software:NAME`

@@ -155,12 +155,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("chargeback", help="A period's bill: GPU-hours, energy and cost per "
                        "user, project and department.",
-                       description="Bill a month (--month) or a period (--from/--to) from "
-                       "Prometheus, the audit archive or Elasticsearch/OpenSearch: CSV, JSON, "
-                       "HTML and an audit manifest in --out. Exit 1 when the source is "
-                       "unreachable or has no data for the period.")
+                       description="bill: a month (--month) or a period (--from/--to) from "
+                       "Prometheus, the audit archive or Elasticsearch/OpenSearch; simulate: "
+                       "the same from a simulator scenario, said SIMULATED everywhere; replay: "
+                       "an earlier bill reproduced from its manifest and checked. The flag "
+                       "form (`chargeback --month ...`, `--simulate`, `--replay`) still works "
+                       "for this release, with a deprecation line.")
     if full:
-        from gpu_audit_app.chargeback_main import add_arguments
+        from gpu_audit_app.chargeback.main import add_arguments
 
         add_arguments(p)
 
@@ -200,7 +202,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("slurm", help="gpu-audit on a Slurm cluster: epilog, job reports, "
                        "health check, idle-GPU policy (docs/SLURM.md).")
     if full:
-        from gpu_audit_app.slurm_main import add_arguments as add_slurm_arguments
+        from gpu_audit_app.slurm.main import add_arguments as add_slurm_arguments
 
         add_slurm_arguments(p)
     return parser
@@ -239,8 +241,16 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(words)
+    if command == "chargeback":  # its flag form, kept for one release
+        from gpu_audit_app.chargeback.legacy import modern_argv
+
+        words, note = modern_argv(words)
+        if note is not None:
+            print(note, file=sys.stderr)
+    parser = build_parser(command)
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -316,7 +326,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return run(config, with_shipper=(cmd == "run"))
     if cmd == "audit":  # its one action, verify (argparse requires it)
         _setup_logging("warning")
-        from gpu_audit_app.audit_verify import verify_command
+        from gpu_audit_app.audit.verify import verify_command
 
         return verify_command(args)
     if cmd == "capacity":
@@ -326,7 +336,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return capacity_command(args)
     if cmd == "chargeback":
         _setup_logging("warning")
-        from gpu_audit_app.chargeback_main import chargeback_command
+        from gpu_audit_app.chargeback.main import chargeback_command
 
         return chargeback_command(args)
     if cmd == "spool":
@@ -356,7 +366,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return launcher_command(args, parser)
     if cmd == "slurm":
         _setup_logging("warning")
-        from gpu_audit_app.slurm_main import command as slurm_command
+        from gpu_audit_app.slurm.main import command as slurm_command
 
         return slurm_command(args, parser)
     if cmd == "rules":  # its one action, render

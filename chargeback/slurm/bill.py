@@ -1,5 +1,5 @@
 """The bill of a Slurm cluster, by account, partition and user, and its reconciliation
-with Slurm's own accounting (`gpu-audit chargeback --group-by slurm [--compare-with
+with Slurm's own accounting (`gpu-audit chargeback bill --group-by slurm [--compare-with
 slurm]`, docs/SLURM.md).
 
 From the audit trail, in one pass over the records of the period:

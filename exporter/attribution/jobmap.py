@@ -1,7 +1,6 @@
 """The job-mapping directory: one small JSON file per job, written by the launcher and
-Slurm prologs, saying which pids and GPUs belong to which job and person; and
-`JobMapSource`, the `jobmap` attribution source that reads it (registered by name in
-exporter/attribution/registry.py).
+Slurm prologs, saying which pids and GPUs belong to which job and person. The `jobmap`
+attribution source that asks it is exporter/attribution/sources/jobmap.py.
 
 The format is a public contract, documented in docs/ATTRIBUTION.md (version 1). The
 directory is stat'ed once per cycle and a file is parsed only when its mtime, size or
@@ -23,11 +22,8 @@ from typing import Any
 
 import orjson
 
-from exporter.attribution.config import AttributionConfig
 from exporter.attribution.sanitize import clean_text
-from exporter.attribution.sources import NO_ANSWER, Query
 from gpu_audit.errors import GpuAuditError
-from gpu_audit.model.attribution import SOURCE_JOBMAP
 
 log = logging.getLogger(__name__)
 
@@ -295,39 +291,3 @@ class JobMap:
             if record is not None or ambiguous:
                 return record, ambiguous
         return None, False
-
-
-class JobMapSource:
-    """The job-mapping directory written by the launcher and Slurm prologs."""
-
-    name = SOURCE_JOBMAP
-    proc_needs: frozenset[str] = frozenset()
-
-    def __init__(self, config: AttributionConfig, wall_clock: Callable[[], float]) -> None:
-        self._jobmap = JobMap(
-            config.jobmap_dir,
-            max_file_bytes=config.jobmap_max_file_bytes,
-            max_value_length=config.environ_value_max_length,
-            wall_clock=wall_clock,
-        )
-        self._ambiguous = 0
-
-    def begin_cycle(self) -> int:
-        self._jobmap.refresh()
-        return self._jobmap.generation
-
-    def resolve(self, query: Query) -> Mapping[str, str]:
-        record, ambiguous = self._jobmap.lookup(query.process.pid, query.uuids)
-        if ambiguous:
-            self._ambiguous += 1
-        return record.fields if record is not None else NO_ANSWER
-
-    def stats(self) -> Mapping[str, int]:
-        return {
-            "jobmap_errors": self._jobmap.errors,
-            "jobmap_reloads": self._jobmap.reloads,
-            "jobmap_ambiguous": self._ambiguous,
-        }
-
-    def close(self) -> None:
-        return None

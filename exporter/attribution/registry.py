@@ -5,8 +5,8 @@
 resolver never dispatches on names: it asks the list it is given.
 
 To add a source (docs/CONTRIBUTING.md has the recipe): write a class implementing
-`AttributionSource` (exporter/attribution/sources.py; in a module of its own when it
-reads files or the network, as jobmap.py's `JobMapSource` does), add its name to
+`AttributionSource` (exporter/attribution/sources/base.py) in a module of its own under
+exporter/attribution/sources/ (as `jobmap.py`'s `JobMapSource`), add its name to
 `gpu_audit.model.attribution.ALL_SOURCES` (records and labels carry it, and the
 configuration accepts only those names), and add one line to `SOURCES` here.
 tests/exporter/attribution/test_registry.py fails while the two lists disagree.
@@ -22,14 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from exporter.attribution.config import AttributionConfig
-from exporter.attribution.jobmap import JobMapSource
-from exporter.attribution.sources import (
-    AttributionSource,
-    CgroupSource,
-    EnvironSource,
-    KubeletSource,
-    OwnerSource,
-)
+from exporter.attribution.sources.base import AttributionSource
+from exporter.attribution.sources.cgroup import CgroupSource
+from exporter.attribution.sources.environ import EnvironSource
+from exporter.attribution.sources.jobmap import JobMapSource
+from exporter.attribution.sources.kubelet import KubeletSource
+from exporter.attribution.sources.owner import OwnerSource
 from exporter.attribution.users import CachedLookup, UserLookup, passwd_file_lookup, system_lookup
 from gpu_audit.model.attribution import (
     SOURCE_CGROUP,

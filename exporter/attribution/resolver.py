@@ -48,15 +48,15 @@ from exporter.attribution.config import AttributionConfig
 from exporter.attribution.environ import EnvironMapping
 from exporter.attribution.registry import build_sources
 from exporter.attribution.software import image_from_environ, parse_maps
-from exporter.attribution.sources import (
+from exporter.attribution.sources.base import (
     PROC_CGROUP,
     PROC_ENVIRON,
     PROC_UID,
     AttributionSource,
-    KubeletSource,
     Query,
     proc_needs,
 )
+from exporter.attribution.sources.kubelet import KubeletSource
 from exporter.attribution.users import UserLookup
 from gpu_audit.model.attribution import AttributedProcess, Attribution, Software
 from gpu_audit.model.samples import GpuSample, ProcessSample

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by slurm`: wrong combinations of options are refused with
+"""`gpu-audit chargeback bill --group-by slurm`: wrong combinations of options are refused with
 every problem named, exit 2, before anything is read."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_bad_slurm_bill_options_are_all_named(
     args: list[str], messages: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One error listing each problem, exit 2."""
-    assert main(["chargeback", "--month", "2026-11", *args]) == 2
+    assert main(["chargeback", "bill", "--month", "2026-11", *args]) == 2
     err = capsys.readouterr().err
     for m in messages:
         assert m in err, err

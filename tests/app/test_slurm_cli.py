@@ -12,8 +12,8 @@ import sys
 import gpu_audit_app.cli as cli
 cli.build_parser()
 loaded = [m for m in ("subprocess", "urllib.request", "gpu_audit.slurmcmd",
-                      "chargeback.slurm.report", "gpu_audit_app.slurm_epilog",
-                      "gpu_audit_app.slurm_health", "gpu_audit_app.slurm_idle")
+                      "chargeback.slurm.report", "gpu_audit_app.slurm.epilog",
+                      "gpu_audit_app.slurm.health", "gpu_audit_app.slurm.idle")
           if m in sys.modules]
 print(",".join(loaded))
 """

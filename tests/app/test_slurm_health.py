@@ -1,5 +1,5 @@
 """The health check's reading of an exporter and of the job-mapping files
-(gpu_audit_app/slurm_health.py); tests/slurm drains a real node with it."""
+(gpu_audit_app/slurm/health.py); tests/slurm drains a real node with it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_audit_app.cli import main
-from gpu_audit_app.slurm_health import jobs_on, lost_gpus
+from gpu_audit_app.slurm.health import jobs_on, lost_gpus
 
 METRICS = """\
 # HELP gpu_up 1 when the GPU was read in the latest cycle.

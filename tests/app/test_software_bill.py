@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by software` on a crafted, hash-chained trail: the real
+"""`gpu-audit chargeback bill --group-by software` on a crafted, hash-chained trail: the real
 producer writes process_start records with the software the resolver found and the
 processes' usage (per cycle, version 2, and interval, version 3); the breakdown groups
 their GPU-hours by fingerprint or by one library's version, the groups add up to the
@@ -55,7 +55,7 @@ def _trail(directory: Path, interval: float) -> Path:
 def _bill(trail: Path, out: Path, key: str) -> dict[str, Any]:
     start = datetime.fromtimestamp(T0 - 60, UTC).isoformat()
     end = datetime.fromtimestamp(T0 + 3600, UTC).isoformat()
-    assert main(["chargeback", "--group-by", key, "--trail", str(trail), "--from", start,
+    assert main(["chargeback", "bill", "--group-by", key, "--trail", str(trail), "--from", start,
                  "--to", end, "--out", str(out)]) == 0
     doc: dict[str, Any] = json.loads((out / "software.json").read_text())
     return doc
@@ -92,7 +92,7 @@ def test_the_breakdown_is_reproducible_and_bad_keys_are_refused(
     for name in ("software.json", "software.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     with pytest.raises(SystemExit) as exc:
-        main(["chargeback", "--group-by", "software:Bad Name", "--trail", str(trail),
+        main(["chargeback", "bill", "--group-by", "software:Bad Name", "--trail", str(trail),
               "--month", "2026-11"])
     assert exc.value.code == 2
     assert "software:NAME" in capsys.readouterr().err
@@ -112,3 +112,25 @@ def test_hostile_software_objects_are_cut_to_the_allow_lists() -> None:
     (g,) = u.groups("software")
     assert g.label == "cudart 12.4.127" and g.gpu_seconds == 10.0
     assert group_label(None, "software:torch") == NO_RECORD
+
+
+def test_sink_names_the_archive_to_read_when_the_configuration_has_two(
+        tmp_path: Path) -> None:
+    """With two archive sinks configured, `--sink NAME` chooses the trail the software
+    bill reads (as `audit verify --sink` and the owner bill choose); the same bill as from
+    `--trail` of that directory."""
+    trail = _trail(tmp_path / "nfs", 60.0)
+    (tmp_path / "local").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"spool: {{directory: {tmp_path / 'spool'}}}\n"
+        "shipper:\n  sinks:\n"
+        f"    - {{type: archive, directory: {tmp_path / 'local'}}}\n"
+        f"    - {{type: archive, name: offsite, directory: {trail}}}\n")
+    start = datetime.fromtimestamp(T0 - 60, UTC).isoformat()
+    end = datetime.fromtimestamp(T0 + 3600, UTC).isoformat()
+    out = tmp_path / "by-sink"
+    assert main(["chargeback", "bill", "--group-by", "software", "--config", str(cfg),
+                 "--sink", "offsite", "--from", start, "--to", end, "--out", str(out)]) == 0
+    by_trail = _bill(trail, tmp_path / "by-trail", "software")
+    assert json.loads((out / "software.json").read_text())["groups"] == by_trail["groups"]

@@ -93,7 +93,7 @@ def test_the_sentence_is_made_of_these_numbers(run: tuple[Path, Path]) -> None:
 def test_totals_equal_chargeback(run: tuple[Path, Path]) -> None:
     root, out = run
     cb = root / "cb"
-    assert main(["chargeback", "--source", "archive", "--config",
+    assert main(["chargeback", "bill", "--source", "archive", "--config",
                  str(root / "gpu-audit.yaml"), *PERIOD, "--out", str(cb)]) == 0
     recon = json.loads((cb / "chargeback.json").read_text())["reconciliation"]
     r = _rows(out)["period", "all models"]

@@ -33,7 +33,7 @@ def test_prometheus_month_totals_are_the_bills(prom: Backfilled, tmp_path: Path)
     period = ["--from", m.start.isoformat(), "--to", m.end.isoformat()]
     assert main(["capacity", "--source", "prometheus", "--prometheus-url", prom.url,
                  *period, "--out", str(tmp_path / "cap"), "--no-png"]) == 0
-    assert main(["chargeback", "--source", "prometheus", "--prometheus-url", prom.url,
+    assert main(["chargeback", "bill", "--source", "prometheus", "--prometheus-url", prom.url,
                  *period, "--out", str(tmp_path / "cb")]) == 0
     doc = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     recon = json.loads((tmp_path / "cb" / "chargeback.json").read_text())["reconciliation"]

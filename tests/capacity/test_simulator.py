@@ -1,4 +1,4 @@
-"""The report on the simulator's archive (`gpu-audit chargeback --simulate`): it runs,
+"""The report on the simulator's archive (`gpu-audit chargeback simulate`): it runs,
 its totals are the bill's, and the sentence says the data is simulated."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ PERIOD = ["--from", "2026-11-03T00:00:00Z", "--to", "2026-11-04T00:00:00Z"]
 
 def test_the_simulator_archive(tmp_path: Path) -> None:
     cb = tmp_path / "cb"
-    assert main(["chargeback", "--simulate", "idle", *PERIOD, "--out", str(cb)]) == 0
+    assert main(["chargeback", "simulate", "idle", *PERIOD, "--out", str(cb)]) == 0
     config = cb / "gpu-audit-sim.yaml"
     out = tmp_path / "cap"
     assert main(["capacity", "--config", str(config), "--include-simulated", *PERIOD,

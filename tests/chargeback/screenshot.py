@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.chargeback.screenshot --export BILL_DIR OUT.png
     .venv/bin/python -m tests.chargeback.screenshot --month OUT.png
 
-With `--export` it shoots the `report.html` of an export (`gpu-audit chargeback --out
+With `--export` it shoots the `report.html` of an export (`gpu-audit chargeback bill --out
 BILL_DIR`); with `--month`, the bill of the chargeback test month (tests/chargeback/
 month.py: a counter reset, a MIG GPU, a GPU down for a day, an unattributed process, an
 unmapped user, a simulated GPU) backfilled into a real Prometheus and billed by
@@ -27,7 +27,7 @@ from tests.chargeback.fixtures import sample_bill, sample_request, sample_source
 def _month_export(tmp: Path) -> Path:
     from chargeback.model import Request
     from chargeback.run import run_chargeback
-    from gpu_audit_app.chargeback_main import readers
+    from gpu_audit_app.chargeback.main import readers
     from tests.chargeback.month import scenario
     from tests.chargeback.promfill import backfilled_prometheus
 

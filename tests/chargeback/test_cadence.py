@@ -16,7 +16,7 @@ from chargeback.model import Bill, Request
 from chargeback.run import load_tables
 from chargeback.sources.archive import read_archive
 from gpu_audit.archive import PartLines, list_parts
-from gpu_audit_app.chargeback_sim import simulate_archive
+from gpu_audit_app.chargeback.sim import simulate_archive
 
 pytestmark = pytest.mark.timeout(600)
 

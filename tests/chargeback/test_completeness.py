@@ -143,7 +143,7 @@ def _config(archive: Path, tmp_path: Path) -> Path:
 
 
 def _cli(cfg: Path, out: Path, *extra: str) -> list[str]:
-    return ["chargeback", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-02T00:00:00Z",
+    return ["chargeback", "bill", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-02T00:00:00Z",
             "--source", "archive", "--config", str(cfg), "--rates",
             str(EXAMPLES / "rates.yaml"), "--out", str(out), *extra]
 
@@ -171,7 +171,7 @@ def test_allow_gaps_bills_and_stamps_every_output(
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     assert manifest["request"]["allow_gaps"] is True
     assert manifest["source"]["completeness"]["gaps"] == doc["completeness"]["gaps"]
-    assert main(["chargeback", "--replay", str(out / MANIFEST_NAME)]) == 0
+    assert main(["chargeback", "replay", str(out / MANIFEST_NAME)]) == 0
 
 
 def test_a_complete_bill_says_so_everywhere(archive: Path, tmp_path: Path,

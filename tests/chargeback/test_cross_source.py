@@ -27,7 +27,7 @@ from chargeback.sources.archive import read_archive
 from chargeback.sources.prometheus import read_prometheus
 from exporter.exposition.render import Renderer, RenderOptions
 from gpu_audit.model.snapshot import Snapshot
-from gpu_audit_app.chargeback_sim import simulate_archive
+from gpu_audit_app.chargeback.sim import simulate_archive
 from tests.chargeback.promfill import backfilled_prometheus
 
 pytestmark = pytest.mark.timeout(300)

@@ -51,7 +51,7 @@ def _data(req: Request, progress: bool) -> SourceData:
 
 @pytest.fixture
 def source(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", _data)
 
 
 def _rates(tmp_path: Path, text: str = "") -> Path:
@@ -62,7 +62,7 @@ def _rates(tmp_path: Path, text: str = "") -> Path:
 
 
 def _bill(tmp_path: Path, *extra: str) -> int:
-    return main(["chargeback", "--from", "2026-11-01T00:00:00Z", "--to",
+    return main(["chargeback", "bill", "--from", "2026-11-01T00:00:00Z", "--to",
                  "2026-11-02T00:00:00Z", "--source", "archive", "--idle-policy", "none",
                  "--out", str(tmp_path / "o"), *extra])
 
@@ -203,7 +203,7 @@ def test_report_period_labels_and_totals_agree_with_the_csv(tmp_path: Path,
     """A 7-hour window is titled with its times and UTC (not "2026-11-01 to
     2026-11-01"); charged, used and busy are each explained; the full bill has unit
     prices and cost columns and a totals line equal to the CSV's `total` line."""
-    assert main(["chargeback", "--from", "2026-11-01T08:00:00Z", "--to",
+    assert main(["chargeback", "bill", "--from", "2026-11-01T08:00:00Z", "--to",
                  "2026-11-01T15:00:00Z", "--source", "archive", "--csv-totals",
                  "--rates", str(_rates(tmp_path)), "--out", str(tmp_path / "o")]) == 0
     html = (tmp_path / "o" / "report.html").read_text()
@@ -245,7 +245,7 @@ def test_counter_and_integrated_power_apart_is_a_warning(
         data.fleet[A100].energy_joules = 0.0
         return data
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", apart)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", apart)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     out = capsys.readouterr().out
     assert "WARNING ENERGY: the energy counter says 14.820 kWh and integrated power " \
@@ -253,7 +253,7 @@ def test_counter_and_integrated_power_apart_is_a_warning(
     doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())
     assert any(n.startswith("ENERGY:") for n in doc["notes"])
     assert 'id="energy-warning"' in (tmp_path / "o" / "report.html").read_text()
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", _data)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", _data)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     assert "ENERGY" not in capsys.readouterr().out
 
@@ -263,7 +263,7 @@ def test_allocation_not_known_is_null_in_the_json_and_reads_back(
     """A source that cannot see reservations: the CSV's allocated cells are empty, the
     JSON's rows and days say null (not 0, not a copy of used), and the JSON reads back
     into the same bill."""
-    from chargeback.outputs import bill_from_json
+    from tests.chargeback.billjson import bill_from_json
 
     def unknown(req: Request, progress: bool) -> SourceData:
         data = _data(req, progress)
@@ -272,7 +272,7 @@ def test_allocation_not_known_is_null_in_the_json_and_reads_back(
                                    Fleet(gpu_seconds=7200.0))
         return data
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", unknown)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", unknown)
     assert _bill(tmp_path, "--rates", str(_rates(tmp_path))) == 0
     assert {r["allocated_gpu_hours"] for r in _csv(tmp_path / "o" / CSV_NAME)} == {""}
     doc = json.loads((tmp_path / "o" / JSON_NAME).read_text())

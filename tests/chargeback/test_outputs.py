@@ -15,12 +15,12 @@ import pytest
 
 from chargeback.outputs import (
     CSV_COLUMNS,
-    bill_from_json,
     render_csv,
     render_json,
     write_outputs,
 )
 from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
+from tests.chargeback.billjson import bill_from_json
 from tests.chargeback.fixtures import (
     FORMULA_USER,
     HOSTILE_USER,

@@ -175,7 +175,7 @@ def test_include_simulated_bills_the_simulated_gpu(prom: Backfilled, tmp_path: P
 
 def test_a_period_without_data_is_exit_1(prom: Backfilled, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["chargeback", "--month", "2025-03", "--prometheus-url", prom.url,
+    code = main(["chargeback", "bill", "--month", "2025-03", "--prometheus-url", prom.url,
                  "--rates", str(EXAMPLES / "rates.yaml"), "--out", str(tmp_path / "o")])
     assert code == 1
     assert "no data for 2025-03-01" in capsys.readouterr().err
@@ -186,7 +186,7 @@ def test_unreachable_source_names_the_url(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     from tests.netutil import free_port
     url = f"http://127.0.0.1:{free_port()}"
-    code = main(["chargeback", "--from", "2026-11-01T00:00:00Z", "--to",
+    code = main(["chargeback", "bill", "--from", "2026-11-01T00:00:00Z", "--to",
                  "2026-11-02T12:00:00Z", "--prometheus-url", url,
                  "--rates", str(EXAMPLES / "rates.yaml"), "--out", str(tmp_path)])
     assert code == 1
@@ -194,7 +194,7 @@ def test_unreachable_source_names_the_url(tmp_path: Path,
 
 
 def test_bad_arguments_are_listed_together(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["chargeback", "--from", "yesterday", "--to", "2026-11-02T00:00:00"])
+    code = main(["chargeback", "bill", "--from", "yesterday", "--to", "2026-11-02T00:00:00"])
     assert code == 2
     err = capsys.readouterr().err
     assert "--from: 'yesterday' is not an RFC 3339 time" in err
@@ -250,7 +250,7 @@ def test_cli_month_hands_the_bill_to_write_outputs(prom: Backfilled, tmp_path: P
 
     monkeypatch.setattr("chargeback.run.write_outputs", write_outputs)
     out = tmp_path / "bill"
-    code = main(["chargeback", "--month", "2026-11", "--prometheus-url", prom.url,
+    code = main(["chargeback", "bill", "--month", "2026-11", "--prometheus-url", prom.url,
                  "--rates", str(EXAMPLES / "rates.yaml"),
                  "--directory", str(EXAMPLES / "directory.yaml"), "--out", str(out)])
     assert code == 0
@@ -330,7 +330,7 @@ def test_compare_with_archive_reports_the_differences_and_replays(
     from chargeback.replay import replay
     from chargeback.sources.archive import read_archive
     from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
-    from gpu_audit_app import chargeback_main
+    from gpu_audit_app.chargeback import main as chargeback_main
 
     readers = {**chargeback_main.readers(), "archive": _archive_reader(month_archive)}
     out = tmp_path / "bill"
@@ -385,7 +385,7 @@ def test_compare_with_archive_reports_the_differences_and_replays(
 
 
 def test_compare_with_its_own_source_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["chargeback", "--month", "2026-11", "--source", "archive",
+    code = main(["chargeback", "bill", "--month", "2026-11", "--source", "archive",
                  "--compare-with", "archive,nosuch", "--rates", str(EXAMPLES / "rates.yaml")])
     assert code == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --replay` over the audit archive, through the command line: the
+"""`gpu-audit chargeback replay` over the audit archive, through the command line: the
 test month's records, hash-chained and archived by the real archive sink, billed with
 `--source archive --config FILE`, replayed byte for byte; an archive tampered with after
 the export is refused on replay (exit 1), and the report of an export made with
@@ -36,7 +36,7 @@ def archived(tmp_path: Path) -> Path:
 
 
 def _bill(config: Path, out: Path, *extra: str) -> int:
-    return main(["chargeback", "--month", "2026-11", "--source", "archive",
+    return main(["chargeback", "bill", "--month", "2026-11", "--source", "archive",
                  "--config", str(config), "--rates", str(EXAMPLES / "rates.yaml"),
                  "--directory", str(EXAMPLES / "directory.yaml"), "--out", str(out), *extra])
 
@@ -59,11 +59,11 @@ def test_archive_bill_replays_byte_identical_and_refuses_a_tampered_trail(
     bill = tmp_path / "bill"
     assert _bill(archived, bill) == 0
     capsys.readouterr()
-    assert main(["chargeback", "--replay", str(bill / MANIFEST_NAME)]) == 0
+    assert main(["chargeback", "replay", str(bill / MANIFEST_NAME)]) == 0
     assert "4 outputs byte-identical" in capsys.readouterr().out
 
     _tamper(tmp_path / "archive")
-    assert main(["chargeback", "--replay", str(bill / MANIFEST_NAME)]) == 1
+    assert main(["chargeback", "replay", str(bill / MANIFEST_NAME)]) == 1
     err = capsys.readouterr().err
     assert "hash chain does not verify" in err
 

@@ -1,6 +1,6 @@
 """Replaying a manifest reproduces the bill byte for byte, through the real pipeline:
 three days of the chargeback test month backfilled into a real Prometheus (promtool),
-billed by `run_chargeback`, then `gpu-audit chargeback --replay manifest.json`."""
+billed by `run_chargeback`, then `gpu-audit chargeback replay manifest.json`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from chargeback.model import Request
 from chargeback.replay import replay
 from chargeback.run import run_chargeback
 from chargeback.values import CSV_NAME, HTML_NAME, JSON_NAME, MANIFEST_NAME
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback.main import readers
 from tests.chargeback.month import Month, scenario
 from tests.chargeback.promfill import Backfilled, backfilled_prometheus
 

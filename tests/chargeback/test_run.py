@@ -9,14 +9,14 @@ import pytest
 from chargeback import run
 from chargeback.model import Request, SourceData
 from gpu_audit.errors import ConfigError
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback.main import readers
 from gpu_audit_app.cli import main
 
 EXAMPLES = Path(__file__).parents[2] / "chargeback" / "examples"
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["chargeback", "--month", "2026-11", "--source", "archive",
+    return ["chargeback", "bill", "--month", "2026-11", "--source", "archive",
             "--rates", str(EXAMPLES / "rates.yaml"), "--out", str(tmp_path / "o"), *extra]
 
 
@@ -25,7 +25,7 @@ def test_a_registered_reader_failing_is_exit_1(tmp_path: Path, monkeypatch: pyte
     def broken(req: Request, progress: bool) -> SourceData:
         raise run.SourceError("archive /x: the chain breaks at part 3")
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", broken)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", broken)
     assert main(_args(tmp_path)) == 1
     assert "the chain breaks at part 3" in capsys.readouterr().err
 
@@ -36,7 +36,7 @@ def test_an_empty_source_is_no_data_not_an_empty_bill(
     def empty(req: Request, progress: bool) -> SourceData:
         return SourceData("archive", req.start, req.end)
 
-    monkeypatch.setattr("gpu_audit_app.chargeback_main._archive", empty)
+    monkeypatch.setattr("gpu_audit_app.chargeback.main._archive", empty)
     assert main(_args(tmp_path)) == 1
     assert "no data for 2026-11-01T00:00:00+00:00" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -190,7 +190,7 @@ def test_an_empty_period_is_an_error_not_an_empty_bill() -> None:
 
 
 def test_settings_come_from_the_sink_configuration(tmp_path: Path) -> None:
-    from gpu_audit_app.chargeback_sources import archive_source, search_settings
+    from gpu_audit_app.chargeback.sources import archive_source, search_settings
 
     (tmp_path / "pw").write_text("s3cret\n")
     (tmp_path / "key").write_text("hmac-key\n")
@@ -245,7 +245,7 @@ def test_two_archive_sinks_are_chosen_by_name_as_audit_verify_chooses(
     """With two archive sinks, `--sink NAME` names the one to bill from (a sink's name is
     its type unless set, as `spool stats` shows it), and the choice reads the same
     configuration layers as every command (GPU_AUDIT__* overrides included)."""
-    from gpu_audit_app.chargeback_sources import archive_source
+    from gpu_audit_app.chargeback.sources import archive_source
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -265,9 +265,9 @@ def test_two_archive_sinks_are_chosen_by_name_as_audit_verify_chooses(
 
 
 def test_chargeback_takes_sink(tmp_path: Path) -> None:
-    """`gpu-audit chargeback --sink NAME` is an option of the command."""
+    """`gpu-audit chargeback bill --sink NAME` is an option of the command."""
     from gpu_audit_app.cli import build_parser
 
     args = build_parser("chargeback").parse_args(
-        ["chargeback", "--month", "2026-11", "--source", "archive", "--sink", "offsite"])
+        ["chargeback", "bill", "--month", "2026-11", "--source", "archive", "--sink", "offsite"])
     assert args.sink == "offsite"

@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --simulate SCENARIO`: the simulator backend, the real resolver,
+"""`gpu-audit chargeback simulate SCENARIO`: the simulator backend, the real resolver,
 producer and archive sink in virtual time, then the archive billed, SIMULATED said in
 the output, the report, the notes and the manifest, and the manifest replayed.
 
@@ -23,7 +23,7 @@ import pytest
 
 from chargeback.replay import replay
 from chargeback.values import CSV_NAME, HTML_NAME, MANIFEST_NAME
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.chargeback.main import readers
 from gpu_audit_app.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,7 +33,7 @@ PERIOD = ["--from", "2026-11-01T00:00:00Z", "--to", "2026-11-03T00:00:00Z"]
 
 
 def _args(out: Path, *extra: str) -> list[str]:
-    return ["chargeback", *PERIOD, "--simulate", "busy", "--rates",
+    return ["chargeback", "simulate", "busy", *PERIOD, "--rates",
             str(EXAMPLES / "rates.yaml"), "--directory", str(EXAMPLES / "directory.yaml"),
             "--out", str(out), *extra]
 
@@ -96,9 +96,10 @@ def _lines(path: Path) -> list[bytes]:
 
 def test_simulate_refuses_another_source_and_a_used_archive(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(_args(tmp_path / "a", "--source", "prometheus")) == 2
-    assert "--simulate bills the simulated archive: not --source prometheus" in \
-        capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # `simulate` has no --source: only its archive
+        main(_args(tmp_path / "a", "--source", "prometheus"))
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --source prometheus" in capsys.readouterr().err
     used = tmp_path / "used"
     used.mkdir()
     (used / "gpu-audit-2026-11-01.jsonl").write_text("{}\n")
@@ -133,7 +134,7 @@ def test_bad_rates_and_directory_are_refused_before_a_month_is_simulated(
     directory = tmp_path / "directory.yaml"
     directory.write_text("users: [not, a, mapping]\n")
     out = tmp_path / "bill"
-    code = main(["chargeback", *PERIOD, "--simulate", "busy", "--rates", str(rates),
+    code = main(["chargeback", "simulate", "busy", *PERIOD, "--rates", str(rates),
                  "--directory", str(directory), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2, err

@@ -1,6 +1,7 @@
 """docs/ARCHITECTURE.md matches the tree: every path its "Where the code lives" table
-names exists, every package of the tree has a row, and the `tests/` row names every
-test folder there is and none that is not."""
+names exists, every package of the tree has a row, every module of the packages is
+mapped there, and the `tests/` row names every test folder there is and none that is
+not."""
 
 from __future__ import annotations
 
@@ -65,3 +66,45 @@ def test_the_tests_row_names_every_test_folder() -> None:
     assert folders - named == set(), f"test folders the doc does not name: {folders - named}"
     gone = {n for n in named if not (ROOT / n).exists()}
     assert not gone, f"docs/ARCHITECTURE.md names test paths that do not exist: {gone}"
+
+
+PACKAGES = ("gpu_audit", "exporter", "shipper", "launcher", "chargeback", "alerts",
+            "dashboards", "gpu_audit_app", "gpu_audit_ckpt")
+_TOKEN = re.compile(r"`([\w./-]+)`")
+
+
+def _mapped(table: str) -> set[Path]:
+    """Every file and folder the table names. In a row, a name is taken from the root
+    when it starts with a top-level folder, else in the row's folder (its first column's
+    first path) or in any folder the row names before it (`chargeback/slurm/`, `sim/`)."""
+    named: set[Path] = set()
+    for row in table.splitlines():
+        if not row.startswith("| `"):
+            continue
+        first = Path(_TOKEN.findall(row.split("|")[1])[0])
+        bases = [ROOT / (first.parent if first.suffix else first)]
+        named.add(bases[0])  # a row of a folder's files maps its package too
+        for token in _TOKEN.findall(row):
+            top = token.split("/")[0]
+            tries = [ROOT / token] if top in PACKAGES else [b / token for b in bases]
+            found = [t for t in tries if t.exists()]
+            named.update(found)
+            bases += [t for t in found if t.is_dir()]
+    return named
+
+
+def test_every_module_is_mapped() -> None:
+    """A newcomer finds every module of the packages in the map, with what it is for: each
+    .py file is named in the "Where the code lives" table (a package's `__init__.py` and
+    `__main__.py` by its folder's row)."""
+    text = DOC.read_text()
+    named = _mapped(text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0])
+    unmapped = []
+    for top in PACKAGES:
+        for module in sorted((ROOT / top).rglob("*.py")):
+            if "_podresources" in module.parts or module in named:
+                continue
+            if module.name in ("__init__.py", "__main__.py") and module.parent in named:
+                continue
+            unmapped.append(str(module.relative_to(ROOT)))
+    assert unmapped == [], f"modules docs/ARCHITECTURE.md does not map: {unmapped}"

@@ -2,7 +2,7 @@
 
 Five GPU jobs of two users and accounts in both partitions run on the cluster: on n1 a
 low job is preempted by a high one and runs again (two runs of one job), on n2 three
-jobs share two GPUs (one waits). Then `gpu-audit chargeback --group-by slurm
+jobs share two GPUs (one waits). Then `gpu-audit chargeback bill --group-by slurm
 --compare-with slurm` bills the period from the nodes' audit trails (exporter archives
 and spools, the epilog's `slurm` stream) and reads real `sacct` for the same period:
 every row's allocated GPU-hours agree with sacct's GPU TRES-hours within 0.5 %, every
@@ -93,7 +93,7 @@ def test_bill_by_account_and_partition_agrees_with_sacct(
                    "--trail", str(base / "slurm" / "spool")]
     out = slurm.root / "bill"
     done = subprocess.run(
-        [sys.executable, "-m", "gpu_audit_app", "chargeback", "--group-by", "slurm",
+        [sys.executable, "-m", "gpu_audit_app", "chargeback", "bill", "--group-by", "slurm",
          "--compare-with", "slurm", "--from", _stamp(t0), "--to", _stamp(t1),
          "--rates", str(REPO / "chargeback" / "examples" / "rates.yaml"),
          "--include-simulated", "--out", str(out), *trails],

@@ -12,7 +12,7 @@ import pytest
 from exporter.attribution import registry
 from exporter.attribution.registry import SOURCES, SourceContext, build_sources
 from exporter.attribution.resolver import Resolver
-from exporter.attribution.sources import Query
+from exporter.attribution.sources.base import Query
 from gpu_audit.model.attribution import ALL_SOURCES
 from tests.exporter.attribution.helpers import GPU0, USERS, config, gpu, make_tree, only, proc
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from exporter.attribution.jobmap import JobMapSource
 from exporter.attribution.registry import build_sources
 from exporter.attribution.resolver import Resolver
-from exporter.attribution.sources import (
-    PROC_ENVIRON,
-    CgroupSource,
-    EnvironSource,
-    OwnerSource,
-    Query,
-)
+from exporter.attribution.sources.base import PROC_ENVIRON, Query
+from exporter.attribution.sources.cgroup import CgroupSource
+from exporter.attribution.sources.environ import EnvironSource
+from exporter.attribution.sources.jobmap import JobMapSource
+from exporter.attribution.sources.owner import OwnerSource
 from tests.exporter.attribution.helpers import GPU0, USERS, config, gpu, make_tree, only, proc
 
 

@@ -11,6 +11,7 @@ that cannot be read).
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from chargeback.sources.search_query import SearchSettings
@@ -60,3 +61,20 @@ def search_settings(path: Path | None, kind: str, name: str | None = None) -> Se
         tls=sink.tls,
         timeout_s=sink.timeout_s,
     )
+
+
+def trail_dirs(args: argparse.Namespace) -> tuple[list[Path], bytes | None]:
+    """The audit trail a `--group-by slurm|software` bill reads: the `--trail` directories,
+    else the archive of `--config` (and `--sink`), with the audit HMAC key of `--config`
+    when there is one. ConfigError naming every `--trail` that is not a directory."""
+    key = None
+    trails = [Path(t) for t in args.trail]
+    if not trails:
+        archive, key = archive_source(Path(args.config) if args.config else None, args.sink)
+        trails = [archive]
+    elif args.config:
+        _, key = archive_source(Path(args.config), args.sink)
+    missing = [str(t) for t in trails if not t.is_dir()]
+    if missing:
+        raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])
+    return trails, key

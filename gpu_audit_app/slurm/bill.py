@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by slurm`: the period's bill by Slurm account, partition
+"""`gpu-audit chargeback bill --group-by slurm`: the period's bill by Slurm account, partition
 and user from the audit trail, and with `--compare-with slurm` each row beside sacct's
 GPU TRES-hours (chargeback/slurm/bill.py; docs/SLURM.md).
 
@@ -22,8 +22,8 @@ from chargeback.slurm.bill import build_slurm_bill, note_unstarted, write_slurm_
 from chargeback.slurm.trail import Trails
 from chargeback.sources.slurm import SacctData, SacctError, read_sacct, read_unstarted
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.chargeback.sources import trail_dirs
 from gpu_audit_app.chargeback_period import period
-from gpu_audit_app.chargeback_sources import archive_source
 
 
 def _problems(args: argparse.Namespace) -> list[str]:
@@ -37,9 +37,6 @@ def _problems(args: argparse.Namespace) -> list[str]:
     if args.source not in (None, "archive"):
         problems.append("--group-by slurm reads the audit trail (--trail or --config's "
                         f"archive), not --source {args.source}")
-    for flag in ("simulate", "replay"):
-        if getattr(args, flag, None):
-            problems.append(f"--group-by slurm: --{flag} is not supported")
     return problems
 
 
@@ -49,16 +46,7 @@ def slurm_bill_command(args: argparse.Namespace) -> int:
         raise ConfigError("arguments", problems)
     start, end = period(args)
     rates = load_rates(args.rates)
-    key = None
-    trails = [Path(t) for t in args.trail]
-    if not trails:
-        archive, key = archive_source(Path(args.config) if args.config else None, args.sink)
-        trails = [archive]
-    elif args.config:
-        _, key = archive_source(Path(args.config), args.sink)
-    missing = [str(t) for t in trails if not t.is_dir()]
-    if missing:
-        raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])
+    trails, key = trail_dirs(args)
     sacct: SacctData | None = None
     if "slurm" in args.compare_with:
         try:

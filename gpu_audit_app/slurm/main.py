@@ -1,13 +1,13 @@
 """`gpu-audit slurm ...`: gpu-audit on a Slurm cluster (docs/SLURM.md).
 
 - `epilog`: run by deploy/slurm/epilog.sh when a job's run ends on a node: records the
-  run and its GPU report (gpu_audit_app/slurm_epilog.py).
+  run and its GPU report (gpu_audit_app/slurm/epilog.py).
 - `jobreport JOBID`: the job's GPU report, seff/jobstats style, from the node's stored
   reports, Slurm's AdminComment, or the `job_finished` records of an audit trail.
 - `health`: the node health check: drains a node whose exporter reports a GPU lost and
-  requeues the jobs on it (gpu_audit_app/slurm_health.py).
+  requeues the jobs on it (gpu_audit_app/slurm/health.py).
 - `idle`: the optional idle-GPU policy: jobs holding GPUs idle while others wait, flagged
-  or requeued through scontrol; dry run unless --apply (gpu_audit_app/slurm_idle.py).
+  or requeued through scontrol; dry run unless --apply (gpu_audit_app/slurm/idle.py).
 
 Exit codes: 0 done; 1 nothing found or a Slurm command failed; 2 bad arguments.
 
@@ -167,7 +167,7 @@ def _reports_from_trails(job_id: str, dirs: list[Path]) -> list[RunReport]:
 def jobreport(args: argparse.Namespace) -> int:
     from chargeback.slurm.report import render_text
     from gpu_audit import slurmcmd
-    from gpu_audit_app.slurm_epilog import DEFAULT_SLURM_DIR, stored_reports
+    from gpu_audit_app.slurm.epilog import DEFAULT_SLURM_DIR, stored_reports
 
     job_id = args.job_id.strip()
     if not job_id.isdigit():
@@ -199,19 +199,19 @@ def jobreport(args: argparse.Namespace) -> int:
 def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd = args.slurm_command
     if cmd == "epilog":
-        from gpu_audit_app.slurm_epilog import epilog
+        from gpu_audit_app.slurm.epilog import epilog
 
         return epilog(args)
     if cmd == "jobreport":
         return jobreport(args)
     if cmd == "store-comment":
-        from gpu_audit_app.slurm_epilog import store_comment
+        from gpu_audit_app.slurm.epilog import store_comment
 
         return store_comment(args)
     if cmd == "health":
-        from gpu_audit_app.slurm_health import health
+        from gpu_audit_app.slurm.health import health
 
         return health(args)
-    from gpu_audit_app.slurm_idle import idle  # the last of the required actions
+    from gpu_audit_app.slurm.idle import idle  # the last of the required actions
 
     return idle(args)

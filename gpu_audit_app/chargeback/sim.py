@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --simulate SCENARIO`: a period's bill from the GPU simulator.
+"""`gpu-audit chargeback simulate SCENARIO`: a period's bill from the GPU simulator.
 
 The real pipeline, in virtual time: the simulator backend (exporter.sim) plays the
 scenario from the period's start, its processes are mirrored into a fake /proc and
@@ -9,7 +9,7 @@ clock is a number stepped by `step` seconds per cycle, so a month at 300 s cycle
 
 Then the archive is billed like any other (`--source archive`, `--include-simulated`)
 through a gpu-audit configuration written beside it (`gpu-audit-sim.yaml`, naming the
-archive sink), so the manifest records it and `--replay` re-reads the kept archive.
+archive sink), so the manifest records it and `chargeback replay` re-reads the kept archive.
 The bill says it is simulated: the report's banner, the archive source's note on the
 simulated records billed, `include_simulated` in the manifest. Never silent fake data.
 
@@ -197,7 +197,7 @@ def simulate_archive(scenario: str, start: datetime, end: datetime, archive: Pat
         sink.close()
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
-        "# written by gpu-audit chargeback --simulate: the SIMULATED archive it billed\n"
+        "# written by gpu-audit chargeback simulate: the SIMULATED archive it billed\n"
         f"spool:\n  directory: {orjson.dumps(str(archive.parent / 'spool')).decode()}\n"
         "shipper:\n  sinks:\n  - type: archive\n"
         f"    directory: {orjson.dumps(str(archive)).decode()}\n", encoding="utf-8")

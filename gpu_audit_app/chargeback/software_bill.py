@@ -1,4 +1,4 @@
-"""`gpu-audit chargeback --group-by software` (or `software:NAME`): the period's GPU-hours
+"""`gpu-audit chargeback bill --group-by software` (or `software:NAME`): the period's GPU-hours
 of GPU processes by what they ran, from the audit trail (chargeback/software.py;
 docs/CHARGEBACK.md "By software").
 
@@ -32,8 +32,8 @@ from chargeback.slurm.trail import Trails
 from chargeback.software import SoftwareUsage
 from gpu_audit.atomicfile import replace_file
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.chargeback.sources import trail_dirs
 from gpu_audit_app.chargeback_period import period
-from gpu_audit_app.chargeback_sources import archive_source
 
 LOOKBACK = timedelta(days=7)
 
@@ -45,9 +45,6 @@ def _problems(args: argparse.Namespace) -> list[str]:
                         f"--config's archive), not --source {args.source}")
     if [s for s in args.compare_with.split(",") if s.strip()]:
         problems.append(f"--group-by {args.group_by}: --compare-with is not supported")
-    for flag in ("simulate", "replay"):
-        if getattr(args, flag, None):
-            problems.append(f"--group-by {args.group_by}: --{flag} is not supported")
     return problems
 
 
@@ -56,16 +53,7 @@ def software_bill_command(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError("arguments", problems)
     start, end = period(args)
-    key = None
-    trails = [Path(t) for t in args.trail]
-    if not trails:
-        archive, key = archive_source(Path(args.config) if args.config else None)
-        trails = [archive]
-    elif args.config:
-        _, key = archive_source(Path(args.config))
-    missing = [str(t) for t in trails if not t.is_dir()]
-    if missing:
-        raise ConfigError("arguments", [f"--trail {t}: no such directory" for t in missing])
+    trails, key = trail_dirs(args)
     start_ns, end_ns = int(start.timestamp() * 1e9), int(end.timestamp() * 1e9)
     usage = SoftwareUsage(start_ns=start_ns, end_ns=end_ns,
                           include_simulated=args.include_simulated)

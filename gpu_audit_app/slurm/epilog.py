@@ -17,6 +17,11 @@ before it removes the job-mapping file the prolog wrote. It:
 
 It never fails the job: every problem is printed and the exit status says only whether
 all went well (epilog.sh logs it and exits 0, since a failing Epilog drains the node).
+
+What the run was (Slurm's times for it, its attempt, when the trail covers its end, its
+usage by that trail) is the chargeback component's (chargeback.slurm.ended); this module
+is the wiring around it: Slurm's environment, the prolog's and the job's files, the
+configuration, the record, the report and what is printed.
 """
 
 from __future__ import annotations
@@ -32,14 +37,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from chargeback.slurm.ended import (
+    attempt_of,
+    measure_run,
+    slurm_times,
+    trail_covers,
+    wait_for_trail,
+)
 from chargeback.slurm.report import RunReport, admin_comment, render_text, with_usage
-from chargeback.slurm.trail import Trails
 from chargeback.slurm.usage import UsageMeter
 from chargeback.software import SoftwareUsage
 from gpu_audit import __version__, slurmcmd
@@ -48,9 +58,9 @@ from gpu_audit.audit.config import AuditConfig
 from gpu_audit.audit.jobevents import job_event
 from gpu_audit.audit.producer import AuditProducer
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit.spool import SpoolConfig, SpoolReader, SpoolWriter
+from gpu_audit.spool import SpoolConfig, SpoolWriter
 from gpu_audit.spool.errors import SpoolLocked
-from gpu_audit_app.chargeback_sources import archive_source
+from gpu_audit_app.chargeback.sources import archive_source
 from gpu_audit_app.config import Config, load_settings
 from launcher.progress import clean_environment, estimate_remaining, fraction, progress_of
 
@@ -62,17 +72,7 @@ DEFAULT_EVENTS_DIR = Path("/run/gpu-audit/slurm-events")
 EVENTS_TAIL_BYTES = 256 * 1024  # the newest progress is at the end: never read more
 STREAM = "slurm"
 LOCK_WAIT_S = 30.0  # two runs ending at once on a node: the second waits for the spool
-# Slurm's start of a run and the prolog's `date +%s` are this close (PrologFlags=Alloc
-# runs the prolog at allocation; without it, at the first step's launch)
-RUN_MATCH_S = 120.0
-# ...and closer for picking this run among a requeued job's earlier ones in sacct: a
-# requeued job starts again at least cred_expire (5 s at the least) after a run ended
-DBD_MATCH_S = 4.0
-DBD_TRIES = 10
 _MAX_JOBMAP_BYTES = 64 * 1024
-# JobState values of a record that no longer describes the run that just ended
-_NEXT_RUN_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-                              "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED"})
 
 
 def read_jobmap(path: Path) -> Mapping[str, Any] | None:
@@ -90,116 +90,6 @@ def read_jobmap(path: Path) -> Mapping[str, Any] | None:
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a JSON object")
     return doc
-
-
-@dataclass(frozen=True, slots=True)
-class RunTimes:
-    """What Slurm says of the run that just ended on this node."""
-
-    times: tuple[float, float] | None  # (StartTime, EndTime); None: not known
-    requeued: bool  # slurmctld's record already describes the job's next run
-    restarts: int | None  # the record's Restarts
-
-
-def slurm_times(job_id: str, prolog_start: float | None) -> RunTimes:
-    """This run's StartTime and EndTime as Slurm recorded them: from slurmctld while its
-    job record still describes this run, else (the job was requeued and the record
-    describes the next run) from slurmdbd's record of the run; None when neither
-    answers (the caller falls back to the node's clock)."""
-    try:
-        info = slurmcmd.key_values(slurmcmd.run("scontrol", ["-o", "show", "job", job_id],
-                                                timeout=15))
-    except slurmcmd.SlurmCommandError as exc:
-        print(f"gpu-audit slurm epilog: job {job_id}: {exc}", file=sys.stderr)
-        info = {}
-    state = info.get("JobState", "")
-    start = slurmcmd.parse_time(info.get("StartTime", ""))
-    end = slurmcmd.parse_time(info.get("EndTime", ""))
-    restarts = int(info["Restarts"]) if info.get("Restarts", "").isdigit() else None
-    if (state and state not in _NEXT_RUN_STATES and start is not None and end is not None
-            and end >= start
-            and (prolog_start is None or abs(start - prolog_start) <= RUN_MATCH_S)):
-        return RunTimes((start, end), False, restarts)
-    times = _accounted_run(job_id, prolog_start) if prolog_start is not None else None
-    return RunTimes(times, state in _NEXT_RUN_STATES, restarts)
-
-
-def _accounted_run(job_id: str, prolog_start: float) -> tuple[float, float] | None:
-    """The ended run of a requeued job that started with the prolog, from sacct (slurmctld
-    sends it to slurmdbd when it requeues the job; a moment may pass)."""
-    for attempt in range(DBD_TRIES):
-        try:
-            rows = slurmcmd.parsable(slurmcmd.run("sacct", [
-                "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"], timeout=15),
-                ("Start", "End"))
-        except slurmcmd.SlurmCommandError:
-            return None  # no accounting: the node's clock
-        ended = []
-        for r in rows:
-            start, end = slurmcmd.parse_time(r["Start"]), slurmcmd.parse_time(r["End"])
-            if (start is not None and end is not None and end >= start
-                    and abs(start - prolog_start) <= DBD_MATCH_S):
-                ended.append((abs(start - prolog_start), start, end))
-        if ended:
-            _, start, end = min(ended)  # the run this prolog started
-            return start, end
-        if attempt + 1 < DBD_TRIES:
-            time.sleep(0.5)
-    return None
-
-
-def trail_covers(config: Config, end: float) -> float:
-    """When the record that accounts for `end` is due: the exporter writes usage at the
-    first sample past each multiple of audit.interval_seconds (UTC-aligned; every
-    sample in the per-cycle trail), so the run's last interval is written up to one
-    audit interval after it ended."""
-    every = config.audit.interval_seconds
-    return math.ceil(end / every) * every
-
-
-def wait_for_trail(config: Config, end: float, *, limit: float | None = None,
-                   clock: Any = time.time, sleep: Any = time.sleep) -> bool:
-    """Wait until the exporter's spool holds a usage (or per-cycle `gpu`) record dated at
-    or after the interval boundary past `end` (trail_covers), or an exporter_stop after
-    `end` (it writes the interval so far); at most until three samples past the boundary.
-    `limit` bounds the wait in seconds from now. False
-    when it did not come (exporter down, or the record already shipped and its segment
-    gone): the run's last interval may then be missing from the report."""
-    due = trail_covers(config, end)
-    deadline = due + 3 * config.exporter.interval_seconds + 2.0
-    if limit is not None:
-        deadline = min(deadline, clock() + max(limit, 0.0))
-    due_ns, end_ns = int(due * 1e9), int(end * 1e9)
-    offset = 0
-    while True:
-        try:
-            with SpoolReader(config.spool.directory) as reader:
-                while True:
-                    got = reader.read(offset, 4096)
-                    for _off, raw in got.entries:
-                        if _closes(raw, due_ns, end_ns):
-                            return True
-                    if got.next_offset == offset:
-                        break
-                    offset = got.next_offset
-        except OSError:
-            pass  # no spool (yet): the deadline decides
-        if clock() >= deadline:
-            return False
-        sleep(min(0.5, max(deadline - clock(), 0.0)))
-
-
-def _closes(raw: bytes, due_ns: int, end_ns: int) -> bool:
-    try:
-        rec = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    if not isinstance(rec, dict) or not isinstance(rec.get("time_ns"), int):
-        return False
-    kind = rec.get("kind")
-    if kind in ("usage", "gpu"):
-        return bool(rec["time_ns"] >= due_ns)
-    return kind == "exporter_stop" and rec["time_ns"] >= end_ns
 
 
 def events_path(events_dir: Path, job_id: str) -> Path:
@@ -259,8 +149,8 @@ def read_job_events(path: Path, uid: int | None, end: float
 
 def measure(config: Config, config_path: Path | None, job_id: str, start: float,
             end: float) -> tuple[UsageMeter, list[str], SoftwareUsage]:
-    """The job's usage on this node from the exporter's archive and spool, the trail's
-    problems, and what the GPU processes ran (their process_start records)."""
+    """The job's usage on this node from the exporter's archive (when the configuration
+    has an archive sink) and spool: where they are and the key, for measure_run."""
     dirs: list[Path] = []
     key = None
     try:
@@ -269,26 +159,9 @@ def measure(config: Config, config_path: Path | None, job_id: str, start: float,
     except ConfigError:
         pass  # no archive sink: the spool alone
     dirs.append(config.spool.directory)
-    dirs = [d for d in dirs if d.is_dir()]
-    # a record covers the interval before it: the run's last one is dated at the first
-    # sample past the audit interval's boundary after the end (a little slack for jitter)
-    due = trail_covers(config, end)
-    start_ns = int(start * 1e9)
-    end_ns = int((due + 2 * config.exporter.interval_seconds + 2) * 1e9)
-    meter = UsageMeter(start_ns=start_ns, end_ns=end_ns,
-                       key=lambda r: job_id if _job_of(r) == job_id else None)
-    software = SoftwareUsage(include_simulated=True)
-    trails = Trails(dirs, key=key, start_ns=start_ns, end_ns=end_ns)
-    for rec in trails:
-        meter.add(rec)
-        if rec.get("event") == "process_start" and _job_of(rec) == job_id:
-            software.add(rec)
-    return meter, trails.problems, software
-
-
-def _job_of(rec: Mapping[str, Any]) -> str | None:
-    a = rec.get("attribution")
-    return a.get("slurm_job_id") if isinstance(a, Mapping) else None
+    return measure_run(dirs, key, job_id, start=start, end=end,
+                       audit_interval=config.audit.interval_seconds,
+                       sample_interval=config.exporter.interval_seconds)
 
 
 def write_record(slurm_dir: Path, report: RunReport, host: str,
@@ -403,20 +276,14 @@ def epilog(args: argparse.Namespace) -> int:
     gpus = tuple(str(g) for g in doc.get("gpus", []) if isinstance(g, str))
     prolog_start = doc.get("start_time")
     prolog_start = float(prolog_start) if isinstance(prolog_start, int | float) else None
-    run = slurm_times(job_id, prolog_start)
+    run = slurm_times(job_id, prolog_start, warn=lambda line: print(
+        f"gpu-audit slurm epilog: {line}", file=sys.stderr))
     if run.times is not None:
         (start, end), source = run.times, "slurm"
     else:
         start = prolog_start if prolog_start is not None else now
         end, source = float(math.floor(now)), "node"
-    # the run's number, as the prolog saw it: by now a requeued job's record (and the
-    # environment slurmd gives the epilog) already counts the restart after this run
-    attempt = doc.get("restart_count")
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
-        count = env.get("SLURM_JOB_RESTART_COUNT", "")
-        restarts = run.restarts if run.restarts is not None else (
-            int(count) if count.isdigit() else 0)
-        attempt = max(restarts - 1, 0) if run.requeued else restarts
+    attempt = attempt_of(doc.get("restart_count"), run, env.get("SLURM_JOB_RESTART_COUNT", ""))
     exit_code = env.get("SLURM_JOB_EXIT_CODE", "")
     events_dir = Path(args.events_dir or env.get("GPU_AUDIT_SLURM_EVENTS_DIR")
                       or DEFAULT_EVENTS_DIR)
@@ -448,9 +315,11 @@ def epilog(args: argparse.Namespace) -> int:
               "no record written", file=sys.stderr)
     if config is not None:
         try:
-            if not wait_for_trail(config, end, limit=args.trail_wait):
+            every = config.audit.interval_seconds
+            if not wait_for_trail(config.spool.directory, end, every,
+                                  config.exporter.interval_seconds, limit=args.trail_wait):
                 print(f"gpu-audit slurm epilog: job {job_id}: the exporter wrote no record "
-                      f"past {trail_covers(config, end):.0f} (its audit interval after the "
+                      f"past {trail_covers(end, every):.0f} (its audit interval after the "
                       "run's end): the report may miss the run's last interval",
                       file=sys.stderr)
             meter, problems, software = measure(config, args.config, job_id, start, end)
