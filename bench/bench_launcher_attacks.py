@@ -37,7 +37,9 @@ daemon's peak RSS (VmHWM) and the growth of its database (launcher.db with its W
   jobs); then a restart and one `status` from a user with no jobs;
 - connect_close: four processes connect and close as fast as they can for 30 s, on the
   common socket (connect_close_own: on bob's own socket); root and alice used the
-  launcher before, so they have their own sockets;
+  launcher before, so they have their own sockets; connect_close_sliced: on the common
+  socket with bob's processes in a CPU group of their own, as systemd-logind's
+  user-UID.slice puts a logged-in user's;
 - first_contact: alice's first three calls (the first through the common socket) while
   bob floods it;
 - projects: bob writes `project: vision` (a project of alice's group) to fill its cap;
@@ -76,6 +78,7 @@ from tests.launcher.runtime.users import (
     remove_created,
     shared_dir,
 )
+from tests.polling import wait_for
 
 MIB = 1 << 20
 RAISED = {"limits": {"per_uid_connections": 4096, "max_connections": 8192,
@@ -353,10 +356,23 @@ def amplification(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
         _done(d, home)
 
 
+def _user_slice() -> Path | None:
+    """A cpu cgroup for bob's processes, as systemd-logind gives each logged-in user a
+    user-UID.slice of equal CPU weight; None where cgroup v1's cpu controller is not
+    writable (then everything shares one group: the worst case)."""
+    path = Path("/sys/fs/cgroup/cpu/gpa-bench-bob")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
 def connect_close(repo: Path, extra: dict[str, Any] | None, *, own: bool = False,
-                  ) -> dict[str, Any]:
-    """bob's four connect/close loops on the common socket (own: on his own socket);
-    root and alice have used the launcher before, as a node's users have."""
+                  sliced: bool = False) -> dict[str, Any]:
+    """bob's four connect/close loops on the common socket (own: on his own socket;
+    sliced: in his own CPU group); root and alice have used the launcher before, as a
+    node's users have."""
     d, home = _daemon(repo, extra)
     try:
         d.ask({"op": "ping"})
@@ -366,11 +382,17 @@ def connect_close(repo: Path, extra: dict[str, Any] | None, *, own: bool = False
         bobs = user_socket_path(d.socket, pwd.getpwnam(BOB).pw_uid)
         if own and bobs.exists():  # an older daemon has no own sockets: the common one
             target = bobs
-        with Holding(BOB, "connect_close", target, 4, 120):
+        group = _user_slice() if sliced else None
+        with Holding(BOB, "connect_close", target, 4, 120, cgroup=group):
             out = _measure(d, 30.0, 15)
             out["peak_rss_mb"] = _peak_mb(d)
         out["alive"] = d.alive()
         out["flooded"] = "bob's own socket" if target == bobs else "the common socket"
+        out["bob_cpu_group"] = "his own" if group is not None else "shared"
+        if group is not None:
+            wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), 30,
+                     "bob's processes to end")
+            group.rmdir()
         return out
     finally:
         _done(d, home)
@@ -378,6 +400,10 @@ def connect_close(repo: Path, extra: dict[str, Any] | None, *, own: bool = False
 
 def connect_close_own(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
     return connect_close(repo, extra, own=True)
+
+
+def connect_close_sliced(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
+    return connect_close(repo, extra, sliced=True)
 
 
 def first_contact(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -461,6 +487,7 @@ def socket_dir(repo: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
 LOAD: dict[str, Callable[[Path, dict[str, Any] | None], dict[str, Any]]] = {
     "events_flood": events_flood, "amplification": amplification,
     "connect_close": connect_close, "connect_close_own": connect_close_own,
+    "connect_close_sliced": connect_close_sliced,
     "first_contact": first_contact, "projects": projects, "cpu_jobs": cpu_jobs,
     "socket_dir": socket_dir}
 

@@ -44,6 +44,9 @@ _PRELUDE = """
 import os, sys, resource
 import tests.launcher.runtime.hostile as h
 uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if os.environ.get("GPA_CGROUP_PROCS"):  # into the user's own CPU group, as root
+    with open(os.environ["GPA_CGROUP_PROCS"], "w") as f:
+        f.write("0")
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 8192), max(hard, 8192)))
 os.setgroups([int(g) for g in groups.split(",") if g])
@@ -72,15 +75,22 @@ def as_user(user: str, attack: str, *args: object, timeout: float = 120) -> Any:
 class Holding:
     """An attack that keeps its connections open while the `with` block runs."""
 
-    def __init__(self, user: str, attack: str, *args: object, timeout: float = 120) -> None:
+    def __init__(self, user: str, attack: str, *args: object, timeout: float = 120,
+                 cgroup: Path | None = None) -> None:
+        """cgroup: a cpu cgroup (v1) directory the attacker runs in, as systemd puts
+        each logged-in user's processes in their own user-UID.slice."""
         self._argv = _argv(user, attack, args)
         self._timeout = timeout
+        self._env = dict(os.environ)
+        if cgroup is not None:
+            self._env["GPA_CGROUP_PROCS"] = str(cgroup / "cgroup.procs")
         self.proc: subprocess.Popen[str] | None = None
         self.result: Any = None
 
     def __enter__(self) -> Holding:
         self.proc = subprocess.Popen(self._argv, cwd=REPO, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=self._env)
         assert self.proc.stdout is not None
         line = _readline_within(self.proc, self._timeout)
         if not line:
