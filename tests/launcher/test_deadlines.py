@@ -15,6 +15,7 @@ from launcher.deadlines import DeadlineJob, jointly_feasible, parse_duration
 from launcher.gpustate import GIB, GpuInfo
 from launcher.policy import FairShareLedger
 from launcher.scheduler import Scheduler
+from launcher.sim import SimBehaviour
 from launcher.spec import JobSpec, load_submission
 from launcher.store import JobRecord
 from tests.launcher.harness import Node
@@ -49,7 +50,8 @@ def test_a_local_deadline_is_the_next_one_and_stored_absolute() -> None:
     (job,) = node.submit("name: a\ncommand: x\ndeadline: '09:00'\nexpected_runtime: 2h\n")
     assert node.rec(job).spec.deadline == pytest.approx(EVENING + 11 * HOUR)
     queued = next(e for e in node.store.events(job) if e.kind == "queued")
-    assert queued.data["runtime_estimate"] == {"seconds": 2 * HOUR, "source": "the spec"}
+    assert queued.data["runtime_estimate"] == {"seconds": 2 * HOUR, "source": "spec",
+                                            "detail": "the spec"}
 
 
 def test_the_evening_policy_gives_evening_jobs_the_next_morning_and_is_off_by_default(
@@ -93,7 +95,8 @@ def test_a_runtime_estimate_comes_from_the_users_history_of_the_same_job() -> No
     est = next(e for e in node.store.events(again) if e.kind == "queued").data[
         "runtime_estimate"]
     assert est["seconds"] == pytest.approx(took)
-    assert est["source"] == "history: 1 run(s) of this name"
+    assert est["source"] == "history:name"
+    assert est["detail"] == "history: 1 run(s) of this name"
 
 
 def _rec(job_id: int, submitted: float, **spec: object) -> JobRecord:
@@ -261,3 +264,67 @@ def test_deadline_jobs_that_cannot_all_make_it_together_defer_one_and_say_so() -
     waiting = [j for j in (1, 2) if j in d.waits]
     assert len(waiting) == 1
     assert d.waits[waiting[0]][1].startswith("deadline cannot be met together")
+
+
+def test_a_reservation_keeps_backfill_from_making_a_wide_deadline_job_miss() -> None:
+    """Two GPUs; job `a` holds one for another hour. A 2-GPU deadline job (1.5 h, due in
+    3 h) cannot start until `a` ends; three 2-hour jobs without a deadline could each
+    take a GPU as it frees. Without a reservation they do, one after another, and the
+    deadline job starts past 3 h and misses; with one, none starts on a GPU the deadline
+    job needs at 1 h (each would still run then), so it starts at 1 h and makes it."""
+    def play(reserve: bool) -> tuple[JobRecord, list[JobRecord]]:
+        node = Node(gpus=2, policy=PolicyConfig(deadline_reservations=reserve),
+                    behaviours={"a": SimBehaviour(work_seconds=HOUR),
+                                "wide": SimBehaviour(work_seconds=1.5 * HOUR),
+                                **{f"b{i}": SimBehaviour(work_seconds=2 * HOUR)
+                                   for i in range(3)}})
+        node.submit("name: a\ncommand: x\nexpected_runtime: 1h\n")
+        node.run(30.0)
+        (wide,) = node.submit(f"name: wide\ncommand: x\ngpus: 2\nexpected_runtime: 90m\n"
+                              f"deadline: {node.now + 3 * HOUR}\n")
+        fill = [node.submit(f"name: b{i}\ncommand: x\nexpected_runtime: 2h\n")[0]
+                for i in range(3)]
+        node.run(30.0)
+        if reserve:  # said, with when and where
+            assert "reserved for it from" in node.rec(wide).wait_detail
+            assert "reserved for deadline job" in node.rec(fill[0]).wait_detail
+        node.run(7 * HOUR, step=60.0)
+        return node.rec(wide), [node.rec(i) for i in fill]
+
+    late, _ = play(reserve=False)
+    assert late.finished_at is not None and late.spec.deadline is not None
+    assert late.finished_at > late.spec.deadline  # the scenario is a real miss without
+    met, fill = play(reserve=True)
+    assert met.state == "succeeded" and met.spec.deadline is not None
+    assert met.finished_at is not None and met.finished_at <= met.spec.deadline
+    assert all(f.state == "succeeded" for f in fill)  # delayed, not starved
+
+
+def test_backfill_still_starts_what_ends_before_the_reservation_or_uses_other_gpus(
+        ) -> None:
+    """The reservation holds back only what would delay it: a job that ends before the
+    reserved start takes the free GPU, and so does one placed on a GPU the reservation
+    does not need."""
+    now = 500_000.0
+    gpus = [GpuInfo(uuid=f"G{i}", index=i, memory_total_bytes=80 * GIB, memory_used_bytes=0,
+                    temperature_c=40.0) for i in range(5)]
+    holder = _running(9, now, gpus=2, expected_runtime=2 * HOUR)  # ran 1 h: ends in 1 h
+    holder.gpus = ["G0", "G1"]
+    wide = _rec(1, now - 60, gpus=4, deadline=now + 4 * HOUR, expected_runtime=2 * HOUR)
+    short = _rec(2, now - 50, expected_runtime=0.5 * HOUR)
+    long_ = _rec(3, now - 40, expected_runtime=5 * HOUR)
+    unknown = _rec(4, now - 30)  # no estimate, no max_runtime: it might never end
+    d = Scheduler(PolicyConfig()).decide(now, [wide, short, long_, unknown], [holder],
+                                         gpus, FairShareLedger(3600))
+    start, uuids = d.reservations[1]
+    assert start == pytest.approx(now + HOUR)
+    # the busy GPUs first, then free ones: one free GPU stays out of the reservation
+    assert set(uuids) == {"G0", "G1", "G2", "G3"}
+    started = dict(d.starts)
+    assert started[2] == ["G2"]  # ends before the reservation: takes a reserved GPU
+    assert started[3] == ["G4"]  # would still run then: only on the GPU not reserved
+    assert 4 not in started and "reserved for deadline job 1" in d.waits[4][1]
+    assert "reserved for it from" in d.waits[1][1]
+    off = Scheduler(PolicyConfig(deadline_reservations=False)).decide(
+        now, [wide, short, long_, unknown], [holder], gpus, FairShareLedger(3600))
+    assert not off.reservations and len(off.starts) == 3
