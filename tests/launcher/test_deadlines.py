@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from launcher.config import PolicyConfig
-from launcher.deadlines import DeadlineJob, jointly_feasible, parse_duration
+from launcher.deadlines import (
+    DeadlineJob,
+    Estimate,
+    forecast_starts,
+    jointly_feasible,
+    parse_duration,
+    runtime_estimate,
+)
 from launcher.gpustate import GIB, GpuInfo
 from launcher.policy import FairShareLedger
 from launcher.scheduler import Scheduler
@@ -328,3 +335,49 @@ def test_backfill_still_starts_what_ends_before_the_reservation_or_uses_other_gp
     off = Scheduler(PolicyConfig(deadline_reservations=False)).decide(
         now, [wide, short, long_, unknown], [holder], gpus, FairShareLedger(3600))
     assert not off.reservations and len(off.starts) == 3
+
+
+def test_a_running_jobs_estimate_comes_from_its_progress_first() -> None:
+    """The spec said 10 h; the job reports it is 90 % through at a rate that leaves 1 h:
+    the reservation behind it, its slack and the sources say so. A report from an earlier
+    attempt, or one without a throughput, does not count; past its spec estimate
+    without progress, a job is taken to need until its max_runtime."""
+    now = 500_000.0
+    holder = _running(9, now, gpus=1, expected_runtime=10 * HOUR, deadline=now + 1.5 * HOUR)
+    holder.attempt = 2
+    holder.progress = {"time": now - 60, "attempt": 2, "step": 9000, "total_steps": 10000,
+                       "steps_per_second": 1000 / (HOUR + 60)}
+    est = runtime_estimate(holder, now)
+    assert est.source == "progress" and est.remaining == pytest.approx(HOUR)
+    assert est.total == pytest.approx(2 * HOUR)  # ran 1 h, 1 h left
+    wide = _rec(1, now - 60, gpus=1, deadline=now + 4 * HOUR, expected_runtime=HOUR)
+    sched = Scheduler(PolicyConfig())
+    d = sched.decide(now, [wide], [holder], _gpu(), FairShareLedger(3600))
+    assert d.reservations[1][0] == pytest.approx(now + HOUR)
+    assert sched._running_slack(holder) == pytest.approx(0.5 * HOUR)
+
+    stale = {**holder.progress, "attempt": 1}
+    holder.progress = stale
+    assert runtime_estimate(holder, now).source == "spec"
+    holder.progress = {"time": now - 60, "attempt": 2, "step": 9000, "total_steps": 10000}
+    assert runtime_estimate(holder, now).remaining == pytest.approx(9 * HOUR)
+    late = _running(8, now, expected_runtime=0.5 * HOUR, max_runtime_seconds=3 * HOUR)
+    assert runtime_estimate(late, now) == Estimate(3 * HOUR, 2 * HOUR, "max_runtime")
+    waiting = _rec(7, now, max_runtime_seconds=HOUR)
+    assert runtime_estimate(waiting, now) == Estimate(HOUR, HOUR, "max_runtime")
+    assert runtime_estimate(_rec(6, now), now) == Estimate(None, None, "none")
+    hist = _rec(5, now, expected_runtime=HOUR, expected_runtime_source="history:command")
+    assert runtime_estimate(hist, now).source == "history:command"
+
+
+def test_forecast_starts_follow_the_order_from_the_running_jobs_estimated_ends() -> None:
+    now = 1000.0
+    # two GPUs: one free now, one until 1000 s from now
+    starts = forecast_starts(now, 2.0, [(now + 1000, 1.0)],
+                             [(1, 1.0, 500.0), (2, 2.0, 100.0), (3, 1.0, None),
+                              (4, 0.5, 10.0), (5, 2.0, 10.0), (6, 3.0, 1.0)])
+    assert starts[1] == now  # the free GPU
+    assert starts[2] == now + 1000  # both GPUs: when the running one ends
+    assert starts[3] == now + 1100 and starts[4] == now + 1100
+    assert starts[5] is None  # behind a job with no estimate holding a GPU for good
+    assert starts[6] is None  # more GPUs than the node has
