@@ -28,6 +28,7 @@ Pure apart from `history_estimate` (which reads the store it is given): no clock
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import math
 import re
 import statistics
@@ -214,7 +215,9 @@ def forecast_starts(now: float, capacity: float,
     ahead: the forecast is what the order promises, not what backfill may add). A job
     behind one with no estimate gets None (nothing bounds when that one ends).
     Counts GPUs, not their memory: an estimate, said as one."""
-    ends = sorted((max(now, e), g) for e, g in running)
+    heap = [(max(now, e), g) for e, g in running]
+    heapq.heapify(heap)
+    free = capacity - sum(g for _, g in heap)
     out: dict[int, float | None] = {}
     t = now
     unbounded = False
@@ -222,22 +225,23 @@ def forecast_starts(now: float, capacity: float,
         if unbounded or need > capacity + 1e-9:
             out[job_id] = None
             continue
-        while capacity - sum(g for e, g in ends if e > t) < need - 1e-9:
-            later = [e for e, _ in ends if e > t]
-            if not later or math.isinf(min(later)):
-                t = math.inf
+        # the order is kept, so time only moves forward: free what has ended by then
+        while heap and heap[0][0] <= t:
+            free += heapq.heappop(heap)[1]
+        while free < need - 1e-9:
+            if not heap or math.isinf(heap[0][0]):
+                unbounded = True
                 break
-            t = min(later)
-        if math.isinf(t):
+            t = heap[0][0]
+            while heap and heap[0][0] <= t:
+                free += heapq.heappop(heap)[1]
+        if unbounded:
             out[job_id] = None
-            unbounded = True
             continue
         out[job_id] = t
         if need > 0:
-            if est is None:
-                ends.append((math.inf, need))
-            else:
-                ends.append((t + est, need))
+            free -= need
+            heapq.heappush(heap, (math.inf if est is None else t + est, need))
     return out
 
 

@@ -374,7 +374,7 @@ class Service:
 
     def _forecast(self, now: float) -> dict[int, float | None]:
         """Estimated start of every waiting job: the order of the newest scheduling
-        decision (the jobs it did not consider after it, highest priority first) run
+        decision (the jobs it did not consider after it, oldest first) run
         forward on the node's GPUs from the running jobs' estimated ends
         (launcher/deadlines.py `forecast_starts`). None where nothing bounds it."""
         engine = self.engine
@@ -385,8 +385,10 @@ class Service:
         decided = engine.last_decision.order if engine.last_decision is not None else []
         order = [i for i in decided if i in waiting]
         seen = set(order)
-        order += [j.id for j, _ in engine.queue_view(now) if j.id in waiting
-                  and j.id not in seen]
+        # the rest (not eligible at that decision: dependencies, backoff) after them in
+        # submission order: cheap on every submission, whatever the queue's length
+        order += sorted((i for i in waiting if i not in seen),
+                        key=lambda i: (waiting[i].submitted_at, i))
         rows = [(i, waiting[i].spec.gpu_share, runtime_estimate(waiting[i], now).total)
                 for i in order]
         return forecast_starts(now, float(len(engine.node) or 0), running, rows)
