@@ -335,6 +335,12 @@ def test_backfill_still_starts_what_ends_before_the_reservation_or_uses_other_gp
     off = Scheduler(PolicyConfig(deadline_reservations=False)).decide(
         now, [wide, short, long_, unknown], [holder], gpus, FairShareLedger(3600))
     assert not off.reservations and len(off.starts) == 3
+    # a reservation that starts too late for the deadline would only idle GPUs: none
+    hopeless = _rec(1, now - 60, gpus=4, deadline=now + 2.5 * HOUR,
+                    expected_runtime=2 * HOUR)
+    late = Scheduler(PolicyConfig()).decide(now, [hopeless, short, long_, unknown],
+                                            [holder], gpus, FairShareLedger(3600))
+    assert not late.reservations and len(late.starts) == 3
 
 
 def test_a_running_jobs_estimate_comes_from_its_progress_first() -> None:
