@@ -377,8 +377,8 @@ class Scheduler:
                 booked = self._reservation(job, slots, running, started, now, d)
                 # a reservation that starts too late to make the deadline would only keep
                 # GPUs idle: such a job needs a preemption (when short of slack), not it
-                slack = self.slack(job, now) or 0.0
-                if booked is not None and booked[0] <= now + slack + 1e-6:
+                room = self.slack(job, now) or 0.0
+                if booked is not None and booked[0] <= now + room + 1e-6:
                     d.reservations[job.id] = booked
                     ahead += 1
                     detail = (f"GPU {r.listed(sorted(self._index.get(u, 0) for u in booked[1]))}"
