@@ -372,6 +372,10 @@ def _logs(sock: Path, args: argparse.Namespace) -> int:
             time.sleep(0.5)
 
 
+# a big submission's estimates are in --json and the queue; the terminal gets the first
+SUBMIT_TIMING_ROWS = 20
+
+
 def _fmt_time(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -381,7 +385,8 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
                                                          strict=True))
         lines = [f"submitted {len(resp['ids'])} job(s): {pairs}"]
-        for t in resp.get("timing") or []:
+        timing = resp.get("timing") or []
+        for t in timing[:SUBMIT_TIMING_ROWS]:
             parts = [f"  job {t['id']}:"]
             if t.get("started_at"):
                 parts.append(f"started {_fmt_time(t['started_at'])}")
@@ -405,6 +410,9 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
             if t.get("warning"):
                 parts.append(f"WARNING: {t['warning']}")
             lines.append(" ".join(parts))
+        if len(timing) > SUBMIT_TIMING_ROWS:
+            lines.append(f"  ... and {len(timing) - SUBMIT_TIMING_ROWS} more (`gpu-audit "
+                         "launcher queue` shows each one's estimated start)")
         return "\n".join(lines)
     if cmd == "retry":
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
