@@ -297,6 +297,7 @@ class Scheduler:
         # jobs started in this decision, with their GPUs and memory (for reservations)
         started: list[tuple[JobRecord, list[str], int]] = []
         reserving = c.name == "priority" and c.deadline_order and c.deadline_reservations
+        unreservable: set[tuple[int, float | None, int | None]] = set()
         head: JobRecord | None = None  # fifo-exclusive: the job that blocks the rest
         for job in order:
             if head is not None:
@@ -373,8 +374,13 @@ class Scheduler:
                     f"{r.listed(owners)}, and this job would not end before then"))
                 continue
             kind, detail = self._why(job, initial, running, d, ahead)
-            if reserving and self._can_make_it(job, now):
+            if reserving and self._can_make_it(job, now) and shape not in unreservable:
                 booked = self._reservation(job, slots, running, started, now, d)
+                if booked is None:
+                    # reservations only take GPUs away: a later job of this shape in
+                    # this decision finds no room either (1,000 waiting deadline jobs
+                    # cost one search per shape, not one each)
+                    unreservable.add(shape)
                 # a reservation that starts too late to make the deadline would only keep
                 # GPUs idle: such a job needs a preemption (when short of slack), not it
                 room = self.slack(job, now) or 0.0
@@ -488,10 +494,7 @@ class Scheduler:
         so what is free now stays open to backfill. None when it never fits by the
         estimates (a job with no estimate and no limit holds its GPUs for good)."""
         trial = {u: s.clone() for u, s in slots.items()}
-        for _, uuids in d.reservations.values():
-            for u in uuids:
-                if u in trial:
-                    trial[u].exclusive = True
+        reserved = {u for _, uuids in d.reservations.values() for u in uuids if u in trial}
         ends: list[tuple[float, int, list[str], int | None, JobRecord]] = []
         for j in running:
             ends.append((self._expected_end(j, now), j.id, list(j.gpus), j.memory_bytes, j))
@@ -503,6 +506,8 @@ class Scheduler:
             if math.isinf(end):
                 return None
             self._release_on(j, held, mem, trial)
+            for u in reserved:  # still out of reach, whoever leaves them
+                trial[u].exclusive = True
             if not self._fits(job, trial):
                 continue
             if job.spec.gpu_fraction is None or self._whole_only:

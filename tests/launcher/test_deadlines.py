@@ -387,3 +387,20 @@ def test_forecast_starts_follow_the_order_from_the_running_jobs_estimated_ends()
     assert starts[3] == now + 1100 and starts[4] == now + 1100
     assert starts[5] is None  # behind a job with no estimate holding a GPU for good
     assert starts[6] is None  # more GPUs than the node has
+
+
+def test_a_gpu_is_reserved_for_one_deadline_job_at_a_time() -> None:
+    """Two deadline jobs wait for the one GPU: the first (least slack) reserves it; the
+    second gets no reservation on the same GPU (it would be a promise nobody keeps), and
+    1,000 such jobs cost one search per shape."""
+    now = 500_000.0
+    holder = _running(9, now, expected_runtime=2 * HOUR)
+    first = _rec(1, now - 60, deadline=now + 3 * HOUR, expected_runtime=HOUR)
+    second = _rec(2, now - 50, deadline=now + 4 * HOUR, expected_runtime=HOUR)
+    d = Scheduler(PolicyConfig()).decide(now, [first, second], [holder], _gpu(),
+                                         FairShareLedger(3600))
+    assert list(d.reservations) == [1] and d.reservations[1][1] == ["G0"]
+    many = [_rec(10 + i, now - i, deadline=now + 10 * HOUR + i, expected_runtime=HOUR)
+            for i in range(1000)]
+    d = Scheduler(PolicyConfig()).decide(now, many, [holder], _gpu(), FairShareLedger(3600))
+    assert len(d.reservations) == 1
