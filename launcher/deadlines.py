@@ -188,7 +188,10 @@ def runtime_estimate(job: JobRecord, now: float) -> Estimate:
         p = Progress.from_dict(job.progress)
         left = estimate_remaining(p, now) if p is not None and p.attempt == job.attempt \
             else None
-        if left is not None:
+        # a job still running past the end its own progress promised has overrun it (or
+        # reports nonsense): "ends now" forever would keep reserved GPUs idle behind it,
+        # so it falls back to what the spec and its limit say
+        if left is not None and left > 0:
             return Estimate(ran + left, left, "progress")
     limit = spec.max_runtime_seconds
     if spec.expected_runtime is not None:

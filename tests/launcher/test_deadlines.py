@@ -404,3 +404,17 @@ def test_a_gpu_is_reserved_for_one_deadline_job_at_a_time() -> None:
             for i in range(1000)]
     d = Scheduler(PolicyConfig()).decide(now, many, [holder], _gpu(), FairShareLedger(3600))
     assert len(d.reservations) == 1
+
+
+def test_a_job_past_the_end_its_progress_promised_is_not_ending_now_forever() -> None:
+    """A job whose reported throughput said it would be done an hour ago and is still
+    running (stalled, or lying) would otherwise read "0 s left" at every decision, and a
+    reservation behind it would keep free GPUs idle: it falls back to the spec and its
+    limit."""
+    now = 500_000.0
+    stalled = _running(9, now, expected_runtime=0.5 * HOUR, max_runtime_seconds=4 * HOUR)
+    # 36 min ago: one step of 20 left at 10 steps/h, so done 30 min ago by its word
+    stalled.progress = {"time": now - 0.6 * HOUR, "attempt": 0, "step": 19,
+                        "total_steps": 20, "steps_per_second": 10 / HOUR}
+    est = runtime_estimate(stalled, now)
+    assert est.source == "max_runtime" and est.remaining == pytest.approx(3 * HOUR)
