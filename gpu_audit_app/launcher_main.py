@@ -372,6 +372,10 @@ def _logs(sock: Path, args: argparse.Namespace) -> int:
             time.sleep(0.5)
 
 
+# a big submission's estimates are in --json and the queue; the terminal gets the first
+SUBMIT_TIMING_ROWS = 20
+
+
 def _fmt_time(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -381,18 +385,34 @@ def _render(cmd: str, resp: Mapping[str, Any]) -> str:
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
                                                          strict=True))
         lines = [f"submitted {len(resp['ids'])} job(s): {pairs}"]
-        for t in resp.get("timing") or []:
+        timing = resp.get("timing") or []
+        for t in timing[:SUBMIT_TIMING_ROWS]:
             parts = [f"  job {t['id']}:"]
             if t.get("started_at"):
                 parts.append(f"started {_fmt_time(t['started_at'])}")
+            source = t.get("estimate_source") or "none"
+            if t.get("estimated_start") and not t.get("started_at"):
+                parts.append(f"estimated start {_fmt_time(t['estimated_start'])} in the "
+                             "current queue" + (f", finish {_fmt_time(t['estimated_finish'])}"
+                                                if t.get("estimated_finish") else ""))
+            elif not t.get("started_at"):
+                parts.append("estimated start unknown (a job ahead has no runtime estimate "
+                             "or limit)")
             if t.get("earliest_finish"):
                 parts.append(f"estimated finish {_fmt_time(t['earliest_finish'])} at the "
-                             f"earliest (estimate {t['estimate_seconds'] / 3600:.1f} h)")
+                             f"earliest (estimate {format_duration(t['estimate_seconds'])}, "
+                             f"source {source})")
+            else:
+                parts.append(f"no runtime estimate (source {source}: give expected_runtime "
+                             "or max_runtime_seconds)")
             if isinstance(t.get("deadline"), (int, float)):
                 parts.append(f"deadline {_fmt_time(t['deadline'])}")
             if t.get("warning"):
                 parts.append(f"WARNING: {t['warning']}")
             lines.append(" ".join(parts))
+        if len(timing) > SUBMIT_TIMING_ROWS:
+            lines.append(f"  ... and {len(timing) - SUBMIT_TIMING_ROWS} more (`gpu-audit "
+                         "launcher queue` shows each one's estimated start)")
         return "\n".join(lines)
     if cmd == "retry":
         pairs = ", ".join(f"{i} ({n})" for i, n in zip(resp["ids"], resp["names"],
@@ -433,10 +453,20 @@ def _eta_cell(p: Mapping[str, Any] | None) -> str:
     return format_duration(eta) if isinstance(eta, int | float) else "-"
 
 
+def _estimate_cell(e: Mapping[str, Any] | None, key: str = "remaining_seconds") -> str:
+    """'2h00m spec' / '45m10s progress' / '- none': the estimate and where it comes from."""
+    if not e:
+        return "-"
+    v = e.get(key)
+    return (f"{format_duration(v) if isinstance(v, int | float) else '-'} "
+            f"{e.get('source') or 'none'}")
+
+
 def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Your jobs: a waiting one's last column is why it waits, the others' their GPUs."""
     head = (f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'PROJECT':<12} {'STATE':<10} {'TRY':>3}"
-            f"  {'PROGRESS':<18} {'ETA':>7}  GPUS / WAITING FOR")
+            f"  {'PROGRESS':<18} {'ETA':>7}  {'ESTIMATE (LEFT, SOURCE)':<24}"
+            "  GPUS / WAITING FOR")
     rows = [head]
     for j in jobs:
         last = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
@@ -445,7 +475,8 @@ def _render_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         p = j.get("progress")
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
                     f"{j['project'][:12]:<12} {j['state']:<10} {j['attempt']:>3}  "
-                    f"{_progress_cell(p)[:18]:<18} {_eta_cell(p):>7}  {last}")
+                    f"{_progress_cell(p)[:18]:<18} {_eta_cell(p):>7}  "
+                    f"{_estimate_cell(j.get('estimate'))[:24]:<24}  {last}")
     return "\n".join(rows)
 
 
@@ -460,7 +491,8 @@ def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
     waiting = [j for j in jobs if j not in running]
     rows = [f"RUNNING {len(running)}",
             f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'STARTED':<8} {'TRY':>3} "
-            f"{'PRIORITY':>9}  {'PROGRESS':<18} {'LOSS':>9} {'ETA':>7}  GPUS"]
+            f"{'PRIORITY':>9}  {'PROGRESS':<18} {'LOSS':>9} {'ETA':>7}  "
+            f"{'ESTIMATE (LEFT, SOURCE)':<24} {'END':<8}  GPUS"]
     for j in running:
         gpus = ",".join(g.removeprefix("GPU-") for g in j.get("gpus") or []) or "-"
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
@@ -468,10 +500,12 @@ def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
                     f"{j.get('attempt', 0):>3} {_num(j.get('start_priority'), 9)}  "
                     f"{_progress_cell(j.get('progress'))[:18]:<18} "
                     f"{_loss_cell(j.get('progress')):>9} {_eta_cell(j.get('progress')):>7}  "
-                    f"{gpus}")
+                    f"{_estimate_cell(j.get('estimate'))[:24]:<24} "
+                    f"{_fmt_time(j.get('estimated_end')):<8}  {gpus}")
     rows += ["", f"WAITING {len(waiting)}",
              f"{'ID':>5}  {'NAME':<16} {'USER':<14} {'STATE':<10} {'PRIORITY':>9} "
-             f"{'URGENCY':>8} {'TIER':>7} {'AGE':>7} {'FAIRSHR':>8}  REASON"]
+             f"{'URGENCY':>8} {'TIER':>7} {'AGE':>7} {'FAIRSHR':>8}  "
+             f"{'ESTIMATE (RUNTIME, SOURCE)':<26} {'START':<8}  REASON"]
     for j in waiting:
         p = j.get("priority") or {}
         fair = None
@@ -482,6 +516,8 @@ def _render_queue(jobs: Sequence[Mapping[str, Any]]) -> str:
         rows.append(f"{j['id']:>5}  {j['name'][:16]:<16} {j['user'][:14]:<14} "
                     f"{j['state']:<10} {_num(p.get('total'), 9)} {_num(p.get('urgency'), 8)} "
                     f"{_num(p.get('tier'), 7)} {_num(p.get('age'), 7)} {_num(fair, 8)}  "
+                    f"{_estimate_cell(j.get('estimate'), 'total_seconds')[:26]:<26} "
+                    f"{_fmt_time(j.get('estimated_start')):<8}  "
                     f"{reason}: {detail}".rstrip(": "))
     return "\n".join(rows)
 
@@ -516,6 +552,15 @@ def _render_job(j: Mapping[str, Any]) -> str:
                           "running attempt)")
         lines.append(f"  progress: {', '.join(parts)} (reported "
                      f"{_fmt_time(p.get('reported_at'))}, attempt {p.get('attempt')})")
+    e = j.get("estimate")
+    if e:
+        total, left = e.get("total_seconds"), e.get("remaining_seconds")
+        lines.append(
+            f"  runtime estimate: {format_duration(total)}"
+            + (f", {format_duration(left)} left" if j.get("state") in ("running",
+                                                                      "preempting")
+               and left is not None else "")
+            + f" (source: {e.get('source') or 'none'})")
     if j.get("environment"):
         lines.append(f"  runs: {describe_environment(j['environment'])}")
     lines.append(f"  GPU-seconds allocated {j.get('allocated_gpu_seconds', 0):.1f}, lost "

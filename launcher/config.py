@@ -182,6 +182,13 @@ class PolicyConfig(BaseModel):
         "tier, jobs with a deadline go first, least slack (deadline - now - estimated "
         "runtime) first; the other jobs keep their places in the priority order. A running "
         "job with a deadline is preempted only for a more urgent level.")
+    deadline_reservations: bool = Field(
+        default=True,
+        description="Policy `priority` with `deadline_order`: a deadline job that can "
+        "still make it but does not fit now gets a reservation (the GPUs it is to start "
+        "on and when, from the running jobs' estimated ends); later jobs start now only "
+        "when they would end before it (their estimate, else max_runtime) or on other "
+        "GPUs.")
     deadline_preempt_slack_seconds: float = Field(
         default=7200.0, ge=0,
         description="Policy `priority` with `deadline_order`: a waiting job whose slack "

@@ -10,18 +10,25 @@ of a set of deadline jobs.
 - `parse_duration`: `expected_runtime: 4h` / `90m` / `3600`.
 - `history_estimate`: a runtime learned from the same user's finished runs of the same
   job name or command (the launcher's own store), the median of the newest ones.
+- `runtime_estimate`: what a waiting or running job still needs and where that figure
+  comes from (its reported progress, the spec, history, its max_runtime, or nothing):
+  the one estimate slack, feasibility, reservations, `queue` and `status` use.
+- `forecast_starts`: when each waiting job would start if the queue ran in its order,
+  from the running jobs' estimated ends (what `submit` prints).
 - `jointly_feasible`: which of a set of deadline jobs can ALL finish by their deadlines
   on a node of `capacity` GPUs (a fluid area test: each job at most its own GPU share,
   earliest deadline first; a job that would make the set infeasible is dropped, the
   largest first). Used by the scheduler to defer what cannot make it and by the replay
   for the ceiling its deadline figures are read against.
 
-Pure apart from `history_estimate` (which reads the store it is given): no clock, no I/O.
+Pure apart from `history_estimate` (which reads the store it is given): no clock, no I/O
+(`now` is always an argument).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import math
 import re
 import statistics
@@ -29,8 +36,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher.progress import Progress, estimate_remaining
+
 if TYPE_CHECKING:
-    from launcher.store import Store
+    from launcher.store import JobRecord, Store
 
 _HHMM = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?$")
@@ -131,17 +140,112 @@ def evening_deadline(deadline: str | None, starts: str, now: float,
 
 
 def history_estimate(store: Store, user: str, name: str, command: Sequence[str] | str,
-                     newest: int = 10) -> tuple[float, str] | None:
-    """(median wall seconds, source) of the user's newest succeeded runs with the same
-    job name, else the same command; None without history."""
-    done = [j for j in store.jobs(("succeeded",)) if j.user == user
+                     newest: int = 10, *, done: Sequence[JobRecord] | None = None,
+                     ) -> tuple[float, str, int] | None:
+    """(median wall seconds, source, runs) of the user's newest succeeded runs with the
+    same job name (source "history:name"), else the same command ("history:command");
+    None without history. `done`: the store's succeeded jobs when the caller has read
+    them already (one read for a whole submission)."""
+    if done is None:
+        done = store.jobs(("succeeded",))
+    mine = [j for j in done if j.user == user
             and j.started_at is not None and j.finished_at is not None]
-    for label, same in (("name", [j for j in done if j.spec.name == name]),
-                        ("command", [j for j in done if j.spec.command == command])):
+    for label, same in (("name", [j for j in mine if j.spec.name == name]),
+                        ("command", [j for j in mine if j.spec.command == command])):
         if same:
             runs = [(j.finished_at or 0.0) - (j.started_at or 0.0) for j in same[-newest:]]
-            return statistics.median(runs), f"history: {len(runs)} run(s) of this {label}"
+            return statistics.median(runs), f"history:{label}", len(runs)
     return None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's runtime as the launcher estimates it. `total`: the whole run's wall
+    seconds; `remaining`: what is left from the time asked (a waiting job: `total`);
+    either None when nothing is known. `source`: "progress" (the job's own reported
+    steps and throughput), "spec", "history:name", "history:command", "max_runtime"
+    (only the limit the job is killed at) or "none"."""
+
+    total: float | None
+    remaining: float | None
+    source: str
+
+    def as_dict(self) -> dict[str, float | str | None]:
+        return {"total_seconds": self.total, "remaining_seconds": self.remaining,
+                "source": self.source}
+
+
+def runtime_estimate(job: JobRecord, now: float) -> Estimate:
+    """What `job` (waiting or running) still needs, best source first: the progress its
+    current attempt reported (running jobs), the spec's estimate (the user's or the
+    owner's history, as the engine stored it), else its max_runtime limit. A running job
+    past its estimate without progress is taken to need until its limit (it already
+    overran what was thought; the limit is the only bound left), else nothing more."""
+    spec = job.spec
+    ran = max(0.0, now - job.started_at) if job.started_at is not None \
+        and job.state in ("running", "preempting") else None
+    if ran is not None and job.progress is not None:
+        p = Progress.from_dict(job.progress)
+        left = estimate_remaining(p, now) if p is not None and p.attempt == job.attempt \
+            else None
+        # a job still running past the end its own progress promised has overrun it (or
+        # reports nonsense): "ends now" forever would keep reserved GPUs idle behind it,
+        # so it falls back to what the spec and its limit say
+        if left is not None and left > 0:
+            return Estimate(ran + left, left, "progress")
+    limit = spec.max_runtime_seconds
+    if spec.expected_runtime is not None:
+        total = spec.expected_runtime
+        source = spec.expected_runtime_source or "spec"
+        if ran is None:
+            return Estimate(total, total, source)
+        if ran < total or limit is None:
+            return Estimate(total, max(0.0, total - ran), source)
+        return Estimate(limit, max(0.0, limit - ran), "max_runtime")
+    if limit is not None:
+        return Estimate(limit, limit if ran is None else max(0.0, limit - ran), "max_runtime")
+    return Estimate(None, None, "none")
+
+
+def forecast_starts(now: float, capacity: float,
+                    running: Sequence[tuple[float, float]],
+                    waiting: Sequence[tuple[int, float, float | None]],
+                    ) -> dict[int, float | None]:
+    """Estimated start of each waiting job if the queue ran in the given order on a node
+    of `capacity` GPUs: `running` are (estimated end, GPUs held), `waiting` (id, GPUs,
+    estimated runtime or None) in scheduling order. Each job starts at the first time
+    enough GPUs are free once every job before it has started (no job overtakes one
+    ahead: the forecast is what the order promises, not what backfill may add). A job
+    behind one with no estimate gets None (nothing bounds when that one ends).
+    Counts GPUs, not their memory: an estimate, said as one."""
+    heap = [(max(now, e), g) for e, g in running]
+    heapq.heapify(heap)
+    free = capacity - sum(g for _, g in heap)
+    out: dict[int, float | None] = {}
+    t = now
+    unbounded = False
+    for job_id, need, est in waiting:
+        if unbounded or need > capacity + 1e-9:
+            out[job_id] = None
+            continue
+        # the order is kept, so time only moves forward: free what has ended by then
+        while heap and heap[0][0] <= t:
+            free += heapq.heappop(heap)[1]
+        while free < need - 1e-9:
+            if not heap or math.isinf(heap[0][0]):
+                unbounded = True
+                break
+            t = heap[0][0]
+            while heap and heap[0][0] <= t:
+                free += heapq.heappop(heap)[1]
+        if unbounded:
+            out[job_id] = None
+            continue
+        out[job_id] = t
+        if need > 0:
+            free -= need
+            heapq.heappush(heap, (math.inf if est is None else t + est, need))
+    return out
 
 
 @dataclass(frozen=True)

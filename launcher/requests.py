@@ -122,7 +122,8 @@ class Requests:
                 if spec.expected_runtime is not None:
                     data["runtime_estimate"] = {
                         "seconds": spec.expected_runtime,
-                        "source": self._estimate_sources.get(spec.name, "the spec")}
+                        "source": spec.expected_runtime_source or "spec",
+                        "detail": self._estimate_sources.get(spec.name, "the spec")}
                 if late.get(spec.name):
                     data["warning"] = late[spec.name]
                 self._event(now, job_id, "queued", data)
@@ -140,8 +141,23 @@ class Requests:
         out: list[JobSpec] = []
         late: dict[str, str] = {}
         sources = self._estimate_sources = {}
+        done: list[JobRecord] | None = None  # the owner's history, read once if needed
         for given in specs:
             s = given
+            # the runtime estimate every job gets (reservations and backfill need one for
+            # jobs without a deadline too): the user's, else the owner's history
+            if s.expected_runtime is not None:
+                s = s.model_copy(update={"expected_runtime_source": "spec"})
+            else:
+                if done is None:
+                    done = self.store.jobs(("succeeded",))
+                known = history_estimate(self.store, owner, s.name, s.command, done=done)
+                s = s.model_copy(update={
+                    "expected_runtime": known[0] if known else None,
+                    "expected_runtime_source": known[1] if known else None})
+                if known is not None:
+                    label = "name" if known[1] == "history:name" else "command"
+                    sources[s.name] = f"history: {known[2]} run(s) of this {label}"
             deadline: float | None
             if s.deadline is not None:
                 deadline = resolve_deadline(s.deadline, now, local)
@@ -151,12 +167,6 @@ class Requests:
             if deadline is not None:
                 s = s.model_copy(update={"deadline": deadline})
                 need = s.expected_runtime
-                if need is None:
-                    known = history_estimate(self.store, owner, s.name, s.command)
-                    if known is not None:  # the slack the scheduler orders by needs one
-                        need = known[0]
-                        s = s.model_copy(update={"expected_runtime": need})
-                        sources[s.name] = known[1]
                 if deadline <= now:
                     late[s.name] = "DEADLINE ALREADY PASSED"
                 elif need is not None and now + need > deadline:

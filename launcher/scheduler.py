@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from launcher import reasons as r
 from launcher.config import PolicyConfig
-from launcher.deadlines import DeadlineJob, jointly_feasible
+from launcher.deadlines import DeadlineJob, jointly_feasible, runtime_estimate
 from launcher.gpustate import GpuInfo
 from launcher.policy import FairShareLedger, PriorityBreakdown, priority
 from launcher.quota import Budget
@@ -70,6 +70,9 @@ class Decision:
     idle_seconds: dict[int, float] = field(default_factory=dict)
     # why each eligible job that does not start waits: (reason kind, detail)
     waits: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # deadline jobs that could not start now: when (estimated) and on which GPUs they
+    # are to start; later jobs in the order start now only where they delay none of it
+    reservations: dict[int, tuple[float, list[str]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -291,6 +294,10 @@ class Scheduler:
                    and now - j.finished_at < max(c.preempt_wait_seconds, 60.0)}
         no_victims: set[tuple[int, float | None, int | None]] = set()
         ahead = 0  # jobs earlier in the order that took or reserved GPUs in this decision
+        # jobs started in this decision, with their GPUs and memory (for reservations)
+        started: list[tuple[JobRecord, list[str], int]] = []
+        reserving = c.name == "priority" and c.deadline_order and c.deadline_reservations
+        unreservable: set[tuple[int, float | None, int | None]] = set()
         head: JobRecord | None = None  # fifo-exclusive: the job that blocks the rest
         for job in order:
             if head is not None:
@@ -305,10 +312,13 @@ class Scheduler:
             if held_back is not None:
                 d.waits[job.id] = held_back
                 continue
-            placed = self._place(job, slots)
+            avoid = self._reserved_against(job, now, d)
+            placed = self._place_avoiding(job, slots, avoid) if avoid \
+                else self._place(job, slots)
             if placed is not None:
                 d.starts.append((job.id, placed[0]))
                 d.memory[job.id] = placed[1]
+                started.append((job, placed[0], placed[1]))
                 ahead += job.spec.gpus > 0
                 if budget is not None:
                     budget.take(job)
@@ -352,7 +362,34 @@ class Scheduler:
                         f"preempting job {r.listed([v.id for v in victims])} for its GPUs "
                         "(they checkpoint and leave)"))
                     continue
+            if avoid and self._fits(job, slots):
+                # it fits only on GPUs a deadline job's reservation needs, and would still
+                # hold them when that job is to start
+                held = sorted(avoid, key=lambda u: self._index.get(u, 0))
+                owners = sorted(i for i, (_, us) in d.reservations.items()
+                                if set(us) & avoid)
+                d.waits[job.id] = (r.PRIORITY, r.cut(
+                    f"the free GPU {r.listed([self._index.get(u, '?') for u in held])} "
+                    f"{'is' if len(held) == 1 else 'are'} reserved for deadline job "
+                    f"{r.listed(owners)}, and this job would not end before then"))
+                continue
             kind, detail = self._why(job, initial, running, d, ahead)
+            if reserving and self._can_make_it(job, now) and shape not in unreservable:
+                booked = self._reservation(job, slots, running, started, now, d)
+                if booked is None:
+                    # reservations only take GPUs away: a later job of this shape in
+                    # this decision finds no room either (1,000 waiting deadline jobs
+                    # cost one search per shape, not one each)
+                    unreservable.add(shape)
+                # a reservation that starts too late to make the deadline would only keep
+                # GPUs idle: such a job needs a preemption (when short of slack), not it
+                room = self.slack(job, now) or 0.0
+                if booked is not None and booked[0] <= now + room + 1e-6:
+                    d.reservations[job.id] = booked
+                    ahead += 1
+                    detail = (f"GPU {r.listed(sorted(self._index.get(u, 0) for u in booked[1]))}"
+                              f" reserved for it from {r.clock(booked[0])} (estimated); "
+                              + detail)
             lower = [v.id for v in preemptible
                      if self._outranks(d.breakdowns[job.id], d.breakdowns[v.id])]
             if kind != r.PRIORITY and lower:
@@ -412,6 +449,94 @@ class Scheduler:
         kept = jointly_feasible(cands, float(len(gpus)),
                                 pinned={c.key for c in cands if c.key.startswith("r")})
         return {j.id for j in timed if f"q{j.id}" not in kept}
+
+    # -------------------------------------------------------------------- reservations
+
+    @staticmethod
+    def _expected_end(job: JobRecord, now: float) -> float:
+        """When a running (or just started) job is expected to end: its estimate, else its
+        max_runtime; never (inf) when neither is known."""
+        left = runtime_estimate(job, now).remaining
+        return math.inf if left is None else now + left
+
+    def _reserved_against(self, job: JobRecord, now: float, d: Decision) -> set[str]:
+        """GPUs `job` may not take now: those reserved for deadline jobs that are to start
+        before `job` would end (its estimate, else its max_runtime; never known: it
+        would delay every reservation)."""
+        if not d.reservations:
+            return set()
+        est = runtime_estimate(job, now).total
+        end = math.inf if est is None else now + est
+        return {u for start, uuids in d.reservations.values() if start < end - 1e-6
+                for u in uuids}
+
+    def _place_avoiding(self, job: JobRecord, slots: dict[str, _Slot],
+                        avoid: Collection[str]) -> tuple[list[str], int] | None:
+        """_place with the `avoid` GPUs out of reach (shown as held whole meanwhile)."""
+        saved = {u: slots[u] for u in avoid if u in slots}
+        for u, s in saved.items():
+            stand_in = s.clone()
+            stand_in.exclusive = True
+            slots[u] = stand_in
+        try:
+            return self._place(job, slots)
+        finally:
+            slots.update(saved)
+
+    def _reservation(self, job: JobRecord, slots: dict[str, _Slot],  # noqa: PLR0917
+                     running: Sequence[JobRecord],
+                     started: Sequence[tuple[JobRecord, list[str], int]], now: float,
+                     d: Decision) -> tuple[float, list[str]] | None:
+        """When and where `job` (a deadline job that does not fit now) can start: the
+        running jobs (and those started in this decision) end at their estimated ends,
+        earliest first, until it fits; GPUs already reserved for an earlier deadline job
+        stay out of reach. Among the GPUs free then, the ones busy now are taken first,
+        so what is free now stays open to backfill. None when it never fits by the
+        estimates (a job with no estimate and no limit holds its GPUs for good)."""
+        trial = {u: s.clone() for u, s in slots.items()}
+        reserved = {u for _, uuids in d.reservations.values() for u in uuids if u in trial}
+        ends: list[tuple[float, int, list[str], int | None, JobRecord]] = []
+        for j in running:
+            ends.append((self._expected_end(j, now), j.id, list(j.gpus), j.memory_bytes, j))
+        for j, held, booked in started:
+            est = runtime_estimate(j, now).total
+            ends.append((math.inf if est is None else now + est, j.id, held, booked, j))
+        ends.sort(key=lambda e: (e[0], e[1]))
+        for end, _, held, mem, j in ends:
+            if math.isinf(end):
+                return None
+            self._release_on(j, held, mem, trial)
+            for u in reserved:  # still out of reach, whoever leaves them
+                trial[u].exclusive = True
+            if not self._fits(job, trial):
+                continue
+            if job.spec.gpu_fraction is None or self._whole_only:
+                m = job.spec.gpu_memory_bytes
+                free = [s for s in trial.values() if self._fits_exclusive(s)
+                        and (m is None or m <= s.total)]
+                free.sort(key=lambda s: (self._fits_exclusive(slots[s.uuid]),
+                                         s.temperature, s.index))
+                return end, [s.uuid for s in free[:job.spec.gpus]]
+            placed = self._place(job, trial)
+            return (end, placed[0]) if placed is not None else None
+        return None
+
+    def _release_on(self, job: JobRecord, uuids: Sequence[str], memory: int | None,
+                    slots: dict[str, _Slot]) -> None:
+        """`slots` as they would be once `job`, holding `uuids` with `memory` per GPU,
+        has exited (a job started in this decision has no GPUs on its record yet)."""
+        for uuid in uuids:
+            s = slots.get(uuid)
+            if s is None:
+                continue
+            if self._holds_whole(job):
+                s.exclusive = False
+                s.used = 0
+            else:
+                mem = memory or 0
+                s.fraction = max(0.0, s.fraction - self._share(job))
+                s.booked = max(0, s.booked - mem)
+                s.used = max(0, s.used - mem)
 
     def _least_slack_first(self, order: list[JobRecord], d: Decision, now: float,
                            ) -> list[JobRecord]:
@@ -623,12 +748,13 @@ class Scheduler:
 
     def _running_slack(self, job: JobRecord) -> float | None:
         """Slack of a running deadline job: its deadline - now - what its estimate says is
-        left of this run (progress of earlier runs not credited: errs on the safe side)."""
+        left of this run (its reported progress first, launcher/deadlines.py
+        `runtime_estimate`; progress of earlier runs not credited: errs on the safe side)."""
         deadline = job.spec.deadline
         if not isinstance(deadline, float):
             return None
-        ran = self._now - (job.started_at or self._now)
-        return deadline - self._now - max(0.0, (job.spec.expected_runtime or 0.0) - ran)
+        left = runtime_estimate(job, self._now).remaining
+        return deadline - self._now - (left or 0.0)
 
     def _has_room(self, victim: JobRecord, job: JobRecord) -> bool:
         """Whether a running deadline job keeps more than the threshold of slack after

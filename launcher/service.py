@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import grp
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ from gpu_audit.errors import ConfigError
 from launcher import protocol
 from launcher import reasons as wait_reasons
 from launcher.audit import LauncherAudit
+from launcher.deadlines import forecast_starts, runtime_estimate
 from launcher.engine import BadState, Engine, LauncherError, PermissionDenied, UnknownJob
 from launcher.executor import ProcessExecutor
 from launcher.jobmap import JobMapWriter
@@ -37,7 +39,7 @@ from launcher.progress import Progress, estimate_remaining, fraction
 from launcher.protocol import Request
 from launcher.safefs import RefusedFile
 from launcher.spec import load_submission
-from launcher.store import ACTIVE, TERMINAL, Event, JobRecord, Store
+from launcher.store import ACTIVE, TERMINAL, WAITING, Event, JobRecord, Store
 from launcher.submissions import Parsed
 from launcher.telemetry import Telemetry
 
@@ -344,24 +346,52 @@ class Service:
                 "timing": self._timing(ids)}
 
     def _timing(self, ids: list[int]) -> list[dict[str, Any]]:
-        """Per job with a deadline or an estimate: the deadline as stored, the runtime
-        estimate and the earliest it could end (started now, on free GPUs), and the
-        submit-time warning when the deadline cannot be met (`submit` prints them)."""
+        """Per job: the deadline as stored, the runtime estimate and its source, the
+        earliest it could end (started now, on free GPUs), the estimated start and finish
+        in the daemon's current queue (`forecast`), and the submit-time warning when the
+        deadline cannot be met (`submit` prints them)."""
         now = self.engine.clock()
+        forecast = self._forecast(now)
         out: list[dict[str, Any]] = []
         for job_id in ids:
             rec = self.engine.store.get(job_id)
-            if rec is None or (rec.spec.deadline is None and rec.spec.expected_runtime is None):
+            if rec is None:
                 continue
-            est = rec.spec.expected_runtime
+            est = runtime_estimate(rec, now)
+            start = rec.started_at if rec.started_at is not None else forecast.get(job_id)
             out.append({"id": job_id, "deadline": rec.spec.deadline,
-                        "estimate_seconds": est,
+                        "estimate_seconds": est.total,
+                        "estimate_source": est.source,
                         "started_at": rec.started_at,
-                        "earliest_finish": (rec.started_at or now) + est
-                        if est is not None else None,
+                        "earliest_finish": (rec.started_at or now) + est.total
+                        if est.total is not None else None,
+                        "estimated_start": start,
+                        "estimated_finish": start + est.total
+                        if start is not None and est.total is not None else None,
                         "warning": rec.wait_detail.split(";")[0]
                         if rec.wait_detail.startswith("DEADLINE") else None})
         return out
+
+    def _forecast(self, now: float) -> dict[int, float | None]:
+        """Estimated start of every waiting job: the order of the newest scheduling
+        decision (the jobs it did not consider after it, oldest first) run
+        forward on the node's GPUs from the running jobs' estimated ends
+        (launcher/deadlines.py `forecast_starts`). None where nothing bounds it."""
+        engine = self.engine
+        running = [(now + (e.remaining if e.remaining is not None else math.inf),
+                    j.spec.gpu_share) for j in engine.store.jobs(ACTIVE)
+                   for e in (runtime_estimate(j, now),)]
+        waiting = {j.id: j for j in engine.store.jobs(WAITING)}
+        decided = engine.last_decision.order if engine.last_decision is not None else []
+        order = [i for i in decided if i in waiting]
+        seen = set(order)
+        # the rest (not eligible at that decision: dependencies, backoff) after them in
+        # submission order: cheap on every submission, whatever the queue's length
+        order += sorted((i for i in waiting if i not in seen),
+                        key=lambda i: (waiting[i].submitted_at, i))
+        rows = [(i, waiting[i].spec.gpu_share, runtime_estimate(waiting[i], now).total)
+                for i in order]
+        return forecast_starts(now, float(len(engine.node) or 0), running, rows)
 
     def _queue(self, caller: Caller) -> dict[str, Any]:
         del caller  # the queue is public on the node, like squeue
@@ -369,10 +399,16 @@ class Service:
         now = self._clock()
         for job in self.store.jobs(ACTIVE):
             rows.append(_summary(job, now))
+        for row in rows:
+            est = row["estimate"]
+            row["estimated_end"] = now + est["remaining_seconds"] \
+                if est and est["remaining_seconds"] is not None else None
         view = self.engine.queue_view(now)
+        forecast = self._forecast(now)
         for job, breakdown in view[:QUEUE_WAITING_ROWS]:  # the highest priorities
             row = _summary(job, now)
             row["priority"] = breakdown.as_dict()
+            row["estimated_start"] = forecast.get(job.id)
             rows.append(row)
         return {"ok": True, "jobs": rows, "waiting_total": len(view)}
 
@@ -505,4 +541,7 @@ def _summary(job: JobRecord, now: float) -> dict[str, Any]:
         "last_checkpoint_step": job.last_checkpoint_step,
         "allocated_gpu_seconds": job.allocated_gpu_seconds,
         "lost_gpu_seconds": job.lost_gpu_seconds,
+        # what the scheduler thinks it still needs and from where (launcher/deadlines.py)
+        "estimate": None if job.state in TERMINAL else runtime_estimate(job, now).as_dict(),
+        "deadline": job.spec.deadline if isinstance(job.spec.deadline, float) else None,
     }

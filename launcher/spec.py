@@ -25,7 +25,7 @@ import shlex
 import signal
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -130,6 +130,10 @@ class JobSpec(BaseModel):
     # how long the job runs, in seconds ("4h", "90m" accepted): the user's estimate,
     # used for slack when the launcher has no history of its own for the job
     expected_runtime: float | None = None
+    # where `expected_runtime` came from, set by the engine at submission ("spec": the
+    # user wrote it; "history:name" / "history:command": the median of the owner's
+    # finished runs); whatever a submission writes here is overwritten
+    expected_runtime_source: Literal["spec", "history:name", "history:command"] | None = None
 
     @field_validator("name")
     @classmethod

@@ -176,6 +176,13 @@ class VirtualExecutor:
             self.truth[run.job_id].committed_work = work
             self._reports.append(Report(run.job_id, at, "checkpoint", {
                 "step": int(work / tj.step_seconds), "attempt": run.attempt}))
+            # the helper's progress beside each commit (steps, total, throughput over
+            # wall time, pauses included), so the engine's estimates for running jobs
+            # come from progress in replay as they do on a node
+            self._reports.append(Report(run.job_id, at, "telemetry", {
+                "step": int(work / tj.step_seconds),
+                "total_steps": max(1, int(tj.runtime / tj.step_seconds)),
+                "steps_per_second": interval / (interval + pause) / tj.step_seconds}))
 
     # ------------------------------------------------------------------------ the model
 
