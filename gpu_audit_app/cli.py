@@ -195,7 +195,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "requeue and identity injection: `serve` runs the daemon; submit, queue, "
                        "status, logs, cancel, hold and release talk to it over its socket.")
     if full:
-        from gpu_audit_app.launcher_main import add_arguments as add_launcher_arguments
+        from gpu_audit_app.launcher.main import add_arguments as add_launcher_arguments
 
         add_launcher_arguments(p)
 
@@ -361,7 +361,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(render_stats(stats))
         return EXIT_OK
     if cmd == "launcher":
-        from gpu_audit_app.launcher_main import command as launcher_command
+        from gpu_audit_app.launcher.main import command as launcher_command
 
         return launcher_command(args, parser)
     if cmd == "slurm":

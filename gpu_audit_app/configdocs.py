@@ -31,7 +31,7 @@ from pydantic_core import PydanticUndefined
 from gpu_audit.config_layers import ENV_PREFIX
 from gpu_audit.gendoc import write_or_check
 from gpu_audit_app.config import Config
-from gpu_audit_app.launcher_main import LauncherConfig, serve_options
+from gpu_audit_app.launcher.main import LauncherConfig, serve_options
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIGURATION.md"
 REGENERATE = "python -m gpu_audit_app.configdocs"
@@ -298,7 +298,7 @@ def rows() -> list[Row]:
 
 
 def launcher_tables() -> list[Table]:
-    """Every section of the launcher daemon's file (gpu_audit_app.launcher_main's
+    """Every section of the launcher daemon's file (gpu_audit_app.launcher.main's
     LauncherConfig and the core models it composes). It has no environment layer."""
     seen: dict[type[BaseModel], str] = {}
     return list(_walk(LauncherConfig, (), False, "Launcher top level", seen, env_layer=False))
@@ -385,7 +385,7 @@ def generate() -> str:
         f"## {LAUNCHER_TITLE}",
         "",
         "The job launcher's daemon reads its own YAML file, separate from the one above",
-        "(`gpu_audit_app/launcher_main.py` `LauncherConfig`, whose `core` is",
+        "(`gpu_audit_app/launcher/main.py` `LauncherConfig`, whose `core` is",
         "`launcher/config.py` `LauncherCoreConfig`, the model replay also uses). Every key",
         "has a default, so `serve` runs with no file; unknown keys are errors (exit 2, every",
         "problem listed). Later wins: default < file < the `serve` option shown. This file",

@@ -16,7 +16,7 @@ from gpu_audit.rules import IDLE_UTILIZATION
 from launcher.limits import KIB, SPEC
 
 # `hand-launched` is a replay baseline (people starting jobs by hand while at their
-# desk); the daemon refuses it (gpu_audit_app.launcher_main).
+# desk); the daemon refuses it (gpu_audit_app.launcher.main).
 PolicyName = Literal["priority", "fifo-exclusive", "first-fit", "hand-launched"]
 LEVEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 MAX_LEVELS = 32

@@ -213,7 +213,7 @@ def test_submit_prints_the_estimated_finish_the_deadline_and_the_warning(
     deadline as stored, and the warning when it cannot be met."""
     import orjson
 
-    from gpu_audit_app.launcher_main import _render
+    from gpu_audit_app.launcher.main import _render
     from launcher.config import LauncherCoreConfig
     from launcher.engine import Engine
     from launcher.executor import ProcessExecutor

@@ -16,7 +16,7 @@ from gpu_audit.config_section import Section
 from gpu_audit_app import configdocs
 from gpu_audit_app.cli import build_parser
 from gpu_audit_app.config import Config, load_settings
-from gpu_audit_app.launcher_main import LauncherConfig, load_config, serve_options
+from gpu_audit_app.launcher.main import LauncherConfig, load_config, serve_options
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = ROOT / "docs" / "CONFIGURATION.md"

@@ -281,7 +281,7 @@ def test_a_daemon_refuses_the_hand_launched_baseline() -> None:
     """`hand-launched` is people at their desks, not a policy to run a node with."""
     from pydantic import ValidationError
 
-    from gpu_audit_app.launcher_main import LauncherConfig
+    from gpu_audit_app.launcher.main import LauncherConfig
 
     with pytest.raises(ValidationError, match="replay baseline"):
         LauncherConfig.model_validate({"core": {"policy": {"name": "hand-launched"}}})

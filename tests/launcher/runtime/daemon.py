@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 _AS_USER = """
 import os, sys
-import gpu_audit_app.cli as cli, gpu_audit_app.launcher_main, gpu_audit_app.config
+import gpu_audit_app.cli as cli, gpu_audit_app.launcher.main, gpu_audit_app.config
 import launcher.protocol
 import json, time, argparse, encodings.idna
 uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

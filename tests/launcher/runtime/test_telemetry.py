@@ -79,7 +79,7 @@ def test_the_metrics_endpoint_is_the_projects_server_with_basic_auth(tmp_path: P
     import bcrypt
     import yaml
 
-    from gpu_audit_app.launcher_main import LauncherConfig, _build
+    from gpu_audit_app.launcher.main import LauncherConfig, _build
     from tests.netutil import free_port, http_get
 
     web = tmp_path / "web.yml"

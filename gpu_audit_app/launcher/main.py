@@ -161,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "from its newest checkpoint, if any.")):
         c = client(name, text)
         c.add_argument("id", metavar="ID", help="The job.")
-    from gpu_audit_app.launcher_replay import add_replay_arguments
+    from gpu_audit_app.launcher.replay import add_replay_arguments
 
     add_replay_arguments(lsub)
 
@@ -171,7 +171,7 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if cmd == "serve":
         return _serve(args)
     if cmd == "replay":
-        from gpu_audit_app.launcher_replay import replay_command
+        from gpu_audit_app.launcher.replay import replay_command
 
         return replay_command(args, lambda path: load_config(path, {}).core)
     try:

@@ -98,7 +98,7 @@ def with_settings(core: LauncherCoreConfig, settings: list[str]) -> LauncherCore
 def replay_command(args: argparse.Namespace,
                    load_core: Callable[[Path], LauncherCoreConfig]) -> int:
     """Run the command; `load_core` reads a daemon configuration file's `core` (the
-    daemon's own loader, handed in by launcher_main so the two modules stay apart)."""
+    daemon's own loader, handed in by launcher.main so the two modules stay apart)."""
     from launcher.config import LauncherCoreConfig
     from launcher.replay.report import clean, table, targets, targets_table, write_report
     from launcher.replay.run import POLICIES, presence_assumption, replay
