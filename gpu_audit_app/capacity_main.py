@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from chargeback.capacity.compute import basis, build, figures_from_fleet, figures_of
@@ -55,15 +55,19 @@ def _keep_notes(data: SourceData, notes: list[str], seen: set[str]) -> None:
             notes.append(n)
 
 
-def day_bins(req: Request, data: SourceData) -> list[Bin]:
-    """Day bins from one read of the whole period (the archive's per-day, per-model
-    sums): a day without sums is None."""
+def day_bins(req: Request, data: SourceData, bin_seconds: float = BINS["day"]) -> list[Bin]:
+    """Bins from one read of the whole period (the archive's per-bin, per-model sums,
+    keyed by day, or by YYYY-MM-DDTHH:MM for shorter bins): a bin without sums is None."""
     bins: list[Bin] = []
+    step = int(bin_seconds)
+    fmt = "%Y-%m-%d" if step == int(BINS["day"]) else "%Y-%m-%dT%H:%M"
     t = req.start
     while t < req.end:
-        day0 = t.replace(hour=0, minute=0, second=0, microsecond=0)
-        u = min(day0 + timedelta(days=1), req.end)
-        fleets = data.model_days.get(t.strftime("%Y-%m-%d"))
+        # bins lie on whole multiples of their length since the epoch, as the rollup's
+        lo = int(t.timestamp()) // step * step
+        u = min(datetime.fromtimestamp(lo + step, tz=UTC), req.end)
+        key = datetime.fromtimestamp(lo, tz=UTC).strftime(fmt)
+        fleets = data.model_days.get(key)
         bins.append(Bin(t, (u - t).total_seconds(), None if not fleets else {
             model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in fleets.items()}))
         t = u
@@ -77,16 +81,16 @@ def read_bins(req: Request, bin_seconds: float, notes: list[str]) -> tuple[list[
     known), never zeros."""
     reader = readers()[req.source]
     seen: set[str] = set()
-    if bin_seconds == BINS["day"] and req.source == "archive":
+    if req.source == "archive":
         try:
-            whole = reader(req, False)
+            whole = reader(replace(req, bin_seconds=bin_seconds), False)
         except SourceError as exc:
             if not any(e in str(exc) for e in _EMPTY):
                 raise
             return [Bin(req.start, (req.end - req.start).total_seconds(), None)], ""
         if whole.model_days and not whole.allocation_known:
             _keep_notes(whole, notes, seen)
-            return day_bins(req, whole), basis(whole)
+            return day_bins(req, whole, bin_seconds), basis(whole)
     bins: list[Bin] = []
     t = req.start
     step = timedelta(seconds=bin_seconds)

@@ -157,7 +157,10 @@ class _Reader:
 
     def __init__(self, req: Request, key: bytes | None, progress: Progress | None,
                  total: int) -> None:
-        self.rollup = Rollup()  # what the bill adds up, over GPUs
+        # bins of the sums shorter than a day (the capacity report's hours): seals sum
+        # whole days, so every part in the period is read, once, into per-bin sums
+        self.bin_ns = round(req.bin_seconds * 1e9) if req.bin_seconds else _DAY_NS
+        self.rollup = Rollup(self.bin_ns)  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
         self.key = key
@@ -180,7 +183,7 @@ class _Reader:
         """A part record by record: verify it, add the period's records, note the last
         record before the period and the first after it."""
         start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
-        sums = Rollup()
+        sums = Rollup(self.bin_ns)
 
         def on_record(_part: Part, rec: dict[str, Any]) -> None:
             # a record accounts for (t - elapsed, t]: it is the period's as far as that
@@ -281,7 +284,7 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         # (or, asked to, an unkeyed trail's: the bill then says it is unverified)
         usable = verdict.authentic or (r.trust_unkeyed and ok)
         if (s is not None and usable and not r.verify_records
-                and (before or after or inside)):
+                and (before or after or (inside and r.bin_ns == _DAY_NS))):
             if not verdict.authentic:
                 r.trusted += 1
             _follow(r, chain, p, s, prev)

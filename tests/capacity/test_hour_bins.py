@@ -1,0 +1,122 @@
+"""`--bin hour` on the archive: one read of the period (each part once, record by record:
+a seal sums a whole day), and the hour bins of each day add up to its day bin, which the
+day path takes from the seals without reading a record."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import chargeback.sources.archive as archive_source
+from chargeback.capacity.model import Bin, Figures
+from chargeback.model import Request
+from gpu_audit.model.samples import GpuSample
+from gpu_audit_app.capacity_main import read_bins
+from tests.chargeback.archives import produce, write_archive
+from tests.core.audit.factory import ALICE, BOB, gpu, proc, snapshot
+
+pytestmark = pytest.mark.timeout(120)
+
+START = dt.datetime(2026, 11, 3, tzinfo=dt.UTC)
+DAYS = 2
+STEP = 600.0
+KEY = b"capacity-hour-bins-test-key"
+FIELDS = [f.name for f in dataclasses.fields(Figures)]
+
+
+def _gpus(k: int) -> list[GpuSample]:
+    """Three GPUs whose use changes hour by hour (so hour bins differ from each other)."""
+    h = int((k - 1) * STEP // 3600) if k > 0 else 0
+    e = 1000.0 * k
+    g0 = gpu(0, util=(h % 5) / 4, energy=e, processes=[proc(101, sm=(h % 5) / 4)])
+    g1 = (gpu(1, util=0.0, energy=e, processes=[proc(201, sm=0.0)]) if h % 2
+          else gpu(1, util=0.0, energy=e))
+    g2 = gpu(2, up=False) if h % 7 == 3 else gpu(2, util=0.7, energy=e,
+                                                  processes=[proc(301, sm=0.7)])
+    return [g0, g1, g2]
+
+
+@pytest.fixture(scope="module")
+def trail(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A keyed trail of two whole days (sealed day parts) and the start of a third."""
+    root = tmp_path_factory.mktemp("hourbins")
+    key_file = root / "hmac.key"
+    key_file.write_bytes(KEY + b"\n")
+    t0 = START.timestamp()
+    n = int(DAYS * 86400 / STEP) + 3
+    snaps = [snapshot(t0 + STEP * k, _gpus(k), {101: ALICE, 201: BOB, 301: ALICE},
+                      interval=STEP) for k in range(n)]
+    write_archive(root / "archive", produce(snaps, host="gpu-node-01", start_s=t0 - 10,
+                                            stop_s=t0 + STEP * n + 10, key_file=key_file),
+                  seal_key=KEY)
+    config = root / "gpu-audit.yaml"
+    config.write_text(
+        f"audit:\n  hmac_key_file: {orjson.dumps(str(key_file)).decode()}\n"
+        "shipper:\n  sinks:\n  - type: archive\n"
+        f"    directory: {orjson.dumps(str(root / 'archive')).decode()}\n", encoding="utf-8")
+    return config
+
+
+def _request(config: Path) -> Request:
+    return Request(start=START, end=START + dt.timedelta(days=DAYS), source="archive",
+                   config=str(config), prometheus_url=None, rates=None, directory=None,
+                   idle_policy="none", out="unused")
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    reads: Counter[str] = Counter()
+    real = archive_source.read_part
+
+    def counting(v: Any, p: Any, **kw: Any) -> Any:
+        reads[p.path.name] += 1
+        return real(v, p, **kw)
+
+    monkeypatch.setattr(archive_source, "read_part", counting)
+    return reads
+
+
+def _sum(bins: list[Bin]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for b in bins:
+        assert b.models is not None, f"bin {b.start} has no data"
+        for model, f in b.models.items():
+            acc = out.setdefault(model, dict.fromkeys(FIELDS, 0.0))
+            for name in FIELDS:
+                acc[name] += getattr(f, name)
+    return out
+
+
+def test_hour_bins_add_up_to_day_bins(trail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = _counted(monkeypatch)
+    days, _ = read_bins(_request(trail), 86400.0, [])
+    # a keyed trail: the whole days come from their seals, no part of them read
+    assert not [n for n in reads if "2026-11-03" in n or "2026-11-04" in n], reads
+    reads.clear()
+    hours, _ = read_bins(_request(trail), 3600.0, [])
+    # one read of the period: each part at most once (not once per hour bin)
+    assert reads and max(reads.values()) == 1, reads
+    assert [b.start for b in hours] == [START + dt.timedelta(hours=i)
+                                        for i in range(24 * DAYS)]
+    assert all(b.seconds == 3600.0 for b in hours)
+    assert len(days) == DAYS
+    for d, day in enumerate(days):
+        summed = _sum(hours[24 * d:24 * (d + 1)])
+        assert day.models is not None
+        assert set(summed) == set(day.models)
+        for model, f in day.models.items():
+            for name in FIELDS:
+                assert summed[model][name] == pytest.approx(getattr(f, name), rel=1e-9,
+                                                            abs=1e-6), (d, model, name)
+    # the hours differ (the test would pass for flat data whatever the binning)
+    first_day = [b.models for b in hours[:24]]
+    assert len({round(sum(f.busy for f in m.values()), 3) for m in first_day if m}) > 2
+    # down time lands in the hours GPU 2 was down (h % 7 == 3), only there
+    downs = [sum(f.down for f in b.models.values()) if b.models else 0.0 for b in hours]
+    assert [i for i, x in enumerate(downs) if x > 1.0] == [
+        i for i in range(24 * DAYS) if i % 7 == 3]
