@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -24,9 +25,10 @@ from pathlib import Path
 from chargeback.capacity.compute import basis, build, figures_from_fleet, figures_of
 from chargeback.capacity.model import Bin, Wait, WhatIf
 from chargeback.capacity.outputs import summary, write_outputs
+from chargeback.capacity.slurm import NOT_KNOWN, parse_nodes, slurm_bins
 from chargeback.model import Request, SourceData
 from chargeback.run import SourceError, has_data
-from chargeback.sources.slurm import SacctError, gpus_of
+from chargeback.sources.slurm import SacctError, gpus_of, read_nodes, read_sacct
 from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit_app.capacity_args import BINS
@@ -35,6 +37,8 @@ from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.chargeback_period import period
 from launcher.store import WAITING
 
+SLURM_BASIS = ("allocated: GPU time Slurm allocated to jobs (sacct AllocTRES gres/gpu); "
+               "installed: the GPUs of the nodes Slurm lists now")
 # what an archive reader says for a bin it has nothing for (a bin, not a failure)
 _EMPTY = ("no usage for", "no archive part for")
 
@@ -164,6 +168,18 @@ def slurm_waits(start: datetime, end: datetime,
     return out
 
 
+def read_slurm(start: datetime, end: datetime, bin_seconds: float, now: float,
+               run: Callable[[str, Sequence[str]], str] | None = None
+               ) -> tuple[list[Bin], list[str]]:
+    """Bins from real scontrol and sacct (chargeback.capacity.slurm.slurm_bins)."""
+    nodes = parse_nodes(read_nodes(run))
+    if not any(n.gpus for n in nodes):
+        raise SacctError("scontrol show node lists no node with GPUs (Gres=gpu:...): no "
+                         "installed capacity to report against")
+    return slurm_bins(start, end, bin_seconds, read_sacct(start, end, run), nodes=nodes,
+                      now=now)
+
+
 def whatif(args: argparse.Namespace, start: datetime, end: datetime
            ) -> tuple[list[WhatIf], str]:
     """The queue replayed by the launcher's own engine: as configured without idle
@@ -190,9 +206,15 @@ def capacity_command(args: argparse.Namespace) -> int:
         raise ConfigError("arguments", problems)
     req = _request(args, start, end)
     notes: list[str] = []
+    not_known: tuple[str, ...] = ()
     try:
-        bins, basis_text = read_bins(req, BINS[args.bin], notes)
-    except SourceError as exc:
+        if args.source == "slurm":
+            bins, slurm_notes = read_slurm(start, end, BINS[args.bin], time.time())
+            notes += slurm_notes
+            basis_text, not_known = SLURM_BASIS, NOT_KNOWN
+        else:
+            bins, basis_text = read_bins(req, BINS[args.bin], notes)
+    except (SourceError, SacctError) as exc:
         print(f"gpu-audit capacity: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if all(b.models is None for b in bins):
@@ -217,7 +239,7 @@ def capacity_command(args: argparse.Namespace) -> int:
                      "whose mean was at least 90 % (--bin hour for hourly bins)")
     runs, note = whatif(args, start, end)
     cap = build(start, end, args.source, BINS[args.bin], bins, basis_text, waits, sources,
-                args.horizon_days, runs, note, notes)
+                args.horizon_days, runs, note, notes, not_known)
     written = write_outputs(cap, Path(args.out), png=not args.no_png)
     sys.stdout.write(summary(cap))
     for name in written:
