@@ -26,7 +26,7 @@ from chargeback.capacity.compute import basis, build, figures_from_fleet, figure
 from chargeback.capacity.model import Bin, Wait, WhatIf
 from chargeback.capacity.outputs import summary, write_outputs
 from chargeback.capacity.slurm import NOT_KNOWN, parse_nodes, slurm_bins
-from chargeback.model import Request, SourceData
+from chargeback.model import Fleet, Request, SourceData
 from chargeback.run import SourceError, has_data
 from chargeback.sources.slurm import SacctError, gpus_of, read_nodes, read_sacct
 from gpu_audit import slurmcmd
@@ -62,19 +62,31 @@ def _keep_notes(data: SourceData, notes: list[str], seen: set[str]) -> None:
 def day_bins(req: Request, data: SourceData, bin_seconds: float = BINS["day"]) -> list[Bin]:
     """Bins from one read of the whole period (the archive's per-bin, per-model sums,
     keyed by day, or by YYYY-MM-DDTHH:MM for shorter bins): a bin without sums is None."""
-    bins: list[Bin] = []
     step = int(bin_seconds)
     fmt = "%Y-%m-%d" if step == int(BINS["day"]) else "%Y-%m-%dT%H:%M"
+    spans: list[tuple[datetime, datetime, str]] = []
     t = req.start
     while t < req.end:
         # bins lie on whole multiples of their length since the epoch, as the rollup's
         lo = int(t.timestamp()) // step * step
         u = min(datetime.fromtimestamp(lo + step, tz=UTC), req.end)
-        key = datetime.fromtimestamp(lo, tz=UTC).strftime(fmt)
-        fleets = data.model_days.get(key)
-        bins.append(Bin(t, (u - t).total_seconds(), None if not fleets else {
-            model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in fleets.items()}))
+        spans.append((t, u, datetime.fromtimestamp(lo, tz=UTC).strftime(fmt)))
         t = u
+    # The rollup keys a record by the bin its interval ends in; the reader keeps only
+    # the period's share of a record straddling an edge, and the one across the period's
+    # end is keyed by the bin after it: that share is the last bin's (and one keyed
+    # before the first bin, the first's), not dropped.
+    sums: dict[str, dict[str, Fleet]] = {}
+    first, last = spans[0][2], spans[-1][2]
+    for key, fleets in data.model_days.items():
+        into = sums.setdefault(min(max(key, first), last), {})
+        for model, f in fleets.items():
+            into.setdefault(model, Fleet()).add(f)
+    bins: list[Bin] = []
+    for t, u, key in spans:
+        got = sums.get(key)
+        bins.append(Bin(t, (u - t).total_seconds(), None if not got else {
+            model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in got.items()}))
     return bins
 
 
