@@ -84,9 +84,9 @@ def model_name(nodes: Sequence[Node]) -> str:
 def slurm_bins(start: datetime, end: datetime, bin_seconds: float, sacct: SacctData, *,
                nodes: Sequence[Node], now: float) -> tuple[list[Bin], list[str]]:
     """Bins of [start, end): installed = the nodes' GPUs now x the bin's time inside
-    [start, min(end, now)) (a bin reaching past now is that long); allocated = sacct's runs inside the bin (capped at
-    installed, said when it was). A bin after now is None (not known yet). Notes say
-    what is assumed and what is not known."""
+    [start, min(end, now)) (a bin reaching past now is that long); allocated = sacct's
+    runs inside the bin (capped at installed, said when it was). A bin after now is
+    None (not known yet). Notes say what is assumed and what is not known."""
     gpus = sum(n.gpus for n in nodes)
     model = model_name(nodes)
     step = int(bin_seconds)
