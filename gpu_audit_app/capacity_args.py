@@ -47,5 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Count simulated records too (left out by default).")
     p.add_argument("--allow-gaps", action="store_true",
                    help="Use a trail with gaps (said in the report).")
+    p.add_argument("--hash-parts", action="store_true",
+                   help="Check each sealed archive part's SHA-256 against its seal (default: "
+                   "its size: the report uses the key-proven seals' sums, never the "
+                   "parts' bytes; `gpu-audit audit verify` checks them).")
     p.add_argument("--allow-unverified", action="store_true",
                    help="Use an archive whose hash chain does not verify (said in the report).")

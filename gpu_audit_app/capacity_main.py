@@ -48,13 +48,15 @@ def _request(args: argparse.Namespace, start: datetime, end: datetime) -> Reques
                    prometheus_url=args.prometheus_url, rates=None, directory=None,
                    idle_policy="none", out=args.out,
                    include_simulated=args.include_simulated,
-                   allow_unverified=args.allow_unverified, allow_gaps=args.allow_gaps)
+                   allow_unverified=args.allow_unverified, allow_gaps=args.allow_gaps,
+                   hash_sealed_parts=args.hash_parts)
 
 
 def _keep_notes(data: SourceData, notes: list[str], seen: set[str]) -> None:
     for n in data.notes:
         key = n.split(":", 1)[0] + n[-40:]
-        if n.startswith(("INCOMPLETE", "SIMULATED")) and key not in seen:
+        if n.startswith(("INCOMPLETE", "SIMULATED", "archive: each sealed part's size")) \
+                and key not in seen:
             seen.add(key)
             notes.append(n)
 

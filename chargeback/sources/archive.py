@@ -167,6 +167,7 @@ class _Reader:
         self.rollup = Rollup(self.bin_ns)  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
+        self.hash_parts = req.hash_sealed_parts or req.verify_records
         self.key = key
         # unkeyed seals billed unread (--trust-unkeyed-seals): nothing proves their sums
         self.trust_unkeyed = req.trust_unkeyed_seals and key is None
@@ -284,7 +285,7 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         sp = parts[lo - 1].seal_path
         before_seal = file_sha256(sp)[0] if sp.exists() else None
     seals = SeriesSeals(v, r.key, host, stream, prev_seal=before_seal,
-                        number=parts[lo].number if lo > 0 else None)
+                        number=parts[lo].number if lo > 0 else None, hash_parts=r.hash_parts)
     prev: tuple[int, str] | None = None  # (seq, hash) where the chain stands
     for p in parts[lo:hi + 1]:
         size = p.path.stat().st_size
@@ -577,6 +578,11 @@ def _notes(data: SourceData, rollup: Rollup, req: Request, *, all_read: bool) ->
             "period are simulated (simulated: true, from the GPU simulator) and are billed "
             "(--include-simulated): not a bill for real hardware")
     data.allocation_known = False
+    if not (req.hash_sealed_parts or req.verify_records):
+        data.notes.append(
+            "archive: each sealed part's size was checked against its seal, not its SHA-256 "
+            "(the sums are the key-proven seals'; `gpu-audit audit verify` checks the parts' "
+            "bytes)")
     data.notes.append(
         "archive: allocated GPU-hours not known (audit records carry no allocation, only "
         "the owners of running processes): the column is empty")

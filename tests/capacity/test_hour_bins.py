@@ -16,6 +16,7 @@ import pytest
 import chargeback.sources.archive as archive_source
 from chargeback.capacity.model import Bin, Figures
 from chargeback.model import Request
+from chargeback.run import SourceError
 from gpu_audit.model.samples import GpuSample
 from gpu_audit_app.capacity_main import read_bins
 from tests.chargeback.archives import produce, write_archive
@@ -129,3 +130,41 @@ def test_hour_bins_add_up_to_day_bins(trail: Path, monkeypatch: pytest.MonkeyPat
     downs = [sum(f.down for f in b.models.values()) if b.models else 0.0 for b in hours]
     assert [i for i, x in enumerate(downs) if x > 1000.0] == [
         i for i in range(24 * DAYS) if i % 7 == 3]
+
+
+def test_day_bins_read_seals_not_parts(trail: Path, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    """With a keyed trail the day path reads each sealed part's seal and size, never the
+    part's bytes (a half year of a 1,000-GPU site is ~40 GB of parts); --hash-parts
+    checks their SHA-256 as a bill does."""
+    import gpu_audit.archive.verify as core_verify
+
+    hashed: list[str] = []
+    real = core_verify.file_sha256
+
+    def counting(path: Path) -> tuple[str, int]:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(core_verify, "file_sha256", counting)
+    req = _request(trail)
+    notes: list[str] = []
+    days, _ = read_bins(dataclasses.replace(req, hash_sealed_parts=False), 86400.0, notes)
+    assert not [n for n in hashed if n.endswith(".jsonl.gz")], hashed
+    assert any("size was checked against its seal, not its SHA-256" in n for n in notes)
+    read_bins(req, 86400.0, [])
+    assert [n for n in hashed if n.endswith(".jsonl.gz")]
+    # a part changed after sealing, same size: not seen without hashing (the seal's sums
+    # are used), seen with it
+    part = next((trail.parent / "archive").glob("*2026-11-04*.jsonl.gz"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    try:
+        again, _ = read_bins(dataclasses.replace(req, hash_sealed_parts=False), 86400.0, [])
+        assert _sum(again) == _sum(days)
+        with pytest.raises(SourceError, match="changed after it was sealed"):
+            read_bins(req, 86400.0, [])
+    finally:
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
