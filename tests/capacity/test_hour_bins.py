@@ -19,6 +19,7 @@ from chargeback.model import Request
 from chargeback.run import SourceError
 from gpu_audit.model.samples import GpuSample
 from gpu_audit_app.capacity_main import read_bins
+from gpu_audit_app.chargeback_main import readers
 from tests.chargeback.archives import produce, write_archive
 from tests.core.audit.factory import ALICE, BOB, gpu, proc, snapshot
 
@@ -173,3 +174,33 @@ def test_day_bins_read_seals_not_parts(trail: Path, monkeypatch: pytest.MonkeyPa
     finally:
         data[len(data) // 2] ^= 0xFF
         part.write_bytes(bytes(data))
+
+
+def test_parts_across_the_edges_without_the_verifier(trail: Path) -> None:
+    """A period from 06:00 to 18:00 the next day: both sealed day parts cross an edge.
+    Not hashing parts, each is added up from its bytes (hashed as read) without the
+    per-record verifier, with the same figures as the verified read; a part changed after
+    sealing (same size, so the seal's size check passes) is caught by that hash and read
+    through the verifier, which refuses."""
+    verified = dataclasses.replace(_request(trail), start=START + dt.timedelta(hours=6),
+                                   end=START + dt.timedelta(hours=42))
+    fast = dataclasses.replace(verified, hash_sealed_parts=False)
+    data = readers()["archive"](fast, False)
+    assert len([q for q in data.queries if q.endswith("(sealed: its records, the period's "
+                                                       "share)")]) == 2, data.queries
+    for bin_s in (86400.0, 3600.0):
+        want = _sum(read_bins(verified, bin_s, [])[0])
+        got = _sum(read_bins(fast, bin_s, [])[0])
+        for model, f in want.items():
+            for name in FIELDS:
+                assert got[model][name] == pytest.approx(f[name], rel=1e-12), (bin_s, name)
+    part = next((trail.parent / "archive").glob("*2026-11-03*.jsonl.gz"))
+    good = part.read_bytes()
+    changed = bytearray(good)
+    changed[len(changed) // 2] ^= 0xFF
+    part.write_bytes(bytes(changed))
+    try:
+        with pytest.raises(SourceError):
+            read_bins(fast, 86400.0, [])
+    finally:
+        part.write_bytes(good)
