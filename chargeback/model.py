@@ -300,6 +300,12 @@ class Request:
     allow_gaps: bool = False  # bill from a trail with gaps, stamped everywhere
     # archive: read every record of sealed parts too (and check the seals' sums)
     verify_records: bool = False
+    # archive: the length of the bins of `days` / `model_days` when shorter than a day
+    # (keys YYYY-MM-DDTHH:MM; seals sum whole days, so the period's parts are read)
+    bin_seconds: float | None = None
+    # archive: check each sealed part's SHA-256 against its seal; False: its size only
+    # (the capacity report: it uses key-proven seals' sums, never a sealed part's bytes)
+    hash_sealed_parts: bool = True
     # archive: Prometheus that kept the exporters' chain heads (gpu_audit_audit_head); the
     # archive must hold each of them, as `audit verify --witness` checks
     witness: str | None = None

@@ -8,7 +8,7 @@ import argparse
 
 from gpu_audit_app.chargeback_period import add_location_arguments, add_period_arguments
 
-SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch")
+SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch", "slurm")
 BINS = {"hour": 3600.0, "day": 86400.0}
 
 
@@ -16,15 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_period_arguments(p)
     p.add_argument("--source", default="archive", choices=SOURCES,
                    help="Where the fleet figures come from (default archive), as for "
-                   "`gpu-audit chargeback`.")
+                   "`gpu-audit chargeback`; slurm: sacct's allocations against the GPUs "
+                   "of `scontrol show node` (busy, held idle and down not known).")
     add_location_arguments(p)
     p.add_argument("--prometheus-url", metavar="URL",
                    help="Prometheus-compatible query API, with --source prometheus.")
     p.add_argument("--bin", choices=sorted(BINS), default="day",
                    help="Bin length for the per-bin figures (p95/p99 allocated GPUs, hours "
                    "at >= 90 %%): day (default; the archive is read once, each sealed day "
-                   "from its seal) or hour (each hour read on its own: the archive's parts "
-                   "record by record, fine for days, slow for months).")
+                   "from its seal) or hour (the archive's parts read once, record by "
+                   "record: a seal sums a whole day).")
     p.add_argument("--launcher-state", metavar="DB", action="append", default=[],
                    help="A launcher store (state.db) to read queue waits from (repeatable, "
                    "one per node).")
@@ -46,5 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Count simulated records too (left out by default).")
     p.add_argument("--allow-gaps", action="store_true",
                    help="Use a trail with gaps (said in the report).")
+    p.add_argument("--hash-parts", action="store_true",
+                   help="Check each sealed archive part's SHA-256 against its seal (default: "
+                   "its size: the report uses the key-proven seals' sums, never the "
+                   "parts' bytes; `gpu-audit audit verify` checks them).")
     p.add_argument("--allow-unverified", action="store_true",
                    help="Use an archive whose hash chain does not verify (said in the report).")

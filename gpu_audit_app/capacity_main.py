@@ -15,18 +15,20 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from chargeback.capacity.compute import basis, build, figures_from_fleet, figures_of
 from chargeback.capacity.model import Bin, Wait, WhatIf
 from chargeback.capacity.outputs import summary, write_outputs
-from chargeback.model import Request, SourceData
+from chargeback.capacity.slurm import NOT_KNOWN, parse_nodes, slurm_bins
+from chargeback.model import Fleet, Request, SourceData
 from chargeback.run import SourceError, has_data
-from chargeback.sources.slurm import SacctError, gpus_of
+from chargeback.sources.slurm import SacctError, gpus_of, read_nodes, read_sacct
 from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from gpu_audit_app.capacity_args import BINS
@@ -35,6 +37,8 @@ from gpu_audit_app.chargeback_main import readers
 from gpu_audit_app.chargeback_period import period
 from launcher.store import WAITING
 
+SLURM_BASIS = ("allocated: GPU time Slurm allocated to jobs (sacct AllocTRES gres/gpu); "
+               "installed: the GPUs of the nodes Slurm lists now")
 # what an archive reader says for a bin it has nothing for (a bin, not a failure)
 _EMPTY = ("no usage for", "no archive part for")
 
@@ -44,29 +48,47 @@ def _request(args: argparse.Namespace, start: datetime, end: datetime) -> Reques
                    prometheus_url=args.prometheus_url, rates=None, directory=None,
                    idle_policy="none", out=args.out,
                    include_simulated=args.include_simulated,
-                   allow_unverified=args.allow_unverified, allow_gaps=args.allow_gaps)
+                   allow_unverified=args.allow_unverified, allow_gaps=args.allow_gaps,
+                   hash_sealed_parts=args.hash_parts)
 
 
 def _keep_notes(data: SourceData, notes: list[str], seen: set[str]) -> None:
     for n in data.notes:
         key = n.split(":", 1)[0] + n[-40:]
-        if n.startswith(("INCOMPLETE", "SIMULATED")) and key not in seen:
+        if n.startswith(("INCOMPLETE", "SIMULATED", "archive: each sealed part's size")) \
+                and key not in seen:
             seen.add(key)
             notes.append(n)
 
 
-def day_bins(req: Request, data: SourceData) -> list[Bin]:
-    """Day bins from one read of the whole period (the archive's per-day, per-model
-    sums): a day without sums is None."""
-    bins: list[Bin] = []
+def day_bins(req: Request, data: SourceData, bin_seconds: float = BINS["day"]) -> list[Bin]:
+    """Bins from one read of the whole period (the archive's per-bin, per-model sums,
+    keyed by day, or by YYYY-MM-DDTHH:MM for shorter bins): a bin without sums is None."""
+    step = int(bin_seconds)
+    fmt = "%Y-%m-%d" if step == int(BINS["day"]) else "%Y-%m-%dT%H:%M"
+    spans: list[tuple[datetime, datetime, str]] = []
     t = req.start
     while t < req.end:
-        day0 = t.replace(hour=0, minute=0, second=0, microsecond=0)
-        u = min(day0 + timedelta(days=1), req.end)
-        fleets = data.model_days.get(t.strftime("%Y-%m-%d"))
-        bins.append(Bin(t, (u - t).total_seconds(), None if not fleets else {
-            model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in fleets.items()}))
+        # bins lie on whole multiples of their length since the epoch, as the rollup's
+        lo = int(t.timestamp()) // step * step
+        u = min(datetime.fromtimestamp(lo + step, tz=UTC), req.end)
+        spans.append((t, u, datetime.fromtimestamp(lo, tz=UTC).strftime(fmt)))
         t = u
+    # The rollup keys a record by the bin its interval ends in; the reader keeps only
+    # the period's share of a record straddling an edge, and the one across the period's
+    # end is keyed by the bin after it: that share is the last bin's (and one keyed
+    # before the first bin, the first's), not dropped.
+    sums: dict[str, dict[str, Fleet]] = {}
+    first, last = spans[0][2], spans[-1][2]
+    for key, fleets in data.model_days.items():
+        into = sums.setdefault(min(max(key, first), last), {})
+        for model, f in fleets.items():
+            into.setdefault(model, Fleet()).add(f)
+    bins: list[Bin] = []
+    for t, u, key in spans:
+        got = sums.get(key)
+        bins.append(Bin(t, (u - t).total_seconds(), None if not got else {
+            model: figures_from_fleet(f, f.held_gpu_seconds) for model, f in got.items()}))
     return bins
 
 
@@ -77,16 +99,16 @@ def read_bins(req: Request, bin_seconds: float, notes: list[str]) -> tuple[list[
     known), never zeros."""
     reader = readers()[req.source]
     seen: set[str] = set()
-    if bin_seconds == BINS["day"] and req.source == "archive":
+    if req.source == "archive":
         try:
-            whole = reader(req, False)
+            whole = reader(replace(req, bin_seconds=bin_seconds), False)
         except SourceError as exc:
             if not any(e in str(exc) for e in _EMPTY):
                 raise
             return [Bin(req.start, (req.end - req.start).total_seconds(), None)], ""
         if whole.model_days and not whole.allocation_known:
             _keep_notes(whole, notes, seen)
-            return day_bins(req, whole), basis(whole)
+            return day_bins(req, whole, bin_seconds), basis(whole)
     bins: list[Bin] = []
     t = req.start
     step = timedelta(seconds=bin_seconds)
@@ -160,6 +182,18 @@ def slurm_waits(start: datetime, end: datetime,
     return out
 
 
+def read_slurm(start: datetime, end: datetime, bin_seconds: float, now: float,
+               run: Callable[[str, Sequence[str]], str] | None = None
+               ) -> tuple[list[Bin], list[str]]:
+    """Bins from real scontrol and sacct (chargeback.capacity.slurm.slurm_bins)."""
+    nodes = parse_nodes(read_nodes(run))
+    if not any(n.gpus for n in nodes):
+        raise SacctError("scontrol show node lists no node with GPUs (Gres=gpu:...): no "
+                         "installed capacity to report against")
+    return slurm_bins(start, end, bin_seconds, read_sacct(start, end, run), nodes=nodes,
+                      now=now)
+
+
 def whatif(args: argparse.Namespace, start: datetime, end: datetime
            ) -> tuple[list[WhatIf], str]:
     """The queue replayed by the launcher's own engine: as configured without idle
@@ -186,9 +220,15 @@ def capacity_command(args: argparse.Namespace) -> int:
         raise ConfigError("arguments", problems)
     req = _request(args, start, end)
     notes: list[str] = []
+    not_known: tuple[str, ...] = ()
     try:
-        bins, basis_text = read_bins(req, BINS[args.bin], notes)
-    except SourceError as exc:
+        if args.source == "slurm":
+            bins, slurm_notes = read_slurm(start, end, BINS[args.bin], time.time())
+            notes += slurm_notes
+            basis_text, not_known = SLURM_BASIS, NOT_KNOWN
+        else:
+            bins, basis_text = read_bins(req, BINS[args.bin], notes)
+    except (SourceError, SacctError) as exc:
         print(f"gpu-audit capacity: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if all(b.models is None for b in bins):
@@ -213,7 +253,7 @@ def capacity_command(args: argparse.Namespace) -> int:
                      "whose mean was at least 90 % (--bin hour for hourly bins)")
     runs, note = whatif(args, start, end)
     cap = build(start, end, args.source, BINS[args.bin], bins, basis_text, waits, sources,
-                args.horizon_days, runs, note, notes)
+                args.horizon_days, runs, note, notes, not_known)
     written = write_outputs(cap, Path(args.out), png=not args.no_png)
     sys.stdout.write(summary(cap))
     for name in written:

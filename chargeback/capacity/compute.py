@@ -442,10 +442,17 @@ def sentence(cap: Capacity) -> str:
     total_h = (cap.end - cap.start).total_seconds() / H
     cover = ("" if site.hours >= total_h - 1e-6 else
              f" (with data for {site.hours:,.0f} of its {total_h:,.0f} hours)")
-    parts = [f"Over {_span(cap.start, cap.end)} {when(cap.start, cap.end)}{cover} {who} "
-             f"averaged {_pct(site.allocated_pct)} allocated (p95 "
-             f"{_pct(site.allocated_pct_p95)}) and {_pct(site.busy_pct)} busy; "
-             f"{_pct(site.held_idle_pct)} were held idle and {_pct(site.down_pct)} down"]
+    lead = (f"Over {_span(cap.start, cap.end)} {when(cap.start, cap.end)}{cover} {who} "
+            f"averaged {_pct(site.allocated_pct)} allocated (p95 "
+            f"{_pct(site.allocated_pct_p95)})")
+    unknown = cap.not_known
+    if not unknown:
+        parts = [f"{lead} and {_pct(site.busy_pct)} busy; {_pct(site.held_idle_pct)} were "
+                 f"held idle and {_pct(site.down_pct)} down"]
+    else:
+        said = {"busy": "busy", "held_idle": "held-idle", "down": "down"}
+        parts = [lead + "; " + ", ".join(said[k] for k in unknown if k in said)
+                 + f" time not known from {cap.source}"]
     w = cap.waits
     if not w.known:
         parts.append("queue waits are not known (no queue was read)")
@@ -476,7 +483,7 @@ def build(start: dt.datetime, end: dt.datetime, source: str, bin_seconds: float,
           bins: Sequence[Bin], basis_text: str, waits: Sequence[Wait],
           wait_sources: list[str], horizon_days: int,
           whatif: Sequence[WhatIf] = (), whatif_note: str = "",
-          notes: Sequence[str] = ()) -> Capacity:
+          notes: Sequence[str] = (), not_known: Sequence[str] = ()) -> Capacity:
     """The whole report of a period (the sentence last, from everything else)."""
     missing = sum(1 for b in bins if b.models is None)
     fc = forecast(daily(bins), horizon_days)
@@ -486,7 +493,7 @@ def build(start: dt.datetime, end: dt.datetime, source: str, bin_seconds: float,
                    waits=waits_summary(waits, wait_sources, start, end, bins),
                    forecast=fc, whatif=list(whatif),
                    whatif_note=whatif_note, notes=list(notes), bins_missing=missing,
-                   series=site_series(bins), daily=daily(bins))
+                   series=site_series(bins), daily=daily(bins), not_known=list(not_known))
     if missing:
         cap.notes.append(f"{missing} of {len(bins)} bin(s) had no data from the source: "
                          "left out of the means and percentiles (not counted as 0)")

@@ -160,3 +160,6 @@ class Capacity:
     # per bin, site total: (start ISO, installed, down, allocated, busy, held idle) GPUs
     series: list[tuple[str, float, float, float, float, float]] = field(default_factory=list)
     daily: list[tuple[str, float, float]] = field(default_factory=list)  # (day, alloc, inst)
+    # figures the source cannot give ("busy", "held_idle", "down"): written empty in the
+    # CSV, "not known" in the tables and the sentence, never a 0 that is not zero
+    not_known: list[str] = field(default_factory=list)

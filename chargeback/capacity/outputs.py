@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict
 from html import escape
 from pathlib import Path
@@ -35,15 +36,23 @@ COLUMNS = ("month", "gpu_model", "hours", "installed_gpus", "installed_gpu_hours
 _FONT = 'font-family="system-ui, sans-serif"'
 
 
-def _csv_row(r: ModelMonth) -> list[str]:
+# the CSV columns of each figure a source may not know
+_UNKNOWN_COLUMNS = {"busy": ("busy_gpu_hours", "busy_pct"),
+                    "held_idle": ("held_idle_gpu_hours", "held_idle_pct"),
+                    "down": ("down_gpu_hours", "down_pct")}
+
+
+def _csv_row(r: ModelMonth, not_known: Sequence[str] = ()) -> list[str]:
     def f(v: float) -> str:
         return f"{v:.4f}".rstrip("0").rstrip(".") or "0"
-    return [r.month, r.model, f(r.hours), f(r.installed_gpus), f(r.installed_gpu_hours),
-            f(r.down_gpu_hours), f(r.allocated_gpu_hours), f(r.busy_gpu_hours),
-            f(r.held_idle_gpu_hours), f(r.free_gpu_hours), f(r.allocated_gpus_mean),
-            f(r.allocated_gpus_p95), f(r.allocated_gpus_p99), f(r.hours_at_90pct),
-            f(r.allocated_pct), f(r.allocated_pct_p95), f(r.busy_pct), f(r.held_idle_pct),
-            f(r.down_pct)]
+    row = [r.month, r.model, f(r.hours), f(r.installed_gpus), f(r.installed_gpu_hours),
+           f(r.down_gpu_hours), f(r.allocated_gpu_hours), f(r.busy_gpu_hours),
+           f(r.held_idle_gpu_hours), f(r.free_gpu_hours), f(r.allocated_gpus_mean),
+           f(r.allocated_gpus_p95), f(r.allocated_gpus_p99), f(r.hours_at_90pct),
+           f(r.allocated_pct), f(r.allocated_pct_p95), f(r.busy_pct), f(r.held_idle_pct),
+           f(r.down_pct)]
+    blank = {c for k in not_known for c in _UNKNOWN_COLUMNS.get(k, ())}
+    return ["" if c in blank else v for c, v in zip(COLUMNS, row, strict=True)]
 
 
 def to_csv(cap: Capacity) -> str:
@@ -51,7 +60,7 @@ def to_csv(cap: Capacity) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
     for r in cap.rows:
-        w.writerow(_csv_row(r))
+        w.writerow(_csv_row(r, cap.not_known))
     return buf.getvalue()
 
 
@@ -74,9 +83,13 @@ def summary(cap: Capacity, *, width: int = 100) -> str:
         if r.month != "period":
             continue
         name = r.model if len(r.model) <= 28 else r.model[:27] + "\u2026"
+
+        def pct(v: float, what: str) -> str:
+            return "n/k" if what in cap.not_known else f"{v:.1f}"
         lines.append(f"{name:<28} {r.installed_gpus:>7,.1f} {r.allocated_pct:>8.1f} "
-                     f"{r.allocated_pct_p95:>6.1f} {r.busy_pct:>7.1f} {r.held_idle_pct:>7.1f} "
-                     f"{r.down_pct:>7.1f} {r.hours_at_90pct:>8,.0f} {r.free_gpu_hours:>11,.0f}")
+                     f"{r.allocated_pct_p95:>6.1f} {pct(r.busy_pct, 'busy'):>7} "
+                     f"{pct(r.held_idle_pct, 'held_idle'):>7} {pct(r.down_pct, 'down'):>7} "
+                     f"{r.hours_at_90pct:>8,.0f} {r.free_gpu_hours:>11,.0f}")
     w = cap.waits
     if w.known:
         lines += textwrap.wrap(
@@ -248,10 +261,12 @@ def _table(cap: Capacity, period: bool) -> str:
         if (r.month == "period") != period:
             continue
         strong = r.model == ALL
-        g = _gpu_h
+        def g(v: float, what: str = "") -> str:
+            return "not known" if what in cap.not_known else _gpu_h(v)
         cells = (r.month, r.model, f"{r.installed_gpus:,.1f}", g(r.installed_gpu_hours),
-                 g(r.down_gpu_hours), g(r.allocated_gpu_hours), g(r.busy_gpu_hours),
-                 g(r.held_idle_gpu_hours), g(r.free_gpu_hours), f"{r.allocated_pct:.1f}",
+                 g(r.down_gpu_hours, "down"), g(r.allocated_gpu_hours),
+                 g(r.busy_gpu_hours, "busy"), g(r.held_idle_gpu_hours, "held_idle"),
+                 g(r.free_gpu_hours), f"{r.allocated_pct:.1f}",
                  f"{r.allocated_gpus_p95:,.1f}", f"{r.allocated_gpus_p99:,.1f}",
                  f"{r.hours_at_90pct:,.0f}")
         tds = "".join(f"<td>{escape(c)}</td>" for c in cells)

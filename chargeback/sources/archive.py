@@ -48,11 +48,15 @@ records are left out unless `include_simulated`.
 from __future__ import annotations
 
 import datetime as dt
+import gzip
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from chargeback.model import Completeness, Fleet, Owner, Request, SourceData, Usage
 from gpu_audit.archive import Part, day_of, list_parts
@@ -157,9 +161,13 @@ class _Reader:
 
     def __init__(self, req: Request, key: bytes | None, progress: Progress | None,
                  total: int) -> None:
-        self.rollup = Rollup()  # what the bill adds up, over GPUs
+        # bins of the sums shorter than a day (the capacity report's hours): seals sum
+        # whole days, so every part in the period is read, once, into per-bin sums
+        self.bin_ns = round(req.bin_seconds * 1e9) if req.bin_seconds else _DAY_NS
+        self.rollup = Rollup(self.bin_ns)  # what the bill adds up, over GPUs
         self.start_ns, self.end_ns = _ns(req.start), _ns(req.end)
         self.verify_records = req.verify_records
+        self.hash_parts = req.hash_sealed_parts or req.verify_records
         self.key = key
         # unkeyed seals billed unread (--trust-unkeyed-seals): nothing proves their sums
         self.trust_unkeyed = req.trust_unkeyed_seals and key is None
@@ -179,8 +187,43 @@ class _Reader:
              part_sums: Rollup | None = None) -> PartResult:
         """A part record by record: verify it, add the period's records, note the last
         record before the period and the first after it."""
-        start_ns, end_ns, name = self.start_ns, self.end_ns, p.path.name
-        sums = Rollup()
+        name = p.path.name
+        sums = Rollup(self.bin_ns)
+        on_record = self._recorder(name, chain, sums)
+        result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
+                           rollup=part_sums)
+        chain.absorb(sums.finish())  # a cycle's records never span two parts
+        self.queries.append(f"archive part {name} (records)")
+        if chain.first_seq is None and result.first_seq is not None:
+            chain.first_seq, chain.first_prev = result.first_seq, result.first_prev_hash
+            chain.first_where = name
+        return result
+
+    def read_sealed(self, p: Part, s: Seal, chain: _Chain) -> bool:
+        """A part across the period's edge whose seal the key proves, its bytes hashed as
+        read and found to be the sealed ones: the period's share of its records added up
+        without checking each record's hash again (the report that does not hash parts:
+        the capacity report). False, having added nothing, when the bytes are not the
+        sealed ones (the part is then read and verified record by record)."""
+        data = p.path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != s.part_sha256:
+            return False
+        if p.path.name.endswith(".gz"):
+            data = gzip.decompress(data)
+        sums = Rollup(self.bin_ns)
+        on_record = self._recorder(p.path.name, chain, sums)
+        loads = orjson.loads
+        for line in data.splitlines():
+            if line:
+                on_record(p, loads(line))
+        chain.absorb(sums.finish())
+        self.queries.append(f"archive part {p.path.name} (sealed: its records, the "
+                            "period's share)")
+        return True
+
+    def _recorder(self, name: str, chain: _Chain, sums: Rollup
+                  ) -> Callable[[Part, dict[str, Any]], None]:
+        start_ns, end_ns = self.start_ns, self.end_ns
 
         def on_record(_part: Part, rec: dict[str, Any]) -> None:
             # a record accounts for (t - elapsed, t]: it is the period's as far as that
@@ -205,14 +248,24 @@ class _Reader:
                     return
             chain.last_ns, chain.last_seq = t, seq
 
-        result = read_part(self.v, p, expect=expect, live=live, on_record=on_record,
-                           rollup=part_sums)
-        chain.absorb(sums.finish())  # a cycle's records never span two parts
-        self.queries.append(f"archive part {name} (records)")
-        if chain.first_seq is None and result.first_seq is not None:
-            chain.first_seq, chain.first_prev = result.first_seq, result.first_prev_hash
-            chain.first_where = name
-        return result
+        return on_record
+
+
+def _sealed_records(p: Part, s: Seal, bin_ns: int) -> Rollup | None:
+    """The records of a sealed part wholly inside the period, added up per bin, when the
+    file's bytes are the ones its seal names (None when they are not: the part is then
+    read and verified record by record)."""
+    data = p.path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != s.part_sha256:
+        return None
+    if p.path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    sums = Rollup(bin_ns)
+    add, loads = sums.add, orjson.loads
+    for line in data.splitlines():
+        if line:
+            add(loads(line))
+    return sums.finish()
 
 
 def _follow(r: _Reader, chain: _Chain, p: Part, s: Seal, prev: tuple[int, str] | None) -> None:
@@ -260,7 +313,7 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         sp = parts[lo - 1].seal_path
         before_seal = file_sha256(sp)[0] if sp.exists() else None
     seals = SeriesSeals(v, r.key, host, stream, prev_seal=before_seal,
-                        number=parts[lo].number if lo > 0 else None)
+                        number=parts[lo].number if lo > 0 else None, hash_parts=r.hash_parts)
     prev: tuple[int, str] | None = None  # (seq, hash) where the chain stands
     for p in parts[lo:hi + 1]:
         size = p.path.stat().st_size
@@ -280,8 +333,16 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
         # only a seal the key proves is billed or followed without reading its part
         # (or, asked to, an unkeyed trail's: the bill then says it is unverified)
         usable = verdict.authentic or (r.trust_unkeyed and ok)
+        binned = None
+        if (s is not None and verdict.authentic and not r.verify_records and inside
+                and r.bin_ns != _DAY_NS):
+            # bins shorter than a day: the seal's sums are per day, so the part's records
+            # are added up, but its bytes are the ones the key-proven seal names (their
+            # SHA-256 checked again as read): no record-by-record chain check is needed
+            binned = _sealed_records(p, s, r.bin_ns)
         if (s is not None and usable and not r.verify_records
-                and (before or after or inside)):
+                and (before or after or (inside and (r.bin_ns == _DAY_NS
+                                                     or binned is not None)))):
             if not verdict.authentic:
                 r.trusted += 1
             _follow(r, chain, p, s, prev)
@@ -292,6 +353,11 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
                 chain.proven_before = True
             elif after:
                 chain.end = chain.end or f"seq {s.first_seq} ({p.path.name}, {_when(first_t)})"
+            elif binned is not None:
+                chain.absorb(binned)
+                r.queries.append(f"archive part {p.path.name} (sealed: its records, by bin)")
+                chain.first_in = first_t if chain.first_in is None else chain.first_in
+                chain.last_in = last_t
             else:
                 chain.absorb(s.rollup())
                 r.queries.append(f"archive part {p.path.name} (sealed: its rollup)")
@@ -302,6 +368,16 @@ def _series(r: _Reader, host: str, stream: str, parts: list[Part]) -> _Chain:
             r.advance(size)
             if after:
                 break
+            continue
+        # across an edge of the period, for a report that does not hash parts: the
+        # records of a key-proven seal's part, its chain followed from the seal
+        if (s is not None and verdict.authentic and not r.verify_records
+                and not r.hash_parts and not (before or after or inside)
+                and r.read_sealed(p, s, chain)):
+            _follow(r, chain, p, s, prev)
+            if s.last_seq is not None and s.last_hash is not None:
+                prev = (s.last_seq, s.last_hash)
+            r.advance(size)
             continue
         # record by record, the chain going on from where it stands; a seal is checked
         # against the records as audit verify checks it
@@ -542,6 +618,11 @@ def _notes(data: SourceData, rollup: Rollup, req: Request, *, all_read: bool) ->
             "period are simulated (simulated: true, from the GPU simulator) and are billed "
             "(--include-simulated): not a bill for real hardware")
     data.allocation_known = False
+    if not (req.hash_sealed_parts or req.verify_records):
+        data.notes.append(
+            "archive: each sealed part's size was checked against its seal, not its SHA-256 "
+            "(the sums are the key-proven seals'; `gpu-audit audit verify` checks the parts' "
+            "bytes)")
     data.notes.append(
         "archive: allocated GPU-hours not known (audit records carry no allocation, only "
         "the owners of running processes): the column is empty")

@@ -7,7 +7,8 @@ counts TRES usage. A run still going at the end of the period (End Unknown) coun
 the period's end. The command and a sha256 of what it printed are kept, so a bill says
 exactly what it was compared with.
 
-This module only reads (the `sacct` client of this machine, for the cluster of its
+`read_nodes` gives `scontrol show node -o` as printed (the capacity report's installed
+GPUs). This module only reads (the `sacct` client of this machine, for the cluster of its
 SLURM_CONF); a missing or failing sacct is a `SacctError` naming the cause.
 """
 
@@ -102,6 +103,14 @@ def read_sacct(start: datetime, end: datetime,
         data.runs.append(SacctRun(r["JobIDRaw"], r["User"], r["Account"], r["Partition"],
                                   gpus, begin, finish, r["State"].split(" ")[0], r["NodeList"]))
     return data
+
+
+def read_nodes(run: Callable[[str, Sequence[str]], str] | None = None) -> str:
+    """`scontrol show node -o` as printed (one line per node: Gres, State, ...)."""
+    try:
+        return (run or slurmcmd.run)("scontrol", ["show", "node", "-o"])
+    except slurmcmd.SlurmCommandError as exc:
+        raise SacctError(f"scontrol show node: {exc}") from None
 
 
 def _ran(state: str) -> bool:

@@ -87,10 +87,27 @@ def share(rec: Mapping[str, Any], begin_ns: int, end_ns: int) -> Mapping[str, An
     return out
 
 
-class Rollup:
-    """Sums per (day, simulated, model, GPU, holder) and per (day, simulated, model, GPU)."""
+def _bin_name(n: int, bin_ns: int) -> str:
+    """Bin n (of bin_ns since the epoch) by name: the day, or its start to the minute."""
+    if bin_ns == _DAY_NS:
+        return dt.date.fromordinal(dt.date(1970, 1, 1).toordinal() + n).isoformat()
+    start = dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=n * bin_ns // 1000)
+    return start.strftime("%Y-%m-%dT%H:%M")
 
-    def __init__(self) -> None:
+
+class Rollup:
+    """Sums per (day, simulated, model, GPU, holder) and per (day, simulated, model, GPU).
+
+    `bin_ns`: the length of the "day" of the keys, a whole divisor of a UTC day; shorter
+    than a day (an hour: 3_600_000_000_000) the key is the bin's start,
+    YYYY-MM-DDTHH:MM. Seals always hold day rollups; shorter bins are for reports that
+    read records (the capacity report's hour bins), so one pass gives every bin.
+    """
+
+    def __init__(self, bin_ns: int = _DAY_NS) -> None:
+        if bin_ns <= 0 or _DAY_NS % bin_ns:
+            raise ValueError(f"rollup bin of {bin_ns} ns does not divide a day")
+        self.bin_ns = bin_ns
         self.holders: dict[HolderKey, list[float]] = {}
         self.fleet: dict[FleetKey, list[float]] = {}
         self.records = 0  # usage records added (v3), or v1/v2 usage records grouped
@@ -102,12 +119,12 @@ class Rollup:
 
     # -- adding ----------------------------------------------------------------------
     def day_name(self, time_ns: int) -> str:
-        """The UTC day an interval ending at time_ns belongs to (midnight: the day before)."""
-        n = (time_ns - 1) // _DAY_NS
+        """The UTC day (or bin) an interval ending at time_ns belongs to (midnight: the
+        day before)."""
+        n = (time_ns - 1) // self.bin_ns
         name = self._days.get(n)
         if name is None:
-            name = self._days[n] = dt.date.fromordinal(
-                dt.date(1970, 1, 1).toordinal() + n).isoformat()
+            name = self._days[n] = _bin_name(n, self.bin_ns)
         return name
 
     def add(self, rec: Mapping[str, Any]) -> None:
@@ -143,7 +160,7 @@ class Rollup:
         if type(t) is not int or type(uuid) is not str:
             return
         self.records += 1
-        n = (t - 1) // _DAY_NS
+        n = (t - 1) // self.bin_ns
         day = self._days.get(n)
         if day is None:
             day = self.day_name(t)

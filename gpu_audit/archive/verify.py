@@ -92,9 +92,11 @@ def group_series(parts: list[Part]) -> tuple[list[Part], dict[tuple[str, str, st
     return legacy, series
 
 
-def check_seal(v: Verifier, p: Part) -> tuple[Seal | None, bool]:
+def check_seal(v: Verifier, p: Part, *, hash_part: bool = True) -> tuple[Seal | None, bool]:
     """(the part's seal or None, whether it is one that reads, names the part and matches
-    its digest); problems are reported to `v`."""
+    its digest); problems are reported to `v`. `hash_part=False`: the part's size is
+    checked, not its SHA-256 (a report that uses only key-proven seals' sums, never the
+    part's bytes, and must not read a half year of parts to say so)."""
     if not p.seal_path.exists():
         return None, False
     name = p.path.name
@@ -108,6 +110,13 @@ def check_seal(v: Verifier, p: Part) -> tuple[Seal | None, bool]:
         v.problem("bad_seal", s.path.name,
                   f"it seals {s.part} of stream {s.stream} of host {s.host}, not {name}")
         ok = False
+    if not hash_part:
+        size = p.path.stat().st_size
+        if size != s.part_bytes:
+            v.problem("part_digest", name, f"{size} bytes, its seal says {s.part_bytes} "
+                      "bytes: the part was changed after it was sealed")
+            ok = False
+        return s, ok
     sha, size = file_sha256(p.path)
     if (sha, size) != (s.part_sha256, s.part_bytes):
         v.problem("part_digest", name,
@@ -149,8 +158,10 @@ class SeriesSeals:
     at the part before its period), so the first `prev_seal` is not checked."""
 
     def __init__(self, v: Verifier, key: bytes | None, host: str, stream: str, *,
-                 prev_seal: str | None = ZERO_DIGEST, number: int | None = None) -> None:
+                 prev_seal: str | None = ZERO_DIGEST, number: int | None = None,
+                 hash_parts: bool = True) -> None:
         self.v, self.key = v, key
+        self.hash_parts = hash_parts
         self.chain = f"{stream}@{host}"
         self.prev_seal: str | None = prev_seal
         self.prev_sealed_part: str | None = None
@@ -163,7 +174,7 @@ class SeriesSeals:
                       f"part(s) {self.number}..{p.number - 1} of this stream are not in the "
                       "archive before it", stream=chain)
         self.number = p.number + 1
-        s, ok = check_seal(v, p)
+        s, ok = check_seal(v, p, hash_part=self.hash_parts)
         if s is None:
             if p.seal_path.exists():  # a seal that does not read: bad_seal said so
                 self.prev_seal = None

@@ -53,13 +53,18 @@ def _gpus(k: int) -> list[GpuSample]:
     return [g0, g1, g2, g3]
 
 
-def write_trail(root: Path) -> Path:
-    """The archive and a gpu-audit configuration naming it; returns the configuration."""
+def trail_records() -> list[bytes]:
+    """The trail's records as the real producer stores them."""
     owners = {101: ALICE, 201: BOB, 301: ALICE, 401: ALICE}
     snaps = [snapshot(DAY_S + STEP * k, _gpus(k), owners, interval=STEP) for k in range(37)]
+    return produce(snaps, host="gpu-node-01", start_s=DAY_S - 10,
+                   stop_s=DAY_S + 3 * HOUR + 10)
+
+
+def write_trail(root: Path) -> Path:
+    """The archive and a gpu-audit configuration naming it; returns the configuration."""
     archive = root / "archive"
-    write_archive(archive, produce(snaps, host="gpu-node-01", start_s=DAY_S - 10,
-                                   stop_s=DAY_S + 3 * HOUR + 10))
+    write_archive(archive, trail_records())
     config = root / "gpu-audit.yaml"
     config.write_text(
         f"spool:\n  directory: {orjson.dumps(str(root / 'spool')).decode()}\n"
