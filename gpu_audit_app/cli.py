@@ -173,7 +173,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "queue waits from the launcher's store and sacct: CSV, JSON, HTML with "
                        "charts and a one-screen summary in --out (docs/CAPACITY.md).")
     if full:
-        from gpu_audit_app.capacity_args import add_arguments as add_capacity_arguments
+        from gpu_audit_app.capacity.args import add_arguments as add_capacity_arguments
 
         add_capacity_arguments(p)
 
@@ -331,7 +331,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return verify_command(args)
     if cmd == "capacity":
         _setup_logging("warning")
-        from gpu_audit_app.capacity_main import capacity_command
+        from gpu_audit_app.capacity.main import capacity_command
 
         return capacity_command(args)
     if cmd == "chargeback":

@@ -30,7 +30,7 @@ from chargeback.run import (
 )
 from chargeback.software import valid_key
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.chargeback_period import add_location_arguments, add_period_arguments, period
+from gpu_audit_app.chargeback.period import add_location_arguments, add_period_arguments, period
 
 
 def group_by_choice(text: str) -> str:

@@ -32,8 +32,8 @@ from chargeback.slurm.trail import Trails
 from chargeback.software import SoftwareUsage
 from gpu_audit.atomicfile import replace_file
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.chargeback.period import period
 from gpu_audit_app.chargeback.sources import trail_dirs
-from gpu_audit_app.chargeback_period import period
 
 LOOKBACK = timedelta(days=7)
 

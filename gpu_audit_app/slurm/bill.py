@@ -22,8 +22,8 @@ from chargeback.slurm.bill import build_slurm_bill, note_unstarted, write_slurm_
 from chargeback.slurm.trail import Trails
 from chargeback.sources.slurm import SacctData, SacctError, read_sacct, read_unstarted
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from gpu_audit_app.chargeback.period import period
 from gpu_audit_app.chargeback.sources import trail_dirs
-from gpu_audit_app.chargeback_period import period
 
 
 def _problems(args: argparse.Namespace) -> list[str]:

@@ -18,8 +18,8 @@ from chargeback.capacity.model import Bin, Figures
 from chargeback.model import Request
 from chargeback.run import SourceError
 from gpu_audit.model.samples import GpuSample
-from gpu_audit_app.capacity_main import read_bins
-from gpu_audit_app.chargeback_main import readers
+from gpu_audit_app.capacity.main import read_bins
+from gpu_audit_app.chargeback.main import readers
 from tests.chargeback.archives import produce, write_archive
 from tests.core.audit.factory import ALICE, BOB, gpu, proc, snapshot
 

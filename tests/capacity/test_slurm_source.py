@@ -15,7 +15,7 @@ from chargeback.capacity.compute import build, sentence
 from chargeback.capacity.outputs import to_csv
 from chargeback.capacity.slurm import NOT_KNOWN, node_gpus, parse_nodes
 from chargeback.sources.slurm import SacctError
-from gpu_audit_app.capacity_main import read_slurm
+from gpu_audit_app.capacity.main import read_slurm
 
 START = dt.datetime(2026, 11, 3, tzinfo=dt.UTC)
 END = START + dt.timedelta(hours=3)

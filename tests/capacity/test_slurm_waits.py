@@ -12,7 +12,7 @@ import pytest
 from chargeback.capacity.compute import waits_summary
 from chargeback.sources.slurm import SacctError
 from gpu_audit import slurmcmd
-from gpu_audit_app.capacity_main import slurm_waits
+from gpu_audit_app.capacity.main import slurm_waits
 
 START = dt.datetime(2026, 11, 3, tzinfo=dt.UTC)
 END = START + dt.timedelta(hours=4)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_audit_app.capacity_replay import run_whatif, trace_from_store
+from gpu_audit_app.capacity.replay import run_whatif, trace_from_store
 from gpu_audit_app.cli import main
 from launcher.spec import JobSpec
 from launcher.store import Store

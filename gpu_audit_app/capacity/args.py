@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpu_audit_app.chargeback_period import add_location_arguments, add_period_arguments
+from gpu_audit_app.chargeback.period import add_location_arguments, add_period_arguments
 
 SOURCES = ("archive", "prometheus", "elasticsearch", "opensearch", "slurm")
 BINS = {"hour": 3600.0, "day": 86400.0}

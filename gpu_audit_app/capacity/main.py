@@ -31,10 +31,10 @@ from chargeback.run import SourceError, has_data
 from chargeback.sources.slurm import SacctError, gpus_of, read_nodes, read_sacct
 from gpu_audit import slurmcmd
 from gpu_audit.errors import EXIT_FAILURE, EXIT_OK, ConfigError
-from gpu_audit_app.capacity_args import BINS
-from gpu_audit_app.capacity_replay import run_whatif, snapshot
-from gpu_audit_app.chargeback_main import readers
-from gpu_audit_app.chargeback_period import period
+from gpu_audit_app.capacity.args import BINS
+from gpu_audit_app.capacity.replay import run_whatif, snapshot
+from gpu_audit_app.chargeback.main import readers
+from gpu_audit_app.chargeback.period import period
 from launcher.store import WAITING
 
 SLURM_BASIS = ("allocated: GPU time Slurm allocated to jobs (sacct AllocTRES gres/gpu); "
