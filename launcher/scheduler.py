@@ -190,18 +190,7 @@ class Scheduler:
 
     def _release(self, job: JobRecord, slots: dict[str, _Slot]) -> None:
         """`slots` as they would be once `job` (running) has exited."""
-        for uuid in job.gpus:
-            s = slots.get(uuid)
-            if s is None:
-                continue
-            if self._holds_whole(job):
-                s.exclusive = False
-                s.used = 0
-            else:
-                mem = job.memory_bytes or 0
-                s.fraction = max(0.0, s.fraction - self._share(job))
-                s.booked = max(0, s.booked - mem)
-                s.used = max(0, s.used - mem)
+        self._release_on(job, job.gpus, job.memory_bytes, slots)
 
     def _slots(self, gpus: Sequence[GpuInfo], running: Sequence[JobRecord],
                blocked: Collection[str], decision: Decision) -> dict[str, _Slot]:

@@ -14,21 +14,10 @@ import pytest
 import yaml
 
 from tests.launcher.runtime.daemon import REPO, LauncherDaemon, wait_for
+from tests.launcher.runtime.test_progress import TRAIN  # over an hour left by progress
 from tests.launcher.runtime.users import ALICE, BOB, job_python
 
 PY = job_python()
-
-# ~20 steps/s towards 100000 steps until the stop file: over an hour left by progress
-TRAIN = """
-import os, sys, time
-from gpu_audit_ckpt import Checkpointer
-ck = Checkpointer(sys.argv[1])
-step = 0
-while not os.path.exists(sys.argv[2]):
-    step += 1
-    ck.report(step, loss=1.0 / step, total_steps=100000)
-    time.sleep(0.05)
-"""
 
 
 @pytest.fixture
