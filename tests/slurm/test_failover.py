@@ -94,6 +94,17 @@ def test_lost_gpu_drains_the_node_and_the_job_resumes_on_the_other_node(
               f"{lost.resumed_step}; exit->resumed {lost.exit_to_resume_s:.1f} s")
     finally:
         nodes[node].inject(gpu=index, kind="recovered")
+        # resumed only once its exporter reports the GPU up again: the health check that
+        # runs in between would otherwise drain the node again and starve the next tests
+        wait_for(lambda: _gpu_up(nodes[node], uuid), 60, f"GPU {uuid} reported up again")
         slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
         wait_for(lambda: slurm.node(node).get("State", "").startswith("IDLE"), 60,
                  f"node {node} back in service")
+
+
+def _gpu_up(exporter: NodeExporter, uuid: str) -> bool:
+    status, body = http_get(f"{exporter.url}/metrics")
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("gpu_up{") and f'uuid="{uuid}"' in line:
+            return status == 200 and float(line.rsplit(" ", 1)[1]) == 1.0
+    return False
