@@ -244,48 +244,37 @@ def _connect(path: Path, timeout: float) -> socket.socket:
     own = _own_socket(path)
     while True:
         left = max(0.05, deadline - time.monotonic())
-        if own is not None:
-            try:
-                return _connect_once(own, min(left, 1.0))
-            except (FileNotFoundError, ConnectionRefusedError, PermissionError):
-                own = None  # a dead daemon's, or taken away: the common socket
-                continue
-            except OSError as exc:
-                # its own queue is full (this uid over its rate): wait like below
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) \
-                        and not isinstance(exc, TimeoutError):
-                    own = None
-                    continue
-                if time.monotonic() >= deadline:
-                    raise DaemonBusy(_busy(path)) from None
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(pause * 2, 0.5)
-                continue
         try:
-            return _connect_once(path, min(left, 1.0))
-        except FileNotFoundError:
-            raise ProtocolError(
-                f"no launcher socket at {path}: is `gpu-audit launcher serve` running "
-                "(or pass --socket)?") from None
-        except ConnectionRefusedError:
-            raise ProtocolError(
-                f"the launcher at {path} refused the connection: the daemon is not "
-                "running (a stale socket file is left)") from None
-        except PermissionError:
-            raise ProtocolError(
-                f"permission denied on {path}: the socket is restricted to a group you "
-                "are not in (or its directory is closed to you)") from None
+            return _connect_once(own or path, min(left, 1.0))
         except (BlockingIOError, TimeoutError, InterruptedError):
+            # a full queue (of its own socket: this uid over its rate): wait for room
             if time.monotonic() >= deadline:
                 raise DaemonBusy(_busy(path)) from None
         except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
-                raise ProtocolError(f"cannot connect to the launcher at {path}: "
-                                    f"{exc.strerror or exc}") from None
-            if time.monotonic() >= deadline:
-                raise DaemonBusy(_busy(path)) from None
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                if time.monotonic() >= deadline:
+                    raise DaemonBusy(_busy(path)) from None
+            elif own is not None:
+                own = None  # a dead daemon's, or taken away: the common socket
+                continue
+            else:
+                raise _unreachable(path, exc) from None
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.5)
+
+
+def _unreachable(path: Path, exc: OSError) -> ProtocolError:
+    if isinstance(exc, FileNotFoundError):
+        return ProtocolError(f"no launcher socket at {path}: is `gpu-audit launcher serve` "
+                             "running (or pass --socket)?")
+    if isinstance(exc, ConnectionRefusedError):
+        return ProtocolError(f"the launcher at {path} refused the connection: the daemon "
+                             "is not running (a stale socket file is left)")
+    if isinstance(exc, PermissionError):
+        return ProtocolError(f"permission denied on {path}: the socket is restricted to a "
+                             "group you are not in (or its directory is closed to you)")
+    return ProtocolError(f"cannot connect to the launcher at {path}: "
+                         f"{exc.strerror or exc}")
 
 
 def _busy(path: Path) -> str:
